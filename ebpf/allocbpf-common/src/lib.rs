@@ -1,0 +1,219 @@
+//! The `#[repr(C)]` types and constants shared by allocbpf's eBPF program and its
+//! userspace agent.
+//!
+//! This is the one place where the kernel/user contract lives: map value layouts,
+//! ring-buffer event layout, counter indices and the names of `.rodata` globals.
+//! Both sides compile this crate, so a layout change cannot drift between them.
+#![no_std]
+
+/// Number of user stack frames captured per sample by `bpf_get_stack`.
+///
+/// 127 is the kernel's default `perf_event_max_stack`; a deeper request fails with
+/// `-EINVAL` on default-configured hosts.
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Entries in the precomputed table of exponential intervals (a power of two so an
+/// index is `random & (len - 1)`). 65,536 u64 entries = 512 KiB of kernel memory.
+pub const INTERVAL_TABLE_LEN: u32 = 1 << 16;
+
+/// Maximum number of threads with a private byte countdown at once.
+///
+/// Threads beyond this bound fall back to a per-CPU countdown: sampling stays unbiased
+/// (the exponential is memoryless) and totals stay exact; see docs/design.md.
+pub const MAX_THREADS: u32 = 65_536;
+
+/// Maximum number of processes whose exited threads' totals are kept.
+pub const MAX_PROCESSES: u32 = 16_384;
+
+/// Size of the sample ring buffer in bytes (a power of two multiple of the page size).
+pub const RING_BUFFER_BYTES: u32 = 8 << 20;
+
+/// The libc allocation entry points allocbpf probes.
+///
+/// The discriminant is the index used in the [`FN_SIZES_GLOBAL`] array and in
+/// [`SampleEvent::alloc_fn`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocFn {
+    /// `malloc(size)`
+    Malloc = 0,
+    /// `calloc(nmemb, size)`: `nmemb * size` bytes, or nothing on overflow.
+    Calloc = 1,
+    /// `realloc(ptr, size)`: `size` new bytes (`realloc(NULL, n)` is left to `malloc`).
+    Realloc = 2,
+    /// `reallocarray(ptr, nmemb, size)`
+    Reallocarray = 3,
+    /// `posix_memalign(memptr, alignment, size)`
+    PosixMemalign = 4,
+    /// `aligned_alloc(alignment, size)`
+    AlignedAlloc = 5,
+    /// `memalign(alignment, size)`
+    Memalign = 6,
+    /// `valloc(size)`
+    Valloc = 7,
+    /// `pvalloc(size)`: `size` rounded up to the page size.
+    Pvalloc = 8,
+}
+
+/// Number of [`AllocFn`] variants.
+pub const ALLOC_FN_COUNT: usize = 9;
+
+impl AllocFn {
+    /// Every probed function, in discriminant order.
+    pub const ALL: [AllocFn; ALLOC_FN_COUNT] = [
+        AllocFn::Malloc,
+        AllocFn::Calloc,
+        AllocFn::Realloc,
+        AllocFn::Reallocarray,
+        AllocFn::PosixMemalign,
+        AllocFn::AlignedAlloc,
+        AllocFn::Memalign,
+        AllocFn::Valloc,
+        AllocFn::Pvalloc,
+    ];
+
+    /// The libc symbol this function is exported as.
+    pub const fn symbol(self) -> &'static str {
+        match self {
+            AllocFn::Malloc => "malloc",
+            AllocFn::Calloc => "calloc",
+            AllocFn::Realloc => "realloc",
+            AllocFn::Reallocarray => "reallocarray",
+            AllocFn::PosixMemalign => "posix_memalign",
+            AllocFn::AlignedAlloc => "aligned_alloc",
+            AllocFn::Memalign => "memalign",
+            AllocFn::Valloc => "valloc",
+            AllocFn::Pvalloc => "pvalloc",
+        }
+    }
+
+    /// The name of the eBPF program attached to this function.
+    pub const fn program(self) -> &'static str {
+        match self {
+            AllocFn::Malloc => "probe_malloc",
+            AllocFn::Calloc => "probe_calloc",
+            AllocFn::Realloc => "probe_realloc",
+            AllocFn::Reallocarray => "probe_reallocarray",
+            AllocFn::PosixMemalign => "probe_posix_memalign",
+            AllocFn::AlignedAlloc => "probe_aligned_alloc",
+            AllocFn::Memalign => "probe_memalign",
+            AllocFn::Valloc => "probe_valloc",
+            AllocFn::Pvalloc => "probe_pvalloc",
+        }
+    }
+
+    /// Converts an event's `alloc_fn` field back, if it is in range.
+    pub fn from_u32(value: u32) -> Option<AllocFn> {
+        AllocFn::ALL.get(value as usize).copied()
+    }
+}
+
+/// Set in [`SampleEvent::flags`] when the allocation was at least the large-allocation
+/// threshold and was therefore recorded with probability 1 (heapprofd's shortcut).
+pub const SAMPLE_FLAG_CERTAIN: u32 = 1;
+
+/// One sampled allocation, as written to the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SampleEvent {
+    /// `bpf_ktime_get_ns()` at the probe (CLOCK_MONOTONIC).
+    pub timestamp_ns: u64,
+    /// Requested size in bytes.
+    pub size: u64,
+    /// Bytes of the allocation that fell before the sampling point (the .NET document's
+    /// `offset`); `size - offset` is its `u_i`. Zero for certain samples.
+    pub offset: u64,
+    /// Mean sampling interval in bytes that was in force.
+    pub rate: u64,
+    /// The return address at `[sp]` on function entry: the immediate caller, which a
+    /// frame-pointer walk from a function-entry probe misses. Zero if unreadable.
+    pub caller: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Which [`AllocFn`] was called.
+    pub alloc_fn: u32,
+    /// `SAMPLE_FLAG_*` bits.
+    pub flags: u32,
+    /// Valid frames in `stack`; 0 when the stack could not be read.
+    pub stack_len: u32,
+    /// The negative errno from `bpf_get_stack` when `stack_len` is 0, else 0.
+    pub stack_error: i32,
+    /// User stack from `bpf_get_stack(BPF_F_USER_STACK)`: `stack[0]` is the probed
+    /// function itself, then return addresses found through frame pointers.
+    pub stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// Per-thread sampler state (value of the `THREADS` map, keyed by tid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadState {
+    /// Bytes left before the next sample point.
+    pub remaining: u64,
+    /// Exact number of probed calls made by this thread.
+    pub calls: u64,
+    /// Exact number of bytes requested by this thread.
+    pub bytes: u64,
+    /// Stack pointer at entry of the last wrapper call (calloc, realloc, ...) that may
+    /// forward to another probed function; 0 when none is pending.
+    pub forward_sp: u64,
+    /// Return address at entry of that wrapper call.
+    pub forward_return: u64,
+    /// Code range `[forward_lo, forward_hi)` of that wrapper in the process.
+    pub forward_lo: u64,
+    /// End of the wrapper's code range.
+    pub forward_hi: u64,
+    /// Owning process (tgid).
+    pub pid: u32,
+    /// Reserved; keeps the layout free of implicit padding.
+    pub reserved: u32,
+}
+
+/// Exact call and byte totals (value of the `PROCESS_TOTALS` map, keyed by pid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Probed calls.
+    pub calls: u64,
+    /// Requested bytes.
+    pub bytes: u64,
+}
+
+/// Indices into the per-CPU `COUNTERS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Samples taken (whether or not they reached the ring buffer).
+    Samples = 0,
+    /// Samples lost because the ring buffer was full.
+    RingBufferDrops = 1,
+    /// Samples whose user stack could not be read (the event still carries `caller`).
+    StackErrors = 2,
+    /// Calls by threads that found the thread map full (they use a per-CPU countdown).
+    ThreadMapFull = 3,
+    /// Thread exits whose totals could not be kept because the process map was full.
+    ProcessMapFull = 4,
+    /// Calls skipped because a probed wrapper forwarded them (counted once, by the wrapper).
+    ForwardedCalls = 5,
+}
+
+/// Number of [`Counter`] slots.
+pub const COUNTER_COUNT: u32 = 6;
+
+/// `.rodata` global: only this tgid is profiled; 0 profiles every process.
+pub const TARGET_PID_GLOBAL: &str = "TARGET_PID";
+/// `.rodata` global: the mean sampling interval in bytes.
+pub const RATE_GLOBAL: &str = "RATE";
+/// `.rodata` global: allocations of at least this many bytes are always recorded.
+pub const CERTAIN_THRESHOLD_GLOBAL: &str = "CERTAIN_THRESHOLD";
+/// `.rodata` global: `[u64; ALLOC_FN_COUNT]` code sizes of the probed functions.
+pub const FN_SIZES_GLOBAL: &str = "FN_SIZES";
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all types are #[repr(C)], Copy, and made only of integers with no implicit
+    // padding, so every bit pattern is valid.
+    unsafe impl aya::Pod for super::ThreadState {}
+    unsafe impl aya::Pod for super::Totals {}
+}

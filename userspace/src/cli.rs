@@ -1,0 +1,103 @@
+//! The command line. Others script against it: extend it, never change what a flag means.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Parser;
+
+use crate::{
+    export::Format,
+    units::{parse_duration, parse_size},
+};
+
+/// Largest accepted `--rate` (1 GiB): beyond it almost nothing is ever sampled.
+pub const MAX_RATE: u64 = 1 << 30;
+/// Longest accepted `--duration` (30 days).
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// allocbpf: sample a running process's heap allocations with eBPF uprobes on libc.
+///
+/// Each allocated byte is sampled with probability 1/RATE (Poisson sampling, as in
+/// tcmalloc, jemalloc and heapprofd); each sample is unbiased by S/(1-exp(-S/RATE))
+/// before aggregation, so estimated bytes per stack are unbiased. Needs root (or
+/// CAP_BPF + CAP_PERFMON) and a kernel with uprobes and BTF.
+#[derive(Debug, Parser)]
+#[command(name = "allocbpf", version, about, long_about)]
+pub struct Cli {
+    /// Process to profile.
+    #[arg(short, long)]
+    pub pid: u32,
+
+    /// Mean sampling interval in bytes: 4096, 512KiB, 1MiB, 1M, 2MB. K/M/G and
+    /// KiB/MiB/GiB are powers of 1024; KB/MB/GB are powers of 1000.
+    #[arg(short, long, default_value = "512KiB", value_parser = parse_rate, allow_hyphen_values = true)]
+    pub rate: u64,
+
+    /// Stop after this long (500ms, 30s, 5m, 1h). Without it, profiling stops when the
+    /// target exits or on Ctrl-C / SIGTERM.
+    #[arg(short, long, value_parser = parse_run_duration, allow_hyphen_values = true)]
+    pub duration: Option<Duration>,
+
+    /// Write the profile here instead of stdout (checked before anything is attached).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+
+    /// More log output on stderr (-v: info, -vv: debug).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Attach an empty program instead of the sampler (benchmark floor; no profile).
+    #[arg(long, hide = true)]
+    pub empty_probes: bool,
+}
+
+fn parse_rate(text: &str) -> Result<u64, String> {
+    parse_size(text, MAX_RATE).map_err(|e| format!("{e} (example: --rate 512KiB)"))
+}
+
+fn parse_run_duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text, MAX_DURATION).map_err(|e| format!("{e} (example: --duration 30s)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("allocbpf").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults() {
+        let cli = parse(&["--pid", "1"]).unwrap();
+        assert_eq!(cli.rate, 512 * 1024);
+        assert_eq!(cli.format, Format::Text);
+        assert!(cli.duration.is_none());
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_their_reason() {
+        for (args, needle) in [
+            (&["--pid", "1", "--rate", "0"][..], "greater than zero"),
+            (&["--pid", "1", "--rate", "-4K"][..], "greater than zero"),
+            (&["--pid", "1", "--rate", "lots"][..], "not a number"),
+            (
+                &["--pid", "1", "--rate", "2G"][..],
+                "larger than the maximum",
+            ),
+            (&["--pid", "1", "--duration", "0s"][..], "greater than zero"),
+            (&["--pid", "1", "--duration", "1000d"][..], "unknown unit"),
+            (
+                &["--pid", "1", "--duration", "9999h"][..],
+                "larger than the maximum",
+            ),
+            (&["--pid", "x"][..], "invalid digit"),
+        ] {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Reading sampled allocations from the eBPF ring buffer.
+
+use allocbpf_common::{AllocFn, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN};
+use aya::maps::{MapData, RingBuf};
+use tokio::io::{unix::AsyncFd, Interest};
+
+/// One sampled allocation, decoded from a [`SampleEvent`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawSample {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// CLOCK_MONOTONIC nanoseconds at the probe.
+    pub timestamp_ns: u64,
+    /// Requested bytes.
+    pub size: u64,
+    /// Bytes before the sample point (see [`SampleEvent::offset`]).
+    pub offset: u64,
+    /// Mean sampling interval in force.
+    pub rate: u64,
+    /// Recorded with probability 1 (at or above the certain threshold).
+    pub certain: bool,
+    /// The function called, if known.
+    pub function: Option<AllocFn>,
+    /// Return addresses, innermost first: the immediate caller (read at `[sp]`), then the
+    /// frame-pointer walk. The allocation function's own frame is left out.
+    pub stack: Vec<u64>,
+    /// The `bpf_get_stack` error (negative errno) when only the caller is known.
+    pub stack_error: i32,
+}
+
+/// Decodes one ring-buffer record; `None` if it is too short to be a [`SampleEvent`].
+pub fn decode(bytes: &[u8]) -> Option<RawSample> {
+    if bytes.len() < std::mem::size_of::<SampleEvent>() {
+        return None;
+    }
+    // SAFETY: the length was checked, SampleEvent is plain integers (any bit pattern is
+    // valid) and read_unaligned has no alignment requirement.
+    let event: SampleEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let depth = (event.stack_len as usize).min(MAX_STACK_DEPTH);
+    let mut stack = Vec::with_capacity(depth + 1);
+    if event.caller != 0 {
+        stack.push(event.caller);
+    }
+    // stack[0] is the probed function's first instruction: not a caller, left out.
+    stack.extend(
+        event.stack[..depth]
+            .iter()
+            .skip(1)
+            .copied()
+            .take_while(|&a| a != 0),
+    );
+    Some(RawSample {
+        pid: event.pid,
+        tid: event.tid,
+        timestamp_ns: event.timestamp_ns,
+        size: event.size,
+        offset: event.offset,
+        rate: event.rate,
+        certain: event.flags & SAMPLE_FLAG_CERTAIN != 0,
+        function: AllocFn::from_u32(event.alloc_fn),
+        stack,
+        stack_error: event.stack_error,
+    })
+}
+
+/// Asynchronous reader of the sample ring buffer.
+pub struct EventReader {
+    ring: AsyncFd<RingBuf<MapData>>,
+    /// Records too short to decode (a version mismatch; should stay 0).
+    pub malformed: u64,
+}
+
+impl EventReader {
+    /// Wraps the ring buffer for use with tokio.
+    pub fn new(ring: RingBuf<MapData>) -> std::io::Result<Self> {
+        // SAFETY: the RingBuf owns its map fd for as long as it lives, and the AsyncFd
+        // owns the RingBuf, so the registered fd stays open and unchanged.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }?;
+        Ok(Self { ring, malformed: 0 })
+    }
+
+    /// Waits until records are available, then appends all of them to `out`.
+    pub async fn read_batch(&mut self, out: &mut Vec<RawSample>) -> std::io::Result<()> {
+        let mut guard = self.ring.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        let mut malformed = 0;
+        while let Some(item) = ring.next() {
+            match decode(&item) {
+                Some(sample) => out.push(sample),
+                None => malformed += 1,
+            }
+        }
+        guard.clear_ready();
+        self.malformed += malformed;
+        Ok(())
+    }
+
+    /// Appends every record already in the buffer without waiting (final drain).
+    pub fn drain(&mut self, out: &mut Vec<RawSample>) {
+        let ring = self.ring.get_mut();
+        while let Some(item) = ring.next() {
+            match decode(&item) {
+                Some(sample) => out.push(sample),
+                None => self.malformed += 1,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event_bytes(event: &SampleEvent) -> Vec<u8> {
+        // SAFETY: SampleEvent is repr(C) plain data without padding.
+        unsafe {
+            std::slice::from_raw_parts(
+                (event as *const SampleEvent).cast::<u8>(),
+                std::mem::size_of::<SampleEvent>(),
+            )
+        }
+        .to_vec()
+    }
+
+    fn event() -> SampleEvent {
+        let mut stack = [0u64; MAX_STACK_DEPTH];
+        stack[..4].copy_from_slice(&[0x1000, 0x2000, 0x3000, 0x4000]);
+        SampleEvent {
+            timestamp_ns: 5,
+            size: 100,
+            offset: 40,
+            rate: 4096,
+            caller: 0x1500,
+            pid: 7,
+            tid: 8,
+            alloc_fn: AllocFn::Calloc as u32,
+            flags: 0,
+            stack_len: 4,
+            stack_error: 0,
+            stack,
+        }
+    }
+
+    #[test]
+    fn caller_is_prepended_and_the_allocator_frame_dropped() {
+        let sample = decode(&event_bytes(&event())).unwrap();
+        assert_eq!(sample.stack, vec![0x1500, 0x2000, 0x3000, 0x4000]);
+        assert_eq!(sample.function, Some(AllocFn::Calloc));
+        assert!(!sample.certain);
+    }
+
+    #[test]
+    fn a_failed_stack_keeps_only_the_caller() {
+        let mut e = event();
+        e.stack_len = 0;
+        e.stack_error = -14;
+        e.flags = SAMPLE_FLAG_CERTAIN;
+        let sample = decode(&event_bytes(&e)).unwrap();
+        assert_eq!(sample.stack, vec![0x1500]);
+        assert_eq!(sample.stack_error, -14);
+        assert!(sample.certain);
+    }
+
+    #[test]
+    fn short_records_are_rejected() {
+        assert!(decode(&[0u8; 16]).is_none());
+    }
+}

@@ -1,0 +1,101 @@
+//! Output formats. Every exporter reads a finished [`Report`].
+
+pub mod folded;
+pub mod json;
+pub mod pprof;
+pub mod text;
+
+use std::io::Write;
+
+use crate::report::Report;
+
+/// The formats `--format` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table of the top stacks, exact vs estimated totals and drops.
+    Text,
+    /// Machine-readable JSON (schema in docs/output.md).
+    Json,
+    /// gzipped pprof profile.proto (Go heap conventions).
+    Pprof,
+    /// Folded stacks: `outer;...;inner estimated_bytes`.
+    Folded,
+    /// A flamegraph (inferno) of estimated bytes.
+    Svg,
+}
+
+/// Writes `report` in `format`.
+pub fn write(report: &Report, format: Format, out: &mut dyn Write) -> std::io::Result<()> {
+    match format {
+        Format::Text => text::write(report, out),
+        Format::Json => json::write(report, out),
+        Format::Pprof => pprof::write(report, out),
+        Format::Folded => folded::write(report, out),
+        Format::Svg => folded::write_svg(report, out),
+    }
+}
+
+/// A small report with an inlined frame, shared by the exporters' tests.
+#[cfg(test)]
+pub(crate) fn test_report() -> Report {
+    use crate::{
+        aggregate::StackStats,
+        normalize::{Frame, Module},
+        report::{Location, StackReport, Totals},
+        symbolize::FunctionFrame,
+    };
+    let function = |name: &str, line| FunctionFrame {
+        name: name.to_string(),
+        file: Some("work.c".to_string()),
+        line: Some(line),
+    };
+    let stack = |pid, bytes: f64, samples, leaf: Vec<FunctionFrame>| StackReport {
+        pid,
+        locations: vec![
+            Location {
+                frame: Frame::Module {
+                    module: 0,
+                    offset: 0x1234,
+                },
+                functions: leaf.into(),
+            },
+            Location {
+                frame: Frame::Module {
+                    module: 0,
+                    offset: 0x2000,
+                },
+                functions: vec![function("main", 9)].into(),
+            },
+        ],
+        stats: StackStats {
+            samples,
+            estimated_bytes: bytes,
+            estimated_objects: bytes / 64.0,
+        },
+    };
+    Report {
+        rate: 4096,
+        duration: std::time::Duration::from_secs(2),
+        totals: Totals {
+            exact_bytes: 30_000,
+            exact_calls: 400,
+            estimated_bytes: 28_672.0,
+            samples: 7,
+            drops: 0,
+        },
+        counters: Default::default(),
+        modules: vec![Module {
+            path: "/usr/bin/work".into(),
+            build_id: Some(vec![0xab, 0xcd]),
+        }],
+        stacks: vec![
+            stack(
+                42,
+                20_480.0,
+                5,
+                vec![function("inlined_helper", 3), function("site_a", 5)],
+            ),
+            stack(42, 8_192.0, 2, vec![function("site_b", 7)]),
+        ],
+    }
+}

@@ -1,0 +1,85 @@
+//! The default output: a table of the top stacks for people.
+
+use std::io::Write;
+
+use crate::{report::Report, units::format_bytes};
+
+/// Stacks shown in the table.
+pub const TOP_STACKS: usize = 20;
+/// Frames shown per stack (innermost first, the allocation site on top).
+const FRAMES_SHOWN: usize = 8;
+
+/// Writes the summary and the top stacks by estimated bytes.
+pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let t = &report.totals;
+    writeln!(
+        out,
+        "allocbpf: {:.1}s at a mean sampling interval of {}",
+        report.duration.as_secs_f64(),
+        format_bytes(report.rate as f64)
+    )?;
+    writeln!(
+        out,
+        "estimated {} allocated, of exactly {} in {} calls ({} samples, {} dropped, {} without stack)",
+        format_bytes(t.estimated_bytes),
+        format_bytes(t.exact_bytes as f64),
+        t.exact_calls,
+        t.samples,
+        t.drops,
+        report.counters.stack_errors,
+    )?;
+    let stacks = report.stacks_by_name();
+    if stacks.is_empty() {
+        writeln!(out, "no allocation was sampled")?;
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:>12} {:>6} {:>8} {:>10}  stack (allocation site first)",
+        "est. bytes", "share", "samples", "pid"
+    )?;
+    for (pid, names, stats) in stacks.iter().take(TOP_STACKS) {
+        let share = if t.estimated_bytes > 0.0 {
+            100.0 * stats.estimated_bytes / t.estimated_bytes
+        } else {
+            0.0
+        };
+        let shown: Vec<&str> = names.iter().rev().take(FRAMES_SHOWN).copied().collect();
+        let more = names.len().saturating_sub(FRAMES_SHOWN);
+        writeln!(
+            out,
+            "{:>12} {:>5.1}% {:>8} {:>10}  {}{}",
+            format_bytes(stats.estimated_bytes),
+            share,
+            stats.samples,
+            pid,
+            shown.join(" < "),
+            if more > 0 {
+                format!(" < ({more} more)")
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    if stacks.len() > TOP_STACKS {
+        writeln!(out, "... {} more stacks", stacks.len() - TOP_STACKS)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::test_report;
+
+    #[test]
+    fn table_names_sites_and_totals() {
+        let mut out = Vec::new();
+        write(&test_report(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("of exactly 29.3 KiB in 400 calls"), "{text}");
+        assert!(text.contains("inlined_helper < site_a < main"), "{text}");
+        assert!(text.contains("71.4%"), "{text}");
+    }
+}

@@ -1,0 +1,22 @@
+//! allocbpf: a heap-allocation profiler built on eBPF uprobes and Poisson byte sampling.
+//!
+//! Modules follow the data flow:
+//! [`target`] (which libc, which functions) → [`probe`] (load, attach, kernel maps) →
+//! [`events`] (ring buffer) → [`normalize`] (module + offset, on receipt) →
+//! [`aggregate`] (unbias each sample, then sum, see [`estimate`]) → [`symbolize`] →
+//! [`report`] → [`export`]. [`session`] runs one profiling session end to end.
+#![warn(missing_docs)]
+
+pub mod aggregate;
+pub mod cli;
+pub mod estimate;
+pub mod events;
+pub mod export;
+pub mod normalize;
+pub mod preflight;
+pub mod probe;
+pub mod report;
+pub mod session;
+pub mod symbolize;
+pub mod target;
+pub mod units;

@@ -1,0 +1,215 @@
+//! Normalization: process addresses to (module, file offset), done on receipt.
+//!
+//! A process's address space is only readable while it lives, so every sample is
+//! normalized as soon as it leaves the ring buffer. A (module, file offset) pair stays
+//! meaningful after the process exits, and is what symbolization and pprof need.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
+
+/// An executable or shared object that frames point into.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Module {
+    /// Path to the file (as named in the process's maps).
+    pub path: PathBuf,
+    /// GNU build id, if the file has one.
+    pub build_id: Option<Vec<u8>>,
+}
+
+impl Module {
+    /// The build id as lowercase hex, or an empty string.
+    pub fn build_id_hex(&self) -> String {
+        self.build_id
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The file name, for display.
+    pub fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.path.display().to_string())
+    }
+}
+
+/// A normalized frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Frame {
+    /// A return address inside a module, as a file offset.
+    Module {
+        /// Index into the [`ModuleTable`].
+        module: u32,
+        /// File offset of the return address.
+        offset: u64,
+    },
+    /// An address no module covered (JIT code, unmapped, or a garbage frame pointer).
+    Unknown(u64),
+}
+
+/// Interned modules, shared by all samples.
+#[derive(Debug, Default)]
+pub struct ModuleTable {
+    modules: Vec<Module>,
+    index: HashMap<Module, u32>,
+}
+
+impl ModuleTable {
+    /// The id of `module`, adding it if new.
+    pub fn intern(&mut self, module: Module) -> u32 {
+        if let Some(&id) = self.index.get(&module) {
+            return id;
+        }
+        let id = self.modules.len() as u32;
+        self.modules.push(module.clone());
+        self.index.insert(module, id);
+        id
+    }
+
+    /// The module with this id.
+    pub fn get(&self, id: u32) -> Option<&Module> {
+        self.modules.get(id as usize)
+    }
+
+    /// All modules, indexed by id.
+    pub fn all(&self) -> &[Module] {
+        &self.modules
+    }
+}
+
+/// How often the cached memory maps may be re-read when an address is not covered.
+const MAPS_REFRESH_LIMIT: Duration = Duration::from_secs(1);
+
+/// Turns process addresses into [`Frame`]s.
+///
+/// Memory maps are cached per process, so samples that arrive after their process
+/// exited are still normalized with the maps it had. When an address falls outside
+/// every cached mapping while the process still lives (a library loaded since), the
+/// maps are re-read, at most once per [`MAPS_REFRESH_LIMIT`]; addresses that stay
+/// unknown are usually frame-pointer garbage from code built without frame pointers.
+pub struct AddressNormalizer {
+    normalizer: Normalizer,
+    refreshed: Instant,
+    /// Modules seen so far.
+    pub modules: ModuleTable,
+}
+
+impl Default for AddressNormalizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AddressNormalizer {
+    /// A normalizer that reads build ids and caches maps and build ids.
+    pub fn new() -> Self {
+        Self {
+            normalizer: Self::caching_normalizer(),
+            refreshed: Instant::now(),
+            modules: ModuleTable::default(),
+        }
+    }
+
+    fn caching_normalizer() -> Normalizer {
+        Normalizer::builder()
+            .enable_vma_caching(true)
+            .enable_build_ids(true)
+            .enable_build_id_caching(true)
+            .build()
+    }
+
+    /// Reads and caches `pid`'s memory maps now, while it lives.
+    pub fn prime(&mut self, pid: u32) {
+        let _ = self.normalize_once(pid, &[0]);
+    }
+
+    /// Normalizes `addrs` of process `pid`; addresses no mapping covers (or of a
+    /// process never seen alive) come back as [`Frame::Unknown`].
+    pub fn normalize(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
+        let frames = self.normalize_once(pid, addrs);
+        let missed = frames.iter().any(|f| matches!(f, Frame::Unknown(_)));
+        if missed
+            && self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT
+            && Path::new(&format!("/proc/{pid}")).exists()
+        {
+            self.normalizer = Self::caching_normalizer();
+            self.refreshed = Instant::now();
+            return self.normalize_once(pid, addrs);
+        }
+        frames
+    }
+
+    fn normalize_once(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
+        let unknown = || addrs.iter().map(|&a| Frame::Unknown(a)).collect();
+        if addrs.is_empty() {
+            return Vec::new();
+        }
+        let opts = NormalizeOpts::default();
+        let Ok(output) = self
+            .normalizer
+            .normalize_user_addrs_opts(pid.into(), addrs, &opts)
+        else {
+            return unknown();
+        };
+        let mut ids: HashMap<usize, Option<u32>> = HashMap::new();
+        output
+            .outputs
+            .iter()
+            .zip(addrs)
+            .map(|(&(offset, meta_index), &addr)| {
+                let id =
+                    *ids.entry(meta_index)
+                        .or_insert_with(|| match output.meta.get(meta_index) {
+                            Some(UserMeta::Elf(elf)) => Some(self.modules.intern(Module {
+                                path: elf.path.clone(),
+                                build_id: elf.build_id.as_ref().map(|b| b.to_vec()),
+                            })),
+                            _ => None,
+                        });
+                match id {
+                    Some(module) => Frame::Module { module, offset },
+                    None => Frame::Unknown(addr),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_function_normalizes_into_this_executable() {
+        let mut normalizer = AddressNormalizer::new();
+        let addr = own_function_normalizes_into_this_executable as *const () as u64;
+        let frames = normalizer.normalize(std::process::id(), &[addr, 8]);
+        let Frame::Module { module, .. } = frames[0] else {
+            panic!("not normalized: {frames:?}");
+        };
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert_eq!(normalizer.modules.get(module).unwrap().path, exe);
+        assert_eq!(frames[1], Frame::Unknown(8));
+    }
+
+    #[test]
+    fn modules_are_interned_once() {
+        let mut table = ModuleTable::default();
+        let m = Module {
+            path: "/lib/a.so".into(),
+            build_id: Some(vec![0xab, 0x01]),
+        };
+        assert_eq!(table.intern(m.clone()), 0);
+        assert_eq!(table.intern(m.clone()), 0);
+        assert_eq!(m.build_id_hex(), "ab01");
+        assert_eq!(table.all().len(), 1);
+    }
+}

@@ -1,0 +1,158 @@
+//! Checks that run before anything is loaded, so failures come with a clear fix.
+
+use std::{fs::File, io::Write, path::Path};
+
+/// Why allocbpf cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum PreflightError {
+    /// Missing capabilities.
+    #[error(
+        "allocbpf needs root, or the CAP_BPF and CAP_PERFMON capabilities, to load eBPF \
+         programs and attach uprobes; run it with sudo"
+    )]
+    Privileges,
+    /// No BTF.
+    #[error(
+        "this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing); allocbpf needs a \
+         kernel built with CONFIG_DEBUG_INFO_BTF=y"
+    )]
+    NoBtf,
+    /// No uprobes.
+    #[error(
+        "this kernel has no uprobe support (/sys/bus/event_source/devices/uprobe is missing); \
+         allocbpf needs CONFIG_UPROBES=y and CONFIG_UPROBE_EVENTS=y"
+    )]
+    NoUprobes,
+    /// The output file cannot be written.
+    #[error("cannot write the output file {path}: {source}")]
+    Output {
+        /// The path.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Effective capability mask from a `/proc/self/status` text.
+fn effective_capabilities(status: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// True if a capability mask allows loading tracing programs and attaching uprobes.
+fn capabilities_suffice(caps: u64) -> bool {
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+/// Fails unless this process may load tracing programs.
+pub fn check_privileges() -> Result<(), PreflightError> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if capabilities_suffice(effective_capabilities(&status)) {
+        Ok(())
+    } else {
+        Err(PreflightError::Privileges)
+    }
+}
+
+/// Fails unless the kernel has the features allocbpf needs.
+pub fn check_kernel() -> Result<(), PreflightError> {
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(PreflightError::NoBtf);
+    }
+    if !Path::new("/sys/bus/event_source/devices/uprobe").exists() {
+        return Err(PreflightError::NoUprobes);
+    }
+    Ok(())
+}
+
+/// Where the profile goes, opened before profiling starts.
+pub enum Sink {
+    /// Standard output.
+    Stdout,
+    /// A file, opened (not yet truncated: an earlier profile survives a failed run).
+    File {
+        /// Its path, for messages.
+        path: std::path::PathBuf,
+        /// The open file.
+        file: File,
+    },
+}
+
+impl Sink {
+    /// Opens `path` for writing, or stdout for `None`. Fails if it cannot be written.
+    pub fn open(path: Option<&Path>) -> Result<Sink, PreflightError> {
+        let Some(path) = path else {
+            return Ok(Sink::Stdout);
+        };
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|source| PreflightError::Output {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(Sink::File {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// Replaces the sink's content with what `write` produces.
+    pub fn write_with(
+        self,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(), PreflightError> {
+        let (path, result) = match self {
+            Sink::Stdout => {
+                let mut lock = std::io::stdout().lock();
+                let result = write(&mut lock).and_then(|()| lock.flush());
+                ("standard output".into(), result)
+            }
+            Sink::File { path, file } => {
+                let result = file.set_len(0).and_then(|()| {
+                    let mut buffered = std::io::BufWriter::new(&file);
+                    write(&mut buffered)?;
+                    buffered.flush()
+                });
+                (path.display().to_string(), result)
+            }
+        };
+        result.map_err(|source| PreflightError::Output { path, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_rules() {
+        let status = "Name:\tx\nCapEff:\t000001ffffffffff\n";
+        assert!(capabilities_suffice(effective_capabilities(status)));
+        let bpf_and_perfmon = (1u64 << CAP_BPF) | (1u64 << CAP_PERFMON);
+        assert!(capabilities_suffice(bpf_and_perfmon));
+        assert!(!capabilities_suffice(1u64 << CAP_BPF));
+        assert!(!capabilities_suffice(effective_capabilities(
+            "CapEff:\t0000000000000000\n"
+        )));
+        assert!(!capabilities_suffice(effective_capabilities("")));
+    }
+
+    #[test]
+    fn unwritable_output_fails_early() {
+        let err = Sink::open(Some(Path::new("/nonexistent-dir/profile.pb.gz")))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("/nonexistent-dir/profile.pb.gz"));
+    }
+}

@@ -1,0 +1,265 @@
+//! Loading, configuring and attaching the eBPF sampler, and reading its maps.
+//!
+//! The compiled eBPF object is embedded in the binary by `build.rs`.
+
+pub mod intervals;
+
+use std::num::NonZeroU32;
+
+use allocbpf_common::{
+    Counter, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, FN_SIZES_GLOBAL,
+    RATE_GLOBAL, TARGET_PID_GLOBAL,
+};
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{uprobe::UProbeScope, RawTracePoint, UProbe},
+    Btf, Ebpf, EbpfLoader,
+};
+use aya_log::EbpfLogger;
+
+use self::intervals::IntervalTable;
+use crate::{estimate::certain_threshold, target::Libc};
+
+/// The eBPF object built from `ebpf/allocbpf-ebpf` for this binary.
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/allocbpf.bpf.o"));
+
+/// Errors from loading or attaching the sampler.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The kernel refused the object or a program.
+    #[error("cannot load the eBPF sampler: {0}")]
+    Load(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A uprobe could not be attached.
+    #[error("cannot attach a uprobe to {symbol} in {path}: {source}")]
+    Attach {
+        /// The libc symbol.
+        symbol: &'static str,
+        /// The libc file.
+        path: String,
+        /// The cause.
+        source: aya::programs::ProgramError,
+    },
+    /// A map could not be read or written.
+    #[error("eBPF map {map}: {source}")]
+    Map {
+        /// Map name.
+        map: &'static str,
+        /// The cause.
+        source: aya::maps::MapError,
+    },
+}
+
+fn load_error(e: impl std::error::Error + Send + Sync + 'static) -> ProbeError {
+    ProbeError::Load(Box::new(e))
+}
+
+fn map_error(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> ProbeError {
+    move |source| ProbeError::Map { map, source }
+}
+
+/// What to load.
+#[derive(Clone, Copy, Debug)]
+pub struct SamplerConfig {
+    /// Profile only this process (also filtered in the kernel); `None` for all.
+    pub pid: Option<u32>,
+    /// Mean sampling interval in bytes.
+    pub rate: u64,
+    /// Attach the empty program instead of the sampler (benchmark floor).
+    pub empty_probes: bool,
+}
+
+/// Kernel-side counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    /// Samples taken.
+    pub samples: u64,
+    /// Samples lost because the ring buffer was full.
+    pub ring_buffer_drops: u64,
+    /// Samples whose user stack could not be read.
+    pub stack_errors: u64,
+    /// Calls by threads that found the thread map full.
+    pub thread_map_full: u64,
+    /// Thread exits whose totals were lost because the process map was full.
+    pub process_map_full: u64,
+    /// Calls a probed wrapper forwarded to another probed function (counted once).
+    pub forwarded_calls: u64,
+}
+
+/// The loaded and attached sampler. Dropping it detaches every probe.
+pub struct Sampler {
+    ebpf: Ebpf,
+    config: SamplerConfig,
+    intervals: Option<Array<MapData, u64>>,
+    table: IntervalTable,
+    logger: Option<EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl Sampler {
+    /// Loads the sampler for `libc` with its globals set; nothing is attached yet.
+    pub fn load(config: SamplerConfig, libc: &Libc) -> Result<Sampler, ProbeError> {
+        let btf = Btf::from_sys_fs().ok();
+        let target_pid = config.pid.unwrap_or(0);
+        let threshold = certain_threshold(config.rate);
+        let sizes = libc.function_sizes();
+        let mut ebpf = EbpfLoader::new()
+            .btf(btf.as_ref())
+            .override_global(TARGET_PID_GLOBAL, &target_pid, true)
+            .override_global(RATE_GLOBAL, &config.rate, true)
+            .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
+            .override_global(FN_SIZES_GLOBAL, &sizes, true)
+            .load(EBPF_OBJECT)
+            .map_err(load_error)?;
+        // The eBPF side logs only on rare paths; no log map means nothing to forward.
+        let logger = EbpfLogger::init(&mut ebpf).ok();
+        let intervals = ebpf
+            .take_map("INTERVALS")
+            .map(Array::try_from)
+            .transpose()
+            .map_err(map_error("INTERVALS"))?;
+        let mut sampler = Sampler {
+            ebpf,
+            config,
+            intervals,
+            table: IntervalTable::new(config.rate),
+            logger,
+        };
+        sampler.refresh_intervals()?;
+        Ok(sampler)
+    }
+
+    /// Writes a fresh table of exponential intervals (see [`intervals`]).
+    pub fn refresh_intervals(&mut self) -> Result<(), ProbeError> {
+        let Some(map) = self.intervals.as_mut() else {
+            return Ok(());
+        };
+        for (index, interval) in self.table.generate().into_iter().enumerate() {
+            map.set(index as u32, interval, 0)
+                .map_err(map_error("INTERVALS"))?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the thread-exit tracepoint and one uprobe per allocation function.
+    /// Returns the number of uprobes attached.
+    pub fn attach(&mut self, libc: &Libc) -> Result<usize, ProbeError> {
+        if !self.config.empty_probes {
+            let exit: &mut RawTracePoint = self
+                .ebpf
+                .program_mut("thread_exit")
+                .ok_or_else(|| load_error(missing("thread_exit")))?
+                .try_into()
+                .map_err(load_error)?;
+            exit.load().map_err(load_error)?;
+            exit.attach("sched_process_exit").map_err(load_error)?;
+        }
+        let scope = match self.config.pid.and_then(NonZeroU32::new) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        let mut attached = 0;
+        for symbol in &libc.symbols {
+            let name = if self.config.empty_probes {
+                "probe_empty"
+            } else {
+                symbol.function.program()
+            };
+            let program: &mut UProbe = self
+                .ebpf
+                .program_mut(name)
+                .ok_or_else(|| load_error(missing(name)))?
+                .try_into()
+                .map_err(load_error)?;
+            if program.fd().is_err() {
+                program.load().map_err(load_error)?;
+            }
+            program
+                .attach(symbol.file_offset, &libc.host_path, scope)
+                .map_err(|source| ProbeError::Attach {
+                    symbol: symbol.function.symbol(),
+                    path: libc.path_in_target.display().to_string(),
+                    source,
+                })?;
+            attached += 1;
+        }
+        Ok(attached)
+    }
+
+    /// Takes the sample ring buffer (once).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
+        let map = self
+            .ebpf
+            .take_map("EVENTS")
+            .ok_or_else(|| load_error(missing("EVENTS")))?;
+        RingBuf::try_from(map).map_err(map_error("EVENTS"))
+    }
+
+    /// Forwards pending eBPF log records to the `log` facade.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = self.logger.as_mut() {
+            logger.flush();
+        }
+    }
+
+    /// Reads the per-CPU counters, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters, ProbeError> {
+        let map = self
+            .ebpf
+            .map("COUNTERS")
+            .ok_or_else(|| load_error(missing("COUNTERS")))?;
+        let array = PerCpuArray::<_, u64>::try_from(map).map_err(map_error("COUNTERS"))?;
+        let mut values = [0u64; COUNTER_COUNT as usize];
+        for (index, value) in values.iter_mut().enumerate() {
+            *value = array
+                .get(&(index as u32), 0)
+                .map_err(map_error("COUNTERS"))?
+                .iter()
+                .sum();
+        }
+        let at = |counter: Counter| values[counter as usize];
+        Ok(Counters {
+            samples: at(Counter::Samples),
+            ring_buffer_drops: at(Counter::RingBufferDrops),
+            stack_errors: at(Counter::StackErrors),
+            thread_map_full: at(Counter::ThreadMapFull),
+            process_map_full: at(Counter::ProcessMapFull),
+            forwarded_calls: at(Counter::ForwardedCalls),
+        })
+    }
+
+    /// Exact totals per process: exited threads (and overflow) from `PROCESS_TOTALS`
+    /// plus the live threads in `THREADS`.
+    pub fn totals(&self) -> Result<std::collections::HashMap<u32, Totals>, ProbeError> {
+        let mut totals: std::collections::HashMap<u32, Totals> = Default::default();
+        let mut add = |pid: u32, calls: u64, bytes: u64| {
+            let entry = totals.entry(pid).or_default();
+            entry.calls += calls;
+            entry.bytes += bytes;
+        };
+        if let Some(map) = self.ebpf.map("PROCESS_TOTALS") {
+            let per_process = PerCpuHashMap::<_, u32, Totals>::try_from(map)
+                .map_err(map_error("PROCESS_TOTALS"))?;
+            // Entries may vanish while we iterate; a failed item is skipped, not fatal.
+            for (pid, values) in per_process.iter().flatten() {
+                for value in values.iter() {
+                    add(pid, value.calls, value.bytes);
+                }
+            }
+        }
+        if let Some(map) = self.ebpf.map("THREADS") {
+            let threads =
+                HashMap::<_, u32, ThreadState>::try_from(map).map_err(map_error("THREADS"))?;
+            for (_tid, state) in threads.iter().flatten() {
+                add(state.pid, state.calls, state.bytes);
+            }
+        }
+        Ok(totals)
+    }
+}
+
+fn missing(name: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!("`{name}` is missing from the embedded eBPF object"),
+    )
+}

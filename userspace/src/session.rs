@@ -1,0 +1,186 @@
+//! One profiling session of one process: attach, collect until a stop condition,
+//! detach, and build the report.
+//!
+//! Data flow: probe → ring buffer ([`events`]) → [`normalize`] on receipt →
+//! [`aggregate`] → (at the end) [`symbolize`] → [`report`] → [`export`].
+//!
+//! [`events`]: crate::events
+//! [`normalize`]: crate::normalize
+//! [`aggregate`]: crate::aggregate
+//! [`symbolize`]: crate::symbolize
+//! [`report`]: crate::report
+//! [`export`]: crate::export
+
+use std::{
+    os::fd::{FromRawFd, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use tokio::{
+    io::{unix::AsyncFd, Interest},
+    signal::unix::{signal, SignalKind},
+};
+
+use crate::{
+    aggregate::{Aggregate, StackKey},
+    events::{EventReader, RawSample},
+    normalize::AddressNormalizer,
+    probe::{intervals::REFRESH_INTERVAL, Sampler, SamplerConfig},
+    report::Report,
+    symbolize::FrameSymbolizer,
+    target::Target,
+};
+
+/// What to profile and how.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Target process.
+    pub pid: u32,
+    /// Mean sampling interval in bytes.
+    pub rate: u64,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Attach the empty program (benchmark floor).
+    pub empty_probes: bool,
+}
+
+/// Why collection stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// `--duration` elapsed.
+    Duration,
+    /// The target exited.
+    TargetExited,
+    /// Ctrl-C or SIGTERM.
+    Signal,
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StopReason::Duration => "duration elapsed",
+            StopReason::TargetExited => "target exited",
+            StopReason::Signal => "interrupted",
+        })
+    }
+}
+
+/// Opens a pidfd, which becomes readable when the process exits. `None` if it is gone.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: plain syscall; a non-negative result is a new fd we own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Samples normalized and aggregated as they arrive.
+struct Collector {
+    normalizer: AddressNormalizer,
+    aggregate: Aggregate,
+}
+
+impl Collector {
+    fn add_batch(&mut self, batch: &mut Vec<RawSample>) {
+        for sample in batch.drain(..) {
+            let frames = self.normalizer.normalize(sample.pid, &sample.stack);
+            let key = StackKey {
+                pid: sample.pid,
+                frames,
+            };
+            self.aggregate
+                .add(key, sample.size, sample.rate, sample.certain);
+        }
+    }
+}
+
+/// Runs a session to completion and returns its report.
+pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
+    let target = Target::resolve(options.pid)?;
+    let config = SamplerConfig {
+        pid: Some(target.pid),
+        rate: options.rate,
+        empty_probes: options.empty_probes,
+    };
+    let mut sampler = Sampler::load(config, &target.libc)?;
+    let mut reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;
+    // Watch for exit before attaching, so an exit during attach is not missed.
+    let exit_fd = pidfd_open(target.pid)
+        // SAFETY: the AsyncFd owns the OwnedFd, which keeps the fd open until dropped.
+        .map(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) })
+        .transpose()
+        .context("pidfd")?;
+    let probes = sampler.attach(&target.libc)?;
+    let started = Instant::now();
+    eprintln!(
+        "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {} bytes",
+        target.pid,
+        target.comm,
+        target.libc.path_in_target.display(),
+        probes,
+        options.rate
+    );
+    if !target.libc.missing.is_empty() {
+        tracing::info!(
+            "libc does not export {:?}; those functions are not probed",
+            target.libc.missing
+        );
+    }
+
+    let mut collector = Collector {
+        normalizer: AddressNormalizer::new(),
+        aggregate: Aggregate::default(),
+    };
+    // Cache the target's maps while it surely lives: its last samples may be read
+    // after it exits.
+    collector.normalizer.prime(target.pid);
+    let mut batch = Vec::new();
+    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut refresh = tokio::time::interval(REFRESH_INTERVAL);
+    refresh.tick().await;
+    let deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
+    let stop = loop {
+        tokio::select! {
+            read = reader.read_batch(&mut batch) => {
+                read.context("reading the ring buffer")?;
+                collector.add_batch(&mut batch);
+            }
+            _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
+                break StopReason::Duration;
+            }
+            _ = async { exit_fd.as_ref().unwrap().readable().await }, if exit_fd.is_some() => {
+                break StopReason::TargetExited;
+            }
+            _ = tokio::signal::ctrl_c() => break StopReason::Signal,
+            _ = sigterm.recv() => break StopReason::Signal,
+            _ = refresh.tick() => {
+                sampler.refresh_intervals()?;
+                sampler.flush_logs();
+            }
+        }
+    };
+    let duration = started.elapsed();
+
+    // Exact figures first, then detach (dropping the sampler), then the samples still
+    // in the ring buffer: nothing collected is lost.
+    let counters = sampler.counters()?;
+    let exact = sampler.totals()?.remove(&target.pid).unwrap_or_default();
+    sampler.flush_logs();
+    drop(sampler);
+    reader.drain(&mut batch);
+    collector.add_batch(&mut batch);
+    if reader.malformed > 0 {
+        tracing::warn!("{} malformed ring-buffer records skipped", reader.malformed);
+    }
+
+    let mut symbolizer = FrameSymbolizer::new();
+    let report = Report::build(
+        &collector.aggregate,
+        &collector.normalizer.modules,
+        &mut symbolizer,
+        options.rate,
+        duration,
+        exact,
+        counters,
+    );
+    Ok((report, stop))
+}

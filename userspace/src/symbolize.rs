@@ -1,0 +1,175 @@
+//! Symbolization of normalized frames with blazesym.
+//!
+//! Each distinct frame is symbolized once (results are cached by frame), and blazesym
+//! keeps one parsed resolver per module file, so the cost is per module and per unique
+//! address, not per sample.
+
+use std::{collections::HashMap, rc::Rc};
+
+use blazesym::symbolize::{
+    source::{Elf, Source},
+    Input, Symbolized, Symbolizer,
+};
+
+use crate::normalize::{Frame, ModuleTable};
+
+/// One function in a symbolized location.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FunctionFrame {
+    /// Demangled function name.
+    pub name: String,
+    /// Source file, where debug info exists.
+    pub file: Option<String>,
+    /// Source line, where debug info exists.
+    pub line: Option<u32>,
+}
+
+/// The functions at one address: innermost (inlined callee) first, the function that
+/// physically contains the code last. This is pprof's `Location.line` order.
+pub type Functions = Rc<[FunctionFrame]>;
+
+/// Cached symbolizer for [`Frame`]s.
+pub struct FrameSymbolizer {
+    symbolizer: Symbolizer,
+    cache: HashMap<Frame, Functions>,
+}
+
+impl Default for FrameSymbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn code_location(
+    info: Option<&blazesym::symbolize::CodeInfo<'_>>,
+) -> (Option<String>, Option<u32>) {
+    match info {
+        Some(info) => (Some(info.to_path().display().to_string()), info.line),
+        None => (None, None),
+    }
+}
+
+impl FrameSymbolizer {
+    /// A symbolizer with demangling, inlined functions and source locations on.
+    pub fn new() -> Self {
+        let symbolizer = Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
+        Self {
+            symbolizer,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// Symbolizes every frame in `frames` not yet in the cache, one batch per module.
+    pub fn prepare<'a>(&mut self, modules: &ModuleTable, frames: impl Iterator<Item = &'a Frame>) {
+        let mut by_module: HashMap<u32, Vec<u64>> = HashMap::new();
+        for frame in frames {
+            if self.cache.contains_key(frame) {
+                continue;
+            }
+            match *frame {
+                Frame::Module { module, offset } => {
+                    by_module.entry(module).or_default().push(offset)
+                }
+                Frame::Unknown(addr) => {
+                    let name = format!("[unknown 0x{addr:x}]");
+                    self.cache.insert(*frame, unresolved(name));
+                }
+            }
+        }
+        for (module_id, mut offsets) in by_module {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let Some(module) = modules.get(module_id) else {
+                continue;
+            };
+            // Return addresses point after the call; the call itself is one byte earlier.
+            let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
+            let source = Source::Elf(Elf::new(&module.path));
+            let results = self
+                .symbolizer
+                .symbolize(&source, Input::FileOffset(&lookups))
+                .unwrap_or_default();
+            for (i, &offset) in offsets.iter().enumerate() {
+                let functions = match results.get(i) {
+                    Some(Symbolized::Sym(sym)) => {
+                        let mut functions = Vec::with_capacity(sym.inlined.len() + 1);
+                        // blazesym lists inlined functions outermost first; each one's
+                        // code info is its call site in the function before it, and the
+                        // symbol's own code info is the innermost location.
+                        let mut location = code_location(sym.code_info.as_deref());
+                        for inlined in sym.inlined.iter().rev() {
+                            functions.push(FunctionFrame {
+                                name: inlined.name.to_string(),
+                                file: location.0.take(),
+                                line: location.1.take(),
+                            });
+                            location = code_location(inlined.code_info.as_ref());
+                        }
+                        functions.push(FunctionFrame {
+                            name: sym.name.to_string(),
+                            file: location.0,
+                            line: location.1,
+                        });
+                        functions.into()
+                    }
+                    _ => unresolved(format!("[{}+0x{offset:x}]", module.file_name())),
+                };
+                self.cache.insert(
+                    Frame::Module {
+                        module: module_id,
+                        offset,
+                    },
+                    functions,
+                );
+            }
+        }
+    }
+
+    /// The functions at `frame`; frames not prepared yet come back unresolved.
+    pub fn functions(&self, frame: &Frame) -> Functions {
+        self.cache
+            .get(frame)
+            .cloned()
+            .unwrap_or_else(|| unresolved(format!("{frame:?}")))
+    }
+}
+
+fn unresolved(name: String) -> Functions {
+    Rc::from(vec![FunctionFrame {
+        name,
+        file: None,
+        line: None,
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::normalize::AddressNormalizer;
+
+    #[inline(never)]
+    fn a_function_with_a_known_name() -> u64 {
+        // The address just past the start, as a return address would be.
+        a_function_with_a_known_name as *const () as u64 + 1
+    }
+
+    #[test]
+    fn own_function_symbolizes_by_name() {
+        let mut normalizer = AddressNormalizer::new();
+        let frames = normalizer.normalize(std::process::id(), &[a_function_with_a_known_name()]);
+        let mut symbolizer = FrameSymbolizer::new();
+        symbolizer.prepare(&normalizer.modules, frames.iter());
+        let functions = symbolizer.functions(&frames[0]);
+        let names: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains("a_function_with_a_known_name")),
+            "{names:?}"
+        );
+    }
+}
