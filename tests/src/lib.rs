@@ -1,1 +1,272 @@
+//! Harness for allocbpf's end-to-end tests: compiles the C workloads in `workloads/`,
+//! runs them, and runs the real `allocbpf` binary against them through real uprobes.
+//!
+//! The binary is `$ALLOCBPF_BIN`, or `target/release/allocbpf` (`cargo xtask test` builds
+//! it first). The tests need root: without it they fail, they never skip.
 
+pub mod sites;
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The allocbpf binary under test.
+pub fn allocbpf_bin() -> PathBuf {
+    std::env::var_os("ALLOCBPF_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/release/allocbpf"))
+}
+
+/// Fails unless the tests run as root (they load eBPF programs).
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "end-to-end tests attach real uprobes: run them as root (cargo xtask test)"
+    );
+    assert!(
+        allocbpf_bin().exists(),
+        "{} is missing: build it first (cargo xtask test does)",
+        allocbpf_bin().display()
+    );
+}
+
+/// A scratch directory under `target/e2e`, unique per test.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = workspace_root()
+        .join("target/e2e")
+        .join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Compiles `workloads/<name>.c` with `flags` into the scratch area; returns the binary.
+pub fn compile_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
+    let source = workspace_root()
+        .join("tests/workloads")
+        .join(format!("{name}.c"));
+    let out_dir = workspace_root().join("target/e2e/bin");
+    std::fs::create_dir_all(&out_dir)?;
+    let binary = out_dir.join(format!("{name}-{}", flags.join("").replace(['-', '='], "")));
+    let status = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .status()
+        .context("running gcc (apt-get install gcc)")?;
+    ensure!(status.success(), "gcc failed on {}", source.display());
+    Ok(binary)
+}
+
+/// Reads lines from a child's pipe on a thread, so waits can time out.
+pub struct Lines {
+    rx: mpsc::Receiver<String>,
+    /// Every line received so far.
+    pub seen: Vec<String>,
+}
+
+impl Lines {
+    /// Starts reading `pipe`.
+    pub fn spawn(pipe: impl Read + Send + 'static) -> Self {
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a line containing `needle`.
+    pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return Ok(line);
+                    }
+                }
+                Err(_) => bail!(
+                    "no line with {needle:?} within {timeout:?}; saw {:?}",
+                    self.seen
+                ),
+            }
+        }
+    }
+
+    /// Everything received until the pipe closes (or `timeout`).
+    pub fn rest(&mut self, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        while let Ok(line) = self
+            .rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.seen.push(line);
+        }
+        self.seen.join("\n")
+    }
+}
+
+/// A running workload that waits for a go signal.
+pub struct Workload {
+    /// The process.
+    pub child: Child,
+    /// Its pid.
+    pub pid: u32,
+    stdin: Option<ChildStdin>,
+    /// Its stdout.
+    pub stdout: Lines,
+}
+
+impl Workload {
+    /// Starts `binary` with `args`; waits until it has printed its pid.
+    pub fn start(binary: &Path, args: &[&str]) -> Result<Workload> {
+        let mut child = Command::new(binary)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let stdin = child.stdin.take();
+        let mut stdout = Lines::spawn(child.stdout.take().unwrap());
+        let pid_line = stdout.wait_for("", Duration::from_secs(10))?;
+        let pid = pid_line.trim().parse().context("workload pid line")?;
+        Ok(Workload {
+            child,
+            pid,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// Tells the workload to start allocating.
+    pub fn go(&mut self) -> Result<()> {
+        let mut stdin = self.stdin.take().context("already started")?;
+        stdin.write_all(b"go\n")?;
+        Ok(())
+    }
+
+    /// Waits for it to exit successfully.
+    pub fn wait(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                ensure!(status.success(), "workload failed: {status}");
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                bail!("workload did not finish within {timeout:?}");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running allocbpf.
+pub struct Profiler {
+    /// The process.
+    pub child: Child,
+    /// Its stderr, line by line.
+    pub stderr: Lines,
+}
+
+/// How an allocbpf run ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// Exit code.
+    pub code: Option<i32>,
+    /// Everything it wrote to stdout.
+    pub stdout: String,
+    /// Everything it wrote to stderr.
+    pub stderr: String,
+}
+
+impl Profiler {
+    /// Starts allocbpf with `args` and waits until its probes are attached.
+    pub fn attach(args: &[&str]) -> Result<Profiler> {
+        let mut profiler = Self::spawn(args)?;
+        profiler
+            .stderr
+            .wait_for("allocbpf: profiling pid", Duration::from_secs(30))?;
+        Ok(profiler)
+    }
+
+    /// Starts allocbpf with `args` without waiting.
+    pub fn spawn(args: &[&str]) -> Result<Profiler> {
+        let mut child = Command::new(allocbpf_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting allocbpf")?;
+        let stderr = Lines::spawn(child.stderr.take().unwrap());
+        Ok(Profiler { child, stderr })
+    }
+
+    /// Waits for allocbpf to exit (killing it after `timeout`).
+    pub fn finish(mut self, timeout: Duration) -> Result<Finished> {
+        let mut stdout_pipe = self.child.stdout.take().unwrap();
+        let reader = thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stdout_pipe.read_to_string(&mut s);
+            s
+        });
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                bail!(
+                    "allocbpf did not exit within {timeout:?}; stderr: {:?}",
+                    self.stderr.seen
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = self.stderr.rest(Duration::from_secs(2));
+        Ok(Finished {
+            code: status.code(),
+            stdout: reader.join().unwrap_or_default(),
+            stderr,
+        })
+    }
+}
+
+/// Runs allocbpf to completion with `args` (for argument and error tests).
+pub fn run_allocbpf(args: &[&str], timeout: Duration) -> Result<Finished> {
+    Profiler::spawn(args)?.finish(timeout)
+}

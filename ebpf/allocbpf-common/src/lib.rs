@@ -166,8 +166,8 @@ pub struct ThreadState {
     pub forward_hi: u64,
     /// Owning process (tgid).
     pub pid: u32,
-    /// Reserved; keeps the layout free of implicit padding.
-    pub reserved: u32,
+    /// The [`AllocFn`] of the pending wrapper call.
+    pub forward_fn: u32,
 }
 
 /// Exact call and byte totals (value of the `PROCESS_TOTALS` map, keyed by pid).

@@ -156,12 +156,16 @@ fn return_address(sp: u64) -> u64 {
 
 /// True if this call was made by the probed wrapper recorded in `state`, either as a
 /// nested call (its return address lies inside the wrapper's code) or as a tail call
-/// (same stack pointer and return address as the wrapper had).
+/// (same stack pointer and return address as the wrapper had, into a DIFFERENT probed
+/// function: the same function again from the same call site is a new call, as in a
+/// loop that calls calloc repeatedly).
 #[inline(always)]
-fn is_forwarded(state: &ThreadState, sp: u64) -> bool {
+fn is_forwarded(state: &ThreadState, kind: AllocFn, sp: u64) -> bool {
     let ret = return_address(sp);
     (ret >= state.forward_lo && ret < state.forward_hi)
-        || (sp == state.forward_sp && ret == state.forward_return)
+        || (sp == state.forward_sp
+            && ret == state.forward_return
+            && kind as u32 != state.forward_fn)
 }
 
 /// Records that `kind` (a wrapper that may call another probed function) is running.
@@ -172,6 +176,7 @@ fn remember_wrapper(state: &mut ThreadState, kind: AllocFn, entry: &Entry) {
     state.forward_return = return_address(entry.sp);
     state.forward_lo = entry.ip;
     state.forward_hi = entry.ip + size;
+    state.forward_fn = kind as u32;
 }
 
 #[inline(always)]
@@ -257,13 +262,18 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64) -> u32 {
         // this thread's exit.
         let state = unsafe { &mut *state };
         if state.forward_sp != 0 {
-            let forwarded = is_forwarded(state, entry.sp);
+            let forwarded = is_forwarded(state, kind, entry.sp);
             // One-shot: the record only ever describes the thread's latest wrapper call.
             state.forward_sp = 0;
             state.forward_lo = 0;
             state.forward_hi = 0;
             if forwarded {
                 bump(Counter::ForwardedCalls);
+                // A forwarded wrapper may forward again (reallocarray -> realloc ->
+                // malloc): it becomes the pending record.
+                if wrapper {
+                    remember_wrapper(state, kind, &entry);
+                }
                 return 0;
             }
         }
