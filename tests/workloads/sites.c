@@ -2,7 +2,8 @@
  * Known allocation sites with known byte totals, for allocbpf's end-to-end tests.
  *
  * Prints its pid, waits for a line on stdin (so the profiler attaches first), runs
- * every site, prints "done" and exits. It uses write(2), never stdio, so that the
+ * every site, prints "done" and exits (with the argument "forever": runs them until
+ * killed). It uses write(2), never stdio, so that the
  * process makes no allocation of its own while profiled: the exact totals allocbpf
  * counts must equal the sums in tests/src/sites.rs to the byte.
  *
@@ -82,7 +83,7 @@ NOINLINE void run_sites(void) {
     site_overflow();
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     char buf[64];
     char line[32];
     int n = 0;
@@ -95,7 +96,8 @@ int main(void) {
     line[n++] = '\n';
     (void)!write(1, line, n);
     if (read(0, buf, sizeof buf) <= 0) return 1;
-    run_sites();
+    /* "forever": allocate until killed (for stop-by-signal tests). */
+    do run_sites(); while (argc > 1 && strcmp(argv[1], "forever") == 0);
     say("done\n");
     return 0;
 }

@@ -1,1 +1,55 @@
-fn main() {}
+//! allocbpf's developer tasks: `cargo xtask <setup|run|test|bench>`.
+//!
+//! Every task first makes sure the machine has what it needs (`setup`), so a fresh
+//! Debian machine needs no manual step.
+
+mod bench;
+mod run;
+mod setup;
+mod util;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "allocbpf build, setup, test and benchmark tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need, where missing (apt packages, bpf-linker).
+    Setup,
+    /// Build allocbpf, then run it: with no arguments on a bundled demo workload,
+    /// otherwise with the given arguments (e.g. `-- --pid 1234 --rate 1MiB`).
+    Run {
+        /// Arguments for allocbpf.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run every check: formatting, clippy, unit tests and end-to-end tests (as root).
+    Test,
+    /// Measure ns per malloc call: no probe, empty-program floor, allocbpf.
+    Bench {
+        /// Alternating rounds of the three configurations (medians are reported).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// malloc+free pairs per run.
+        #[arg(long, default_value_t = 2_000_000)]
+        iterations: u64,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::ensure(),
+        Task::Run { args } => run::run(&args),
+        Task::Test => run::test(),
+        Task::Bench { rounds, iterations } => bench::bench(rounds, iterations),
+    }
+}

@@ -1,0 +1,192 @@
+//! Bad input: every case ends with a clear message and a non-zero exit, and a target
+//! that goes away mid-run still gets its profile written.
+
+use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
+
+use allocbpf_e2e::{
+    allocbpf_bin, compile_workload, require_root, run_allocbpf, scratch_dir, Profiler, Workload,
+};
+
+const QUICK: Duration = Duration::from_secs(30);
+
+fn assert_fails_with(args: &[&str], needle: &str) {
+    let finished = run_allocbpf(args, QUICK).unwrap();
+    assert_ne!(finished.code, Some(0), "{args:?} should fail");
+    assert!(
+        finished.stderr.contains(needle),
+        "{args:?}: expected {needle:?} in:\n{}",
+        finished.stderr
+    );
+}
+
+#[test]
+fn unknown_pid_is_reported() {
+    require_root();
+    // pid_max is at most 2^22; this pid cannot exist.
+    assert_fails_with(&["--pid", "99999999"], "no process with pid 99999999");
+}
+
+#[test]
+fn bad_rates_and_durations_are_rejected() {
+    require_root();
+    for (args, needle) in [
+        (&["--pid", "1", "--rate", "0"][..], "greater than zero"),
+        (&["--pid", "1", "--rate", "-1"][..], "greater than zero"),
+        (&["--pid", "1", "--rate", "many"][..], "not a number"),
+        (&["--pid", "1", "--rate", "1TiB"][..], "unknown unit"),
+        (
+            &["--pid", "1", "--rate", "100GB"][..],
+            "larger than the maximum",
+        ),
+        (&["--pid", "1", "--duration", "0"][..], "greater than zero"),
+        (&["--pid", "1", "--duration", "soon"][..], "not a number"),
+        (
+            &["--pid", "1", "--duration", "100000h"][..],
+            "larger than the maximum",
+        ),
+    ] {
+        assert_fails_with(args, needle);
+    }
+}
+
+#[test]
+fn unwritable_output_fails_before_attaching() {
+    require_root();
+    let finished = run_allocbpf(
+        &["--pid", "1", "--output", "/proc/version/profile.json"],
+        QUICK,
+    )
+    .unwrap();
+    assert_ne!(finished.code, Some(0));
+    assert!(
+        finished
+            .stderr
+            .contains("cannot write the output file /proc/version/profile.json"),
+        "{}",
+        finished.stderr
+    );
+    assert!(
+        !finished.stderr.contains("profiling pid"),
+        "{}",
+        finished.stderr
+    );
+}
+
+#[test]
+fn statically_linked_target_has_no_libc_to_probe() {
+    require_root();
+    let binary = compile_workload("static_target", &["-static", "-O1"]).unwrap();
+    let mut child = Command::new(&binary).spawn().unwrap();
+    let pid = child.id().to_string();
+    let finished = run_allocbpf(&["--pid", &pid], QUICK).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_ne!(finished.code, Some(0));
+    assert!(
+        finished.stderr.contains("has no dynamically linked libc"),
+        "{}",
+        finished.stderr
+    );
+}
+
+#[test]
+fn unprivileged_user_is_told_to_use_sudo() {
+    require_root();
+    // A copy in the temp dir, which user nobody can reach wherever the checkout lives.
+    let copy = std::env::temp_dir().join(format!("allocbpf-unprivileged-{}", std::process::id()));
+    std::fs::copy(allocbpf_bin(), &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let output = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(&copy)
+        .args(["--pid", "1"])
+        .output()
+        .expect("setpriv (util-linux)");
+    let _ = std::fs::remove_file(&copy);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("needs root"), "{stderr}");
+    assert!(stderr.contains("sudo"), "{stderr}");
+}
+
+#[test]
+fn duration_stops_profiling_and_writes_the_profile() {
+    require_root();
+    let binary = compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
+    let dir = scratch_dir("duration");
+    // Never told to go: it sits idle while allocbpf runs for one second.
+    let workload = Workload::start(&binary, &[]).unwrap();
+    let pid = workload.pid.to_string();
+    let out = dir.join("p.json");
+    let started = std::time::Instant::now();
+    let finished = run_allocbpf(
+        &[
+            "--pid",
+            &pid,
+            "--duration",
+            "1s",
+            "--format",
+            "json",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        QUICK,
+    )
+    .unwrap();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    assert!(
+        finished.stderr.contains("duration elapsed"),
+        "{}",
+        finished.stderr
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(json["totals"]["exact_calls"], 0);
+    drop(workload);
+}
+
+#[test]
+fn sigterm_stops_profiling_and_keeps_what_was_collected() {
+    require_root();
+    let binary = compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
+    let dir = scratch_dir("sigterm");
+    let mut workload = Workload::start(&binary, &["forever"]).unwrap();
+    let pid = workload.pid.to_string();
+    let out = dir.join("p.json");
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--rate",
+        "64KiB",
+        "--format",
+        "json",
+        "--output",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    workload.go().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: plain kill(2) on a child we own.
+    unsafe { libc::kill(profiler.child.id() as i32, libc::SIGTERM) };
+    let finished = profiler.finish(QUICK).unwrap();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    assert!(
+        finished.stderr.contains("interrupted"),
+        "{}",
+        finished.stderr
+    );
+    // The target keeps running, unharmed by the probes and their removal.
+    assert!(workload.child.try_wait().unwrap().is_none(), "target died");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert!(
+        json["totals"]["samples"].as_u64().unwrap() > 100,
+        "{:#}",
+        json["totals"]
+    );
+    assert!(json["totals"]["exact_calls"].as_u64().unwrap() > 100_000);
+}
