@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     setup,
-    util::{build_allocbpf, cargo, compile_c, is_root, root, run as run_command},
+    util::{build_allocbpf, cargo, compile_c, is_root, run as run_command},
 };
 
 /// Builds allocbpf and runs it with `args`, or on the bundled demo workload.
@@ -76,10 +76,60 @@ pub fn test() -> Result<()> {
         "warnings",
     ]))?;
     let allocbpf = build_allocbpf()?;
-    run_command(
-        cargo()
-            .args(["test", "--release", "--workspace"])
-            .env("ALLOCBPF_BIN", &allocbpf)
-            .current_dir(root()),
-    )
+    let mut command = cargo();
+    command
+        .args(["test", "--release", "--workspace"])
+        .env("ALLOCBPF_BIN", &allocbpf)
+        .stdout(Stdio::piped());
+    eprintln!("xtask: {command:?}");
+    let mut child = command.spawn().context("cannot start cargo test")?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some((p, f)) = parse_test_result(&line) {
+            passed += p;
+            failed += f;
+        }
+    }
+    let status = child.wait()?;
+    // One closing line over every test binary (cargo's own last lines are doc-test
+    // binaries with no tests).
+    println!("summary: {passed} passed, {failed} failed");
+    if !status.success() || failed > 0 || passed == 0 {
+        bail!("tests failed: {status}");
+    }
+    Ok(())
+}
+
+/// Reads `test result: ok. 7 passed; 0 failed; ...` into (7, 0).
+fn parse_test_result(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("test result: ")?;
+    // Each `;`-separated part ends in "<number> <word>".
+    let count = |word: &str| {
+        rest.split(';').find_map(|part| {
+            let mut tokens = part.split_whitespace().rev();
+            let (w, n) = (tokens.next()?, tokens.next()?);
+            if w == word {
+                n.parse().ok()
+            } else {
+                None
+            }
+        })
+    };
+    Some((count("passed")?, count("failed")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_test_result;
+
+    #[test]
+    fn cargo_result_lines_are_counted() {
+        let line = "test result: ok. 30 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.02s";
+        assert_eq!(parse_test_result(line), Some((30, 2)));
+        let line = "test result: FAILED. 1 passed; 3 failed; 0 ignored";
+        assert_eq!(parse_test_result(line), Some((1, 3)));
+        assert_eq!(parse_test_result("running 3 tests"), None);
+    }
 }
