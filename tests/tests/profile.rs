@@ -180,6 +180,19 @@ fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
             site.function
         );
     }
+    // Debug info reaches pprof as file:line.
+    let lines = Command::new("go")
+        .args(["tool", "pprof", "-top", "-lines"])
+        .arg(&pprof_path)
+        .env("PPROF_TMPDIR", &dir)
+        .env("HOME", &dir)
+        .output()
+        .unwrap();
+    let lines = String::from_utf8_lossy(&lines.stdout);
+    assert!(
+        lines.contains("site_small ") && lines.contains("sites.c:"),
+        "{lines}"
+    );
     // The raw view shows the mapping with its build id.
     let raw = Command::new("go")
         .args(["tool", "pprof", "-raw"])

@@ -1,0 +1,85 @@
+//! Threads that exit before their process: their exact totals are kept (folded at thread
+//! exit) and sampling stays unbiased across per-thread countdowns.
+
+use std::time::Duration;
+
+use allocbpf_e2e::{compile_workload, require_root, scratch_dir, sites::Site, Profiler, Workload};
+
+const THREADS: u64 = 16;
+const CALLS: u64 = 20_000;
+const SIZE: u64 = 256;
+const RATE: u64 = 16 * 1024;
+
+#[test]
+fn exited_threads_keep_their_totals_and_estimates_stay_unbiased() {
+    require_root();
+    let binary = compile_workload(
+        "threads",
+        &["-O1", "-g", "-fno-omit-frame-pointer", "-pthread"],
+    )
+    .unwrap();
+    let dir = scratch_dir("threads");
+    let mut workload = Workload::start(&binary, &[]).unwrap();
+    let pid = workload.pid.to_string();
+    let out = dir.join("threads.json");
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--rate",
+        &RATE.to_string(),
+        "--format",
+        "json",
+        "--output",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    workload.go().unwrap();
+    workload.wait(Duration::from_secs(120)).unwrap();
+    let finished = profiler.finish(Duration::from_secs(60)).unwrap();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+
+    // pthread_create allocates each thread's descriptor/TLS through calloc/malloc in
+    // glibc, so the totals are at least the site's and at most a few KiB more per thread.
+    let exact_calls = json["totals"]["exact_calls"].as_u64().unwrap();
+    let exact_bytes = json["totals"]["exact_bytes"].as_u64().unwrap();
+    assert!(
+        (THREADS * CALLS..=THREADS * CALLS + 8 * THREADS).contains(&exact_calls),
+        "{exact_calls} calls"
+    );
+    assert!(
+        (THREADS * CALLS * SIZE..=THREADS * CALLS * SIZE + THREADS * 64 * 1024)
+            .contains(&exact_bytes),
+        "{exact_bytes} bytes"
+    );
+
+    // The site's estimate: bound derived in src/sites.rs (5 sd).
+    let site = Site {
+        function: "site_thread",
+        allocations: &[(SIZE, THREADS * CALLS)],
+        empty_calls: 0,
+    };
+    let estimated: f64 = json["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f == "site_thread")
+        })
+        .map(|s| s["estimated_bytes"].as_f64().unwrap())
+        .sum();
+    let truth = site.bytes() as f64;
+    let sd = site.estimate_sd(RATE);
+    println!(
+        "site_thread: truth {truth} estimated {estimated:.0} ({:+.2} sd)",
+        (estimated - truth) / sd
+    );
+    assert!(
+        (estimated - truth).abs() <= 5.0 * sd,
+        "estimated {estimated}, truth {truth}, sd {sd}"
+    );
+}
