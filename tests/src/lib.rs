@@ -10,7 +10,10 @@ use std::{
     io::{BufRead, BufReader, Read, Write},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, Stdio},
-    sync::mpsc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -61,14 +64,23 @@ pub fn compile_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
     let out_dir = workspace_root().join("target/e2e/bin");
     std::fs::create_dir_all(&out_dir)?;
     let binary = out_dir.join(format!("{name}-{}", flags.join("").replace(['-', '='], "")));
+    // Tests run in parallel and may compile the same workload: build under a unique
+    // name, then rename (atomic), so nobody executes a half-written file.
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let partial = binary.with_extension(format!(
+        "partial-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
     let status = Command::new("gcc")
         .args(flags)
         .arg("-o")
-        .arg(&binary)
+        .arg(&partial)
         .arg(&source)
         .status()
         .context("running gcc (apt-get install gcc)")?;
     ensure!(status.success(), "gcc failed on {}", source.display());
+    std::fs::rename(&partial, &binary)?;
     Ok(binary)
 }
 

@@ -10,29 +10,26 @@ const CALLS: u64 = 20_000;
 const SIZE: u64 = 256;
 const RATE: u64 = 16 * 1024;
 
-#[test]
-fn exited_threads_keep_their_totals_and_estimates_stay_unbiased() {
+/// Profiles the threads workload with `extra` arguments; checks totals and the estimate
+/// and returns the JSON profile.
+fn profile_threads(name: &str, extra: &[&str]) -> serde_json::Value {
     require_root();
     let binary = compile_workload(
         "threads",
         &["-O1", "-g", "-fno-omit-frame-pointer", "-pthread"],
     )
     .unwrap();
-    let dir = scratch_dir("threads");
+    let dir = scratch_dir(name);
     let mut workload = Workload::start(&binary, &[]).unwrap();
     let pid = workload.pid.to_string();
     let out = dir.join("threads.json");
-    let profiler = Profiler::attach(&[
-        "--pid",
-        &pid,
-        "--rate",
-        &RATE.to_string(),
-        "--format",
-        "json",
-        "--output",
-        out.to_str().unwrap(),
-    ])
-    .unwrap();
+    let rate = RATE.to_string();
+    let mut args = vec![
+        "--pid", &pid, "--rate", &rate, "--format", "json", "--output",
+    ];
+    args.push(out.to_str().unwrap());
+    args.extend_from_slice(extra);
+    let profiler = Profiler::attach(&args).unwrap();
     workload.go().unwrap();
     workload.wait(Duration::from_secs(120)).unwrap();
     let finished = profiler.finish(Duration::from_secs(60)).unwrap();
@@ -81,5 +78,28 @@ fn exited_threads_keep_their_totals_and_estimates_stay_unbiased() {
     assert!(
         (estimated - truth).abs() <= 5.0 * sd,
         "estimated {estimated}, truth {truth}, sd {sd}"
+    );
+    json
+}
+
+#[test]
+fn exited_threads_keep_their_totals_and_estimates_stay_unbiased() {
+    let json = profile_threads("threads", &[]);
+    assert_eq!(json["counters"]["thread_map_full"], 0);
+}
+
+/// One slot and four overflow entries for 17 threads: one thread gets the slot, four
+/// the overflow map, the rest the per-CPU fallback. Totals stay exact and the estimate
+/// unbiased on every path (docs/design.md, "Per-thread countdown").
+#[test]
+fn full_thread_tables_degrade_without_bias_or_loss() {
+    let json = profile_threads(
+        "threads-full",
+        &["--thread-slots", "1", "--overflow-threads", "4"],
+    );
+    assert!(
+        json["counters"]["thread_map_full"].as_u64().unwrap() > 0,
+        "{:#}",
+        json["counters"]
     );
 }

@@ -52,6 +52,16 @@ pub struct Cli {
     /// Attach an empty program instead of the sampler (benchmark floor; no profile).
     #[arg(long, hide = true)]
     pub empty_probes: bool,
+
+    /// Direct-mapped thread slots (power of two; tests shrink it to force collisions).
+    #[arg(long, hide = true, default_value_t = allocbpf_common::THREAD_SLOTS_LEN,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub thread_slots: u32,
+
+    /// Overflow thread entries (tests shrink it to force the per-CPU fallback).
+    #[arg(long, hide = true, default_value_t = allocbpf_common::MAX_OVERFLOW_THREADS,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub overflow_threads: u32,
 }
 
 fn parse_rate(text: &str) -> Result<u64, String> {

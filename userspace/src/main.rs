@@ -6,6 +6,7 @@ use allocbpf::{
     cli::Cli,
     export,
     preflight::{self, Sink},
+    probe::ThreadTables,
     session::{self, SessionOptions},
 };
 use anyhow::{Context, Result};
@@ -35,6 +36,10 @@ fn run(cli: Cli) -> Result<()> {
         rate: cli.rate,
         duration: cli.duration,
         empty_probes: cli.empty_probes,
+        thread_tables: ThreadTables {
+            slots: cli.thread_slots,
+            overflow: cli.overflow_threads,
+        },
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

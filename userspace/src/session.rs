@@ -26,7 +26,7 @@ use crate::{
     aggregate::{Aggregate, StackKey},
     events::{EventReader, RawSample},
     normalize::AddressNormalizer,
-    probe::{intervals::REFRESH_INTERVAL, Sampler, SamplerConfig},
+    probe::{intervals::REFRESH_INTERVAL, Sampler, SamplerConfig, ThreadTables},
     report::Report,
     symbolize::FrameSymbolizer,
     target::Target,
@@ -43,6 +43,8 @@ pub struct SessionOptions {
     pub duration: Option<Duration>,
     /// Attach the empty program (benchmark floor).
     pub empty_probes: bool,
+    /// Thread table sizes.
+    pub thread_tables: ThreadTables,
 }
 
 /// Why collection stopped.
@@ -100,6 +102,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         pid: Some(target.pid),
         rate: options.rate,
         empty_probes: options.empty_probes,
+        thread_tables: options.thread_tables,
     };
     let mut sampler = Sampler::load(config, &target.libc)?;
     let mut reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;

@@ -5,7 +5,8 @@
 //! 2. is skipped if it is a call that another probed function forwarded (musl's
 //!    `calloc` calls `malloc`, glibc's `realloc(NULL, n)` calls `malloc`, ...), so every
 //!    allocation is counted once, by the function the program called;
-//! 3. adds one call and its size to the thread's exact totals;
+//! 3. adds one call and its size to the thread's exact totals (its slot in a
+//!    direct-mapped array, or an overflow hash entry on a slot collision);
 //! 4. runs the .NET/heapprofd Poisson byte sampler: a per-thread countdown of bytes
 //!    drawn from a precomputed table of exponential intervals; when an allocation
 //!    crosses the countdown it is sampled and a fresh interval starts after it.
@@ -22,8 +23,8 @@ use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
     AllocFn, Counter, SampleEvent, ThreadState, Totals, ALLOC_FN_COUNT, COUNTER_COUNT,
-    INTERVAL_TABLE_LEN, MAX_PROCESSES, MAX_STACK_DEPTH, MAX_THREADS, RING_BUFFER_BYTES,
-    SAMPLE_FLAG_CERTAIN,
+    INTERVAL_TABLE_LEN, MAX_OVERFLOW_THREADS, MAX_PROCESSES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
+    SAMPLE_FLAG_CERTAIN, THREAD_SLOTS_LEN,
 };
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
@@ -55,10 +56,20 @@ static CERTAIN_THRESHOLD: u64 = u64::MAX;
 #[no_mangle]
 static FN_SIZES: [u64; ALLOC_FN_COUNT] = [0; ALLOC_FN_COUNT];
 
-/// Per-thread countdown and exact totals, keyed by tid. Entries are removed when the
-/// thread exits (`thread_exit`); when full, new threads use `CPU_COUNTDOWN`.
+/// `THREAD_SLOTS` length minus one; the loader may shrink the table (tests do).
+#[no_mangle]
+static THREAD_SLOT_MASK: u32 = THREAD_SLOTS_LEN - 1;
+
+/// Per-thread countdown and exact totals, direct-mapped by `tid & THREAD_SLOT_MASK`. A slot is
+/// claimed by the first thread that allocates with it free and released at that
+/// thread's exit (`thread_exit`).
 #[map]
-static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_THREADS, 0);
+static THREAD_SLOTS: Array<ThreadState> = Array::with_max_entries(THREAD_SLOTS_LEN, 0);
+
+/// Threads whose slot another live thread holds, keyed by tid. Entries are removed at
+/// thread exit; when full, new threads use `CPU_COUNTDOWN`.
+#[map]
+static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_OVERFLOW_THREADS, 0);
 
 /// Exact totals of threads that have exited (and of threads that found `THREADS` full),
 /// keyed by tgid. Userspace adds the live threads' totals from `THREADS` and sums the
@@ -243,8 +254,39 @@ fn add_process_totals(pid: u32, calls: u64, bytes: u64) -> bool {
     true
 }
 
-/// The common path of every probe. `size` is `None` for calls that allocate nothing
-/// countable (calloc overflow) but still count as calls.
+/// This thread's state: its slot, claimed if free, else its overflow-map entry, created
+/// if needed. `None` only when the slot is taken and the overflow map is full.
+#[inline(always)]
+fn thread_state(pid: u32, tid: u32) -> Option<&'static mut ThreadState> {
+    let fresh = || ThreadState {
+        remaining: next_interval(),
+        pid,
+        tid,
+        ..ThreadState::default()
+    };
+    if let Some(slot) = THREAD_SLOTS.get_ptr_mut(tid & unsafe { read_volatile(&THREAD_SLOT_MASK) }) {
+        // SAFETY: array values live as long as the map; a slot is only written by the
+        // thread that owns it (or claims it while it is free).
+        let slot = unsafe { &mut *slot };
+        if slot.tid == tid {
+            return Some(slot);
+        }
+        if slot.tid == 0 {
+            *slot = fresh();
+            return Some(slot);
+        }
+    }
+    if let Some(state) = THREADS.get_ptr_mut(&tid) {
+        // SAFETY: only this thread touches its entry; it is removed only at its exit.
+        return Some(unsafe { &mut *state });
+    }
+    THREADS.insert(&tid, &fresh(), BPF_NOEXIST as u64).ok()?;
+    // SAFETY: as above.
+    THREADS.get_ptr_mut(&tid).map(|state| unsafe { &mut *state })
+}
+
+/// The common path of every probe. `size` is 0 for calls that allocate nothing
+/// countable (calloc overflow, realloc(p, 0)); they still count as calls.
 #[inline(always)]
 fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -257,65 +299,45 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64) -> u32 {
     let entry = entry_of(ctx);
     let wrapper = kind as u32 != AllocFn::Malloc as u32;
 
-    if let Some(state) = THREADS.get_ptr_mut(&tid) {
-        // SAFETY: only this thread touches its own entry, and entries are removed only at
-        // this thread's exit.
-        let state = unsafe { &mut *state };
-        if state.forward_sp != 0 {
-            let forwarded = is_forwarded(state, kind, entry.sp);
-            // One-shot: the record only ever describes the thread's latest wrapper call.
-            state.forward_sp = 0;
-            state.forward_lo = 0;
-            state.forward_hi = 0;
-            if forwarded {
-                bump(Counter::ForwardedCalls);
-                // A forwarded wrapper may forward again (reallocarray -> realloc ->
-                // malloc): it becomes the pending record.
-                if wrapper {
-                    remember_wrapper(state, kind, &entry);
-                }
-                return 0;
-            }
+    let Some(state) = thread_state(pid, tid) else {
+        // Slot taken and overflow map full. Totals stay exact through the process map,
+        // and a per-CPU countdown keeps sampling unbiased (each allocation is still
+        // sampled with probability 1 - exp(-size/rate), by memorylessness). Forwarded
+        // calls cannot be recognised here.
+        bump(Counter::ThreadMapFull);
+        if !add_process_totals(pid, 1, size) {
+            warn!(ctx, "allocbpf: process totals map full, pid {}", pid);
         }
-        if wrapper {
-            remember_wrapper(state, kind, &entry);
+        if let Some(remaining) = CPU_COUNTDOWN.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot.
+            let decision = decide(unsafe { &mut *remaining }, size);
+            emit(ctx, kind, pid_tgid, size, decision, entry.sp);
         }
-        state.calls += 1;
-        state.bytes += size;
-        let decision = decide(&mut state.remaining, size);
-        emit(ctx, kind, pid_tgid, size, decision, entry.sp);
         return 0;
-    }
-
-    // First call on this thread: start its countdown with a fresh interval.
-    let mut state = ThreadState {
-        remaining: next_interval(),
-        calls: 1,
-        bytes: size,
-        pid,
-        ..ThreadState::default()
     };
+    if state.forward_sp != 0 {
+        let forwarded = is_forwarded(state, kind, entry.sp);
+        // One-shot: the record only ever describes the thread's latest wrapper call.
+        state.forward_sp = 0;
+        state.forward_lo = 0;
+        state.forward_hi = 0;
+        if forwarded {
+            bump(Counter::ForwardedCalls);
+            // A forwarded wrapper may forward again (reallocarray -> realloc -> malloc):
+            // it becomes the pending record.
+            if wrapper {
+                remember_wrapper(state, kind, &entry);
+            }
+            return 0;
+        }
+    }
     if wrapper {
-        remember_wrapper(&mut state, kind, &entry);
+        remember_wrapper(state, kind, &entry);
     }
+    state.calls += 1;
+    state.bytes += size;
     let decision = decide(&mut state.remaining, size);
-    if THREADS.insert(&tid, &state, BPF_NOEXIST as u64).is_ok() {
-        emit(ctx, kind, pid_tgid, size, decision, entry.sp);
-        return 0;
-    }
-
-    // The thread map is full. Totals stay exact through the process map, and a per-CPU
-    // countdown keeps sampling unbiased (each allocation is still sampled with probability
-    // 1 - exp(-size/rate), by memorylessness). Forwarded calls cannot be recognised here.
-    bump(Counter::ThreadMapFull);
-    if !add_process_totals(pid, 1, size) {
-        warn!(ctx, "allocbpf: process totals map full, pid {}", pid);
-    }
-    if let Some(remaining) = CPU_COUNTDOWN.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        let decision = decide(unsafe { &mut *remaining }, size);
-        emit(ctx, kind, pid_tgid, size, decision, entry.sp);
-    }
+    emit(ctx, kind, pid_tgid, size, decision, entry.sp);
     0
 }
 
@@ -400,11 +422,20 @@ pub fn probe_empty(_ctx: ProbeContext) -> u32 {
     0
 }
 
-/// Thread exit: fold the thread's exact totals into its process and free its entry, so
-/// the thread map holds only live threads.
+/// Thread exit: fold the thread's exact totals into its process and free its slot or
+/// overflow entry, so both hold live threads only.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
     let tid = bpf_get_current_pid_tgid() as u32;
+    if let Some(slot) = THREAD_SLOTS.get_ptr_mut(tid & unsafe { read_volatile(&THREAD_SLOT_MASK) }) {
+        // SAFETY: array value pointer, valid for this run; the exiting thread owns it.
+        let slot = unsafe { &mut *slot };
+        if slot.tid == tid {
+            add_process_totals(slot.pid, slot.calls, slot.bytes);
+            *slot = ThreadState::default();
+            return 0;
+        }
+    }
     let Some(state) = THREADS.get_ptr(&tid) else {
         return 0;
     };

@@ -8,7 +8,8 @@ use std::num::NonZeroU32;
 
 use allocbpf_common::{
     Counter, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, FN_SIZES_GLOBAL,
-    RATE_GLOBAL, TARGET_PID_GLOBAL,
+    MAX_OVERFLOW_THREADS, RATE_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOTS_LEN,
+    THREAD_SLOT_MASK_GLOBAL,
 };
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -67,6 +68,26 @@ pub struct SamplerConfig {
     pub rate: u64,
     /// Attach the empty program instead of the sampler (benchmark floor).
     pub empty_probes: bool,
+    /// Thread table sizes (tests shrink them to exercise the overflow paths).
+    pub thread_tables: ThreadTables,
+}
+
+/// Sizes of the per-thread state tables (docs/design.md, "Per-thread countdown").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadTables {
+    /// Direct-mapped slots (a power of two).
+    pub slots: u32,
+    /// Overflow hash entries for threads whose slot is taken.
+    pub overflow: u32,
+}
+
+impl Default for ThreadTables {
+    fn default() -> Self {
+        Self {
+            slots: THREAD_SLOTS_LEN,
+            overflow: MAX_OVERFLOW_THREADS,
+        }
+    }
 }
 
 /// Kernel-side counters, summed over CPUs.
@@ -102,12 +123,17 @@ impl Sampler {
         let target_pid = config.pid.unwrap_or(0);
         let threshold = certain_threshold(config.rate);
         let sizes = libc.function_sizes();
+        let tables = config.thread_tables;
+        let slot_mask = tables.slots.next_power_of_two() - 1;
         let mut ebpf = EbpfLoader::new()
             .btf(btf.as_ref())
             .override_global(TARGET_PID_GLOBAL, &target_pid, true)
             .override_global(RATE_GLOBAL, &config.rate, true)
             .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
             .override_global(FN_SIZES_GLOBAL, &sizes, true)
+            .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
+            .map_max_entries("THREAD_SLOTS", slot_mask + 1)
+            .map_max_entries("THREADS", tables.overflow.max(1))
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
         // The eBPF side logs only on rare paths; no log map means nothing to forward.
@@ -228,7 +254,7 @@ impl Sampler {
     }
 
     /// Exact totals per process: exited threads (and overflow) from `PROCESS_TOTALS`
-    /// plus the live threads in `THREADS`.
+    /// plus the live threads in `THREAD_SLOTS` and `THREADS`.
     pub fn totals(&self) -> Result<std::collections::HashMap<u32, Totals>, ProbeError> {
         let mut totals: std::collections::HashMap<u32, Totals> = Default::default();
         let mut add = |pid: u32, calls: u64, bytes: u64| {
@@ -244,6 +270,13 @@ impl Sampler {
                 for value in values.iter() {
                     add(pid, value.calls, value.bytes);
                 }
+            }
+        }
+        if let Some(map) = self.ebpf.map("THREAD_SLOTS") {
+            let slots =
+                Array::<_, ThreadState>::try_from(map).map_err(map_error("THREAD_SLOTS"))?;
+            for state in slots.iter().flatten().filter(|s| s.tid != 0) {
+                add(state.pid, state.calls, state.bytes);
             }
         }
         if let Some(map) = self.ebpf.map("THREADS") {
