@@ -19,6 +19,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -281,4 +282,57 @@ impl Profiler {
 /// Runs allocbpf to completion with `args` (for argument and error tests).
 pub fn run_allocbpf(args: &[&str], timeout: Duration) -> Result<Finished> {
     Profiler::spawn(args)?.finish(timeout)
+}
+
+/// The sites workload (`workloads/sites.c`) built with frame pointers and debug info.
+pub fn sites_binary() -> PathBuf {
+    compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap()
+}
+
+/// Starts `binary`, attaches allocbpf to it with `args` (after `--pid PID`), lets the
+/// workload run to completion, and returns how allocbpf, stopped by the target's exit,
+/// finished. Fails if either fails.
+pub fn profile_to_completion(binary: &Path, args: &[&str]) -> Result<Finished> {
+    let mut workload = Workload::start(binary, &[])?;
+    let pid = workload.pid.to_string();
+    let mut all = vec!["--pid", pid.as_str()];
+    all.extend_from_slice(args);
+    let profiler = Profiler::attach(&all)?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(120))?;
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    ensure!(
+        finished.code == Some(0),
+        "allocbpf failed: {}",
+        finished.stderr
+    );
+    ensure!(
+        finished.stderr.contains("target exited"),
+        "not stopped by the target's exit: {}",
+        finished.stderr
+    );
+    Ok(finished)
+}
+
+/// The stacks of a `--format json` profile whose frames include `function`.
+pub fn stacks_with<'a>(json: &'a Value, function: &str) -> Vec<&'a Value> {
+    json["stacks"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|s| {
+            s["frames"]
+                .as_array()
+                .is_some_and(|frames| frames.iter().any(|f| f == function))
+        })
+        .collect()
+}
+
+/// Sum of `estimated_bytes` over `stacks`.
+pub fn estimated_bytes(stacks: &[&Value]) -> f64 {
+    stacks
+        .iter()
+        .map(|s| s["estimated_bytes"].as_f64().unwrap_or(0.0))
+        .sum()
 }

@@ -4,7 +4,8 @@
 use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
 
 use allocbpf_e2e::{
-    allocbpf_bin, compile_workload, require_root, run_allocbpf, scratch_dir, Profiler, Workload,
+    allocbpf_bin, compile_workload, require_root, run_allocbpf, scratch_dir, sites_binary,
+    Profiler, Workload,
 };
 
 const QUICK: Duration = Duration::from_secs(30);
@@ -117,7 +118,7 @@ fn unprivileged_user_is_told_to_use_sudo() {
 #[test]
 fn duration_stops_profiling_and_writes_the_profile() {
     require_root();
-    let binary = compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
+    let binary = sites_binary();
     let dir = scratch_dir("duration");
     // Never told to go: it sits idle while allocbpf runs for one second.
     let workload = Workload::start(&binary, &[]).unwrap();
@@ -153,7 +154,7 @@ fn duration_stops_profiling_and_writes_the_profile() {
 #[test]
 fn sigterm_stops_profiling_and_keeps_what_was_collected() {
     require_root();
-    let binary = compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
+    let binary = sites_binary();
     let dir = scratch_dir("sigterm");
     let mut workload = Workload::start(&binary, &["forever"]).unwrap();
     let pid = workload.pid.to_string();

@@ -2,66 +2,32 @@
 //! name, its estimate against the bound derived in `src/sites.rs`, the exact totals to
 //! the byte, and that `go tool pprof` reads the pprof output.
 
-use std::{process::Command, time::Duration};
+use std::process::Command;
 
 use allocbpf_e2e::{
-    compile_workload, require_root, scratch_dir,
+    estimated_bytes, profile_to_completion, require_root, scratch_dir,
     sites::{totals, SITES, TEST_RATE},
-    Profiler, Workload,
+    sites_binary, stacks_with,
 };
 use serde_json::Value;
 
-/// Profiles one run of the sites workload; returns allocbpf's JSON and the pprof path.
-fn profile_sites(name: &str) -> (Value, std::path::PathBuf, String) {
+/// Profiles one run of the sites workload at `TEST_RATE`; returns the JSON profile.
+fn profile_sites(name: &str) -> Value {
     require_root();
-    let binary = compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
-    let dir = scratch_dir(name);
-    let mut workload = Workload::start(&binary, &[]).unwrap();
-    let pid = workload.pid.to_string();
+    let json_path = scratch_dir(name).join("profile.json");
     let rate = TEST_RATE.to_string();
-    let json_path = dir.join("profile.json");
     let json_arg = json_path.to_str().unwrap();
-    let profiler = Profiler::attach(&[
-        "--pid", &pid, "--rate", &rate, "--format", "json", "--output", json_arg,
-    ])
+    profile_to_completion(
+        &sites_binary(),
+        &["--rate", &rate, "--format", "json", "--output", json_arg],
+    )
     .unwrap();
-    workload.go().unwrap();
-    workload.wait(Duration::from_secs(120)).unwrap();
-    // The target's exit stops the profiler, which then writes what it collected.
-    let finished = profiler.finish(Duration::from_secs(60)).unwrap();
-    assert_eq!(
-        finished.code,
-        Some(0),
-        "allocbpf failed: {}",
-        finished.stderr
-    );
-    assert!(
-        finished.stderr.contains("target exited"),
-        "{}",
-        finished.stderr
-    );
-    let json: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
-    (json, dir, finished.stderr)
-}
-
-fn site_stacks<'a>(json: &'a Value, function: &str) -> Vec<&'a Value> {
-    json["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| {
-            s["frames"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|f| f.as_str() == Some(function))
-        })
-        .collect()
+    serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap()
 }
 
 #[test]
 fn sites_are_named_and_estimates_fall_within_derived_bounds() {
-    let (json, _, _) = profile_sites("estimates");
+    let json = profile_sites("estimates");
     assert_eq!(json["rate"], TEST_RATE);
 
     // Exact totals count each call once, even where glibc forwards one probed function
@@ -72,11 +38,8 @@ fn sites_are_named_and_estimates_fall_within_derived_bounds() {
     assert_eq!(json["totals"]["drops"], 0);
 
     for site in SITES {
-        let stacks = site_stacks(&json, site.function);
-        let estimated: f64 = stacks
-            .iter()
-            .map(|s| s["estimated_bytes"].as_f64().unwrap())
-            .sum();
+        let stacks = stacks_with(&json, site.function);
+        let estimated = estimated_bytes(&stacks);
         let samples: u64 = stacks.iter().map(|s| s["samples"].as_u64().unwrap()).sum();
         let truth = site.bytes() as f64;
         let sd = site.estimate_sd(TEST_RATE);
@@ -137,26 +100,20 @@ fn sites_are_named_and_estimates_fall_within_derived_bounds() {
 #[test]
 fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
     require_root();
-    let binary = compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
     let dir = scratch_dir("pprof");
-    let mut workload = Workload::start(&binary, &[]).unwrap();
-    let pid = workload.pid.to_string();
     let pprof_path = dir.join("profile.pb.gz");
-    let profiler = Profiler::attach(&[
-        "--pid",
-        &pid,
-        "--rate",
-        "64KiB",
-        "--format",
-        "pprof",
-        "--output",
-        pprof_path.to_str().unwrap(),
-    ])
+    profile_to_completion(
+        &sites_binary(),
+        &[
+            "--rate",
+            "64KiB",
+            "--format",
+            "pprof",
+            "--output",
+            pprof_path.to_str().unwrap(),
+        ],
+    )
     .unwrap();
-    workload.go().unwrap();
-    workload.wait(Duration::from_secs(120)).unwrap();
-    let finished = profiler.finish(Duration::from_secs(60)).unwrap();
-    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
 
     let output = Command::new("go")
         .args(["tool", "pprof", "-top", "-sample_index=alloc_space"])
@@ -215,27 +172,22 @@ fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
 #[test]
 fn every_format_is_written() {
     require_root();
-    let binary = compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
+    let binary = sites_binary();
     let dir = scratch_dir("formats");
     for format in ["text", "folded", "svg"] {
-        let mut workload = Workload::start(&binary, &[]).unwrap();
-        let pid = workload.pid.to_string();
         let path = dir.join(format!("profile.{format}"));
-        let profiler = Profiler::attach(&[
-            "--pid",
-            &pid,
-            "--rate",
-            "256KiB",
-            "--format",
-            format,
-            "--output",
-            path.to_str().unwrap(),
-        ])
+        profile_to_completion(
+            &binary,
+            &[
+                "--rate",
+                "256KiB",
+                "--format",
+                format,
+                "--output",
+                path.to_str().unwrap(),
+            ],
+        )
         .unwrap();
-        workload.go().unwrap();
-        workload.wait(Duration::from_secs(120)).unwrap();
-        let finished = profiler.finish(Duration::from_secs(60)).unwrap();
-        assert_eq!(finished.code, Some(0), "{format}: {}", finished.stderr);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("site_small"), "{format}:\n{text}");
         match format {

@@ -1,9 +1,10 @@
 //! Threads that exit before their process: their exact totals are kept (folded at thread
 //! exit) and sampling stays unbiased across per-thread countdowns.
 
-use std::time::Duration;
-
-use allocbpf_e2e::{compile_workload, require_root, scratch_dir, sites::Site, Profiler, Workload};
+use allocbpf_e2e::{
+    compile_workload, estimated_bytes, profile_to_completion, require_root, scratch_dir,
+    sites::Site, stacks_with,
+};
 
 const THREADS: u64 = 16;
 const CALLS: u64 = 20_000;
@@ -19,21 +20,12 @@ fn profile_threads(name: &str, extra: &[&str]) -> serde_json::Value {
         &["-O1", "-g", "-fno-omit-frame-pointer", "-pthread"],
     )
     .unwrap();
-    let dir = scratch_dir(name);
-    let mut workload = Workload::start(&binary, &[]).unwrap();
-    let pid = workload.pid.to_string();
-    let out = dir.join("threads.json");
+    let out = scratch_dir(name).join("threads.json");
     let rate = RATE.to_string();
-    let mut args = vec![
-        "--pid", &pid, "--rate", &rate, "--format", "json", "--output",
-    ];
+    let mut args = vec!["--rate", &rate, "--format", "json", "--output"];
     args.push(out.to_str().unwrap());
     args.extend_from_slice(extra);
-    let profiler = Profiler::attach(&args).unwrap();
-    workload.go().unwrap();
-    workload.wait(Duration::from_secs(120)).unwrap();
-    let finished = profiler.finish(Duration::from_secs(60)).unwrap();
-    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    profile_to_completion(&binary, &args).unwrap();
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
 
     // pthread_create allocates each thread's descriptor/TLS through calloc/malloc in
@@ -56,19 +48,7 @@ fn profile_threads(name: &str, extra: &[&str]) -> serde_json::Value {
         allocations: &[(SIZE, THREADS * CALLS)],
         empty_calls: 0,
     };
-    let estimated: f64 = json["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| {
-            s["frames"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|f| f == "site_thread")
-        })
-        .map(|s| s["estimated_bytes"].as_f64().unwrap())
-        .sum();
+    let estimated = estimated_bytes(&stacks_with(&json, "site_thread"));
     let truth = site.bytes() as f64;
     let sd = site.estimate_sd(RATE);
     println!(

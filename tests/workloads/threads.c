@@ -14,10 +14,13 @@
 #define THREADS 16
 #define CALLS 20000
 
-static void *volatile sink;
-
 __attribute__((noinline)) void site_thread(void) {
-    for (int i = 0; i < CALLS; i++) { sink = malloc(256); free(sink); }
+    for (int i = 0; i < CALLS; i++) {
+        /* Thread-local and volatile: the allocation cannot be elided, and no other
+         * thread can free it (a shared variable here is a double free). */
+        void *volatile block = malloc(256);
+        free(block);
+    }
 }
 
 static void *worker(void *arg) { (void)arg; site_thread(); return NULL; }
