@@ -159,10 +159,12 @@ impl Sampler {
         let Some(map) = self.intervals.as_mut() else {
             return Ok(());
         };
+        let started = std::time::Instant::now();
         for (index, interval) in self.table.generate().into_iter().enumerate() {
             map.set(index as u32, interval, 0)
                 .map_err(map_error("INTERVALS"))?;
         }
+        tracing::debug!("interval table refreshed in {:?}", started.elapsed());
         Ok(())
     }
 
@@ -256,6 +258,7 @@ impl Sampler {
     /// Exact totals per process: exited threads (and overflow) from `PROCESS_TOTALS`
     /// plus the live threads in `THREAD_SLOTS` and `THREADS`.
     pub fn totals(&self) -> Result<std::collections::HashMap<u32, Totals>, ProbeError> {
+        let started = std::time::Instant::now();
         let mut totals: std::collections::HashMap<u32, Totals> = Default::default();
         let mut add = |pid: u32, calls: u64, bytes: u64| {
             let entry = totals.entry(pid).or_default();
@@ -286,6 +289,7 @@ impl Sampler {
                 add(state.pid, state.calls, state.bytes);
             }
         }
+        tracing::debug!("exact totals read in {:?}", started.elapsed());
         Ok(totals)
     }
 }
