@@ -2,7 +2,7 @@
 //! name, its estimate against the bound derived in `src/sites.rs`, the exact totals to
 //! the byte, and that `go tool pprof` reads the pprof output.
 
-use std::process::Command;
+use std::{path::Path, process::Command};
 
 use allocbpf_e2e::{
     estimated_bytes, profile_to_completion, require_root, scratch_dir,
@@ -115,20 +115,8 @@ fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
     )
     .unwrap();
 
-    let output = Command::new("go")
-        .args(["tool", "pprof", "-top", "-sample_index=alloc_space"])
-        .arg(&pprof_path)
-        .env("PPROF_TMPDIR", &dir)
-        .env("HOME", &dir)
-        .output()
-        .expect("go tool pprof (apt-get install golang-go)");
-    let top = String::from_utf8_lossy(&output.stdout);
+    let top = go_pprof(&["-top", "-sample_index=alloc_space"], &pprof_path, &dir);
     println!("{top}");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     assert!(top.contains("Type: alloc_space"), "{top}");
     for site in SITES.iter().filter(|s| s.bytes() > 0) {
         assert!(
@@ -138,35 +126,51 @@ fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
         );
     }
     // Debug info reaches pprof as file:line.
-    let lines = Command::new("go")
-        .args(["tool", "pprof", "-top", "-lines"])
-        .arg(&pprof_path)
-        .env("PPROF_TMPDIR", &dir)
-        .env("HOME", &dir)
-        .output()
-        .unwrap();
-    let lines = String::from_utf8_lossy(&lines.stdout);
+    let lines = go_pprof(&["-top", "-lines"], &pprof_path, &dir);
     assert!(
         lines.contains("site_small ") && lines.contains("sites.c:"),
         "{lines}"
     );
-    // The raw view shows the mapping with its build id.
-    let raw = Command::new("go")
-        .args(["tool", "pprof", "-raw"])
-        .arg(&pprof_path)
-        .env("PPROF_TMPDIR", &dir)
-        .env("HOME", &dir)
+    // The mappings carry the workload binary's GNU build id.
+    let raw = go_pprof(&["-raw"], &pprof_path, &dir);
+    let build_id = gnu_build_id(&sites_binary());
+    assert!(
+        raw.lines()
+            .any(|l| l.contains("sites-") && l.contains(&build_id)),
+        "no mapping with build id {build_id}:\n{raw}"
+    );
+}
+
+/// Runs `go tool pprof ARGS PROFILE` and returns its stdout; fails on a non-zero exit.
+fn go_pprof(args: &[&str], profile: &Path, scratch: &Path) -> String {
+    let output = Command::new("go")
+        .arg("tool")
+        .arg("pprof")
+        .args(args)
+        .arg(profile)
+        .env("PPROF_TMPDIR", scratch)
+        .env("HOME", scratch)
+        .output()
+        .expect("go tool pprof (apt-get install golang-go)");
+    assert!(
+        output.status.success(),
+        "go tool pprof {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The GNU build id of an ELF file, as `readelf -n` prints it (lowercase hex).
+fn gnu_build_id(binary: &Path) -> String {
+    let output = Command::new("readelf")
+        .arg("-n")
+        .arg(binary)
         .output()
         .unwrap();
-    let raw = String::from_utf8_lossy(&raw.stdout);
-    assert!(
-        raw.contains("sites-"),
-        "mapping of the workload binary:\n{raw}"
-    );
-    assert!(
-        raw.contains("libc.so.6") || raw.contains("Mappings"),
-        "{raw}"
-    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+        .expect("gcc links a GNU build id")
 }
 
 #[test]

@@ -52,8 +52,9 @@ pub fn weight(size: u64, rate: u64, certain: bool) -> Weight {
 
 /// Variance contributed to a byte estimate by ONE allocation of `size` bytes (sampled
 /// or not): `S^2 (1 - p) / p`, or 0 at and above `threshold` where sampling is certain.
-/// Summed over a workload's allocations it gives the estimate's variance; the
-/// end-to-end tests derive their bounds from it.
+/// Summed over a workload's allocations it gives the estimate's variance
+/// (docs/statistics.md). The end-to-end tests recompute it independently in
+/// `tests/src/sites.rs` rather than trusting this code.
 pub fn variance_per_allocation(size: u64, rate: u64, threshold: u64) -> f64 {
     if size >= threshold || size == 0 {
         return 0.0;
