@@ -56,6 +56,8 @@ pub enum StopReason {
     TargetExited,
     /// Ctrl-C or SIGTERM.
     Signal,
+    /// The ring buffer could not be read (logged); what was collected is kept.
+    ReadError,
 }
 
 impl std::fmt::Display for StopReason {
@@ -64,6 +66,7 @@ impl std::fmt::Display for StopReason {
             StopReason::Duration => "duration elapsed",
             StopReason::TargetExited => "target exited",
             StopReason::Signal => "interrupted",
+            StopReason::ReadError => "ring buffer read failed",
         })
     }
 }
@@ -144,8 +147,12 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     let stop = loop {
         tokio::select! {
             read = reader.read_batch(&mut batch) => {
-                read.context("reading the ring buffer")?;
                 collector.add_batch(&mut batch);
+                if let Err(error) = read {
+                    // Stop, but keep and write what was collected.
+                    tracing::error!("reading the ring buffer failed: {error}");
+                    break StopReason::ReadError;
+                }
             }
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
                 break StopReason::Duration;
@@ -156,7 +163,11 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
             _ = tokio::signal::ctrl_c() => break StopReason::Signal,
             _ = sigterm.recv() => break StopReason::Signal,
             _ = refresh.tick() => {
-                sampler.refresh_intervals()?;
+                // The old table stays a valid exponential table: a failed refresh costs
+                // nothing but freshness, so sampling goes on.
+                if let Err(error) = sampler.refresh_intervals() {
+                    tracing::warn!("interval table not refreshed: {error}");
+                }
                 sampler.flush_logs();
             }
         }
@@ -165,8 +176,18 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
 
     // Exact figures first, then detach (dropping the sampler), then the samples still
     // in the ring buffer: nothing collected is lost.
-    let counters = sampler.counters()?;
-    let exact = sampler.totals()?.remove(&target.pid).unwrap_or_default();
+    // A failed read costs those figures (reported as 0, with a warning), never the samples.
+    let counters = sampler.counters().unwrap_or_else(|error| {
+        tracing::warn!("kernel counters unavailable: {error}");
+        Default::default()
+    });
+    let exact = match sampler.totals() {
+        Ok(mut totals) => totals.remove(&target.pid).unwrap_or_default(),
+        Err(error) => {
+            tracing::warn!("exact totals unavailable: {error}");
+            Default::default()
+        }
+    };
     sampler.flush_logs();
     drop(sampler);
     reader.drain(&mut batch);
