@@ -191,3 +191,35 @@ fn sigterm_stops_profiling_and_keeps_what_was_collected() {
     );
     assert!(json["totals"]["exact_calls"].as_u64().unwrap() > 100_000);
 }
+
+#[test]
+fn kernel_thread_is_not_a_target() {
+    require_root();
+    let kthreadd = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "kthreadd")
+        })
+        .expect("kthreadd is visible (tests run in the host pid namespace)");
+    assert_fails_with(&["--pid", &kthreadd.to_string()], "is a kernel thread");
+}
+
+#[test]
+fn causes_are_printed_once() {
+    require_root();
+    let finished = run_allocbpf(
+        &["--pid", "1", "--output", "/proc/version/profile.json"],
+        QUICK,
+    )
+    .unwrap();
+    let line = finished
+        .stderr
+        .lines()
+        .find(|l| l.contains("cannot write the output file"))
+        .unwrap_or_default()
+        .to_string();
+    let cause_count = line.matches("os error").count();
+    assert_eq!(cause_count, 1, "{line}");
+}

@@ -24,7 +24,7 @@ pub enum PreflightError {
     )]
     NoUprobes,
     /// The output file cannot be written.
-    #[error("cannot write the output file {path}: {source}")]
+    #[error("cannot write the output file {path}")]
     Output {
         /// The path.
         path: String,

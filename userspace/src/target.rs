@@ -19,13 +19,21 @@ pub enum TargetError {
     /// No such process.
     #[error("no process with pid {0} (check the pid; it may have exited)")]
     NoSuchProcess(u32),
-    /// The process is a kernel thread or has no memory map we can read.
-    #[error("cannot read the memory map of pid {pid}: {source}")]
+    /// The process's memory map cannot be read.
+    #[error("cannot read the memory map of pid {pid}")]
     Maps {
         /// The target pid.
         pid: u32,
         /// The I/O error.
         source: std::io::Error,
+    },
+    /// A kernel thread: no user memory at all.
+    #[error("pid {pid} ({comm}) is a kernel thread: it has no user-space heap to profile")]
+    KernelThread {
+        /// The target pid.
+        pid: u32,
+        /// Its command name.
+        comm: String,
     },
     /// No dynamically linked libc in the process.
     #[error(
@@ -142,6 +150,9 @@ impl Target {
                 TargetError::Maps { pid, source }
             }
         })?;
+        if maps.trim().is_empty() {
+            return Err(TargetError::KernelThread { pid, comm });
+        }
         let Some(path_in_target) = find_libc_in_maps(&maps) else {
             return Err(TargetError::NoLibc { pid, comm });
         };

@@ -29,10 +29,10 @@ static EBPF_OBJECT: &[u8] =
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// The kernel refused the object or a program.
-    #[error("cannot load the eBPF sampler: {0}")]
+    #[error("cannot load the eBPF sampler")]
     Load(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A uprobe could not be attached.
-    #[error("cannot attach a uprobe to {symbol} in {path}: {source}")]
+    #[error("cannot attach a uprobe to {symbol} in {path}")]
     Attach {
         /// The libc symbol.
         symbol: &'static str,
@@ -42,7 +42,7 @@ pub enum ProbeError {
         source: aya::programs::ProgramError,
     },
     /// A map could not be read or written.
-    #[error("eBPF map {map}: {source}")]
+    #[error("eBPF map {map}")]
     Map {
         /// Map name.
         map: &'static str,
