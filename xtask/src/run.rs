@@ -17,7 +17,9 @@ pub fn run(args: &[String]) -> Result<()> {
     setup::ensure()?;
     let allocbpf = build_allocbpf()?;
     if !args.is_empty() {
-        return run_command(Command::new(&allocbpf).args(args));
+        // allocbpf explains its own failures; pass its exit code through unchanged.
+        let status = Command::new(&allocbpf).args(args).status()?;
+        std::process::exit(status.code().unwrap_or(1));
     }
     demo(&allocbpf)
 }
