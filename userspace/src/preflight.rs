@@ -119,7 +119,11 @@ impl Sink {
                 ("standard output".into(), result)
             }
             Sink::File { path, file } => {
-                let result = file.set_len(0).and_then(|()| {
+                // Only a regular file has old content to drop; /dev/null, /dev/stdout and
+                // FIFOs reject truncation.
+                let is_regular = file.metadata().map(|m| m.is_file()).unwrap_or(false);
+                let truncated = if is_regular { file.set_len(0) } else { Ok(()) };
+                let result = truncated.and_then(|()| {
                     let mut buffered = std::io::BufWriter::new(&file);
                     write(&mut buffered)?;
                     buffered.flush()
@@ -146,6 +150,22 @@ mod tests {
             "CapEff:\t0000000000000000\n"
         )));
         assert!(!capabilities_suffice(effective_capabilities("")));
+    }
+
+    #[test]
+    fn devices_are_written_without_truncation() {
+        let sink = Sink::open(Some(Path::new("/dev/null"))).unwrap();
+        sink.write_with(|out| out.write_all(b"profile")).unwrap();
+    }
+
+    #[test]
+    fn a_regular_file_loses_its_old_content() {
+        let path = std::env::temp_dir().join(format!("allocbpf-sink-{}", std::process::id()));
+        std::fs::write(&path, "an older, longer profile").unwrap();
+        let sink = Sink::open(Some(&path)).unwrap();
+        sink.write_with(|out| out.write_all(b"new")).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
