@@ -8,17 +8,13 @@
 //! all three alike; medians over rounds are reported, and the ratio allocbpf/floor is
 //! taken per round and its median printed (target: <= 1.10).
 
-use std::{
-    io::{BufRead, BufReader, Write},
-    path::Path,
-    process::{Command, Stdio},
-};
+use std::{path::Path, process::Command};
 
 use anyhow::{bail, Context, Result};
 
 use crate::{
     setup,
-    util::{build_allocbpf, compile_c, is_root},
+    util::{attach, build_allocbpf, compile_c, finish, is_root, Workload},
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -40,43 +36,35 @@ impl Config {
 
 /// One run of the bench workload under `config`; returns ns per malloc+free pair.
 fn measure(config: Config, bench: &Path, allocbpf: &Path, iterations: u64) -> Result<f64> {
-    let mut target = Command::new(bench)
-        .arg(iterations.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut lines = BufReader::new(target.stdout.take().unwrap()).lines();
-    let pid = lines.next().context("bench pid")??;
-    let mut profiler = match config {
+    let mut workload = Workload::start(Command::new(bench).arg(iterations.to_string()))?;
+    let pid = workload.pid.clone();
+    let profiler = match config {
         Config::None => None,
-        Config::Floor | Config::Allocbpf => {
-            let mut command = Command::new(allocbpf);
-            command.args(["--pid", pid.trim(), "--output", "/dev/null"]);
-            if config == Config::Floor {
-                command.arg("--empty-probes");
-            } else {
-                command.args(["--rate", "512KiB", "--format", "json"]);
-            }
-            let mut child = command.stderr(Stdio::piped()).spawn()?;
-            let stderr = BufReader::new(child.stderr.take().unwrap());
-            let mut attached = false;
-            for line in stderr.lines() {
-                if line?.contains("profiling pid") {
-                    attached = true;
-                    break;
-                }
-            }
-            if !attached {
-                bail!("allocbpf did not attach: {:?}", child.wait()?);
-            }
-            Some(child)
-        }
+        Config::Floor => Some(attach(
+            allocbpf,
+            &["--pid", &pid, "--output", "/dev/null", "--empty-probes"],
+            false,
+        )?),
+        Config::Allocbpf => Some(attach(
+            allocbpf,
+            &[
+                "--pid",
+                &pid,
+                "--output",
+                "/dev/null",
+                "--rate",
+                "512KiB",
+                "--format",
+                "json",
+            ],
+            false,
+        )?),
     };
-    target.stdin.take().unwrap().write_all(b"go\n")?;
-    let result = lines.next().context("bench result")??;
-    target.wait()?;
-    if let Some(profiler) = profiler.as_mut() {
-        profiler.wait()?;
+    workload.go()?;
+    let result = workload.stdout.next().context("bench result")??;
+    workload.child.wait()?;
+    if let Some((child, stderr)) = profiler {
+        finish(child, stderr, false)?;
     }
     result.trim().parse().context("bench output")
 }

@@ -1,7 +1,7 @@
 //! `cargo xtask run` and `cargo xtask test`.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader},
     process::{Command, Stdio},
 };
 
@@ -9,7 +9,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     setup,
-    util::{build_allocbpf, cargo, compile_c, is_root, run as run_command},
+    util::{
+        attach, build_allocbpf, cargo, compile_c, finish, is_root, run as run_command, Workload,
+    },
 };
 
 /// Builds allocbpf and runs it with `args`, or on the bundled demo workload.
@@ -29,36 +31,20 @@ fn demo(allocbpf: &std::path::Path) -> Result<()> {
     if !is_root() {
         bail!("allocbpf loads eBPF programs: run `sudo cargo xtask run`");
     }
-    let workload = compile_c("sites", &["-O1", "-g", "-fno-omit-frame-pointer"])?;
-    let mut target = Command::new(&workload)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut lines = BufReader::new(target.stdout.take().unwrap()).lines();
-    let pid = lines.next().context("demo workload pid")??;
-    eprintln!("xtask: demo workload pid {pid}: 7 sites, 357.6 MiB in 175,017 calls");
-    let mut profiler = Command::new(allocbpf)
-        .args(["--pid", pid.trim(), "--rate", "256KiB"])
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let mut stderr = BufReader::new(profiler.stderr.take().unwrap()).lines();
-    for line in stderr.by_ref() {
-        let line = line?;
-        eprintln!("{line}");
-        if line.contains("profiling pid") {
-            break;
-        }
-    }
-    target.stdin.take().unwrap().write_all(b"go\n")?;
-    target.wait()?;
-    for line in stderr {
-        eprintln!("{}", line?);
-    }
-    let status = profiler.wait()?;
-    if !status.success() {
-        bail!("allocbpf failed: {status}");
-    }
-    Ok(())
+    let binary = compile_c("sites", &["-O1", "-g", "-fno-omit-frame-pointer"])?;
+    let mut workload = Workload::start(&mut Command::new(binary))?;
+    eprintln!(
+        "xtask: demo workload pid {}: 7 sites, 357.6 MiB in 175,017 calls",
+        workload.pid
+    );
+    let (profiler, stderr) = attach(
+        allocbpf,
+        &["--pid", &workload.pid, "--rate", "256KiB"],
+        true,
+    )?;
+    workload.go()?;
+    workload.child.wait()?;
+    finish(profiler, stderr, true)
 }
 
 /// Formatting, clippy, unit tests and end-to-end tests.

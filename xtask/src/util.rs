@@ -1,8 +1,9 @@
 //! Small helpers shared by the tasks.
 
 use std::{
+    io::{BufRead, BufReader, Lines, Write},
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, ChildStderr, ChildStdout, Command, Stdio},
 };
 
 use anyhow::{bail, Context, Result};
@@ -60,4 +61,84 @@ pub fn compile_c(name: &str, flags: &[&str]) -> Result<PathBuf> {
         .arg(&binary)
         .arg(root().join("tests/workloads").join(format!("{name}.c"))))?;
     Ok(binary)
+}
+
+/// A workload from tests/workloads: it prints its pid, then waits for a line on stdin.
+pub struct Workload {
+    /// The process.
+    pub child: Child,
+    /// Its pid, as printed.
+    pub pid: String,
+    /// Its remaining stdout.
+    pub stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl Workload {
+    /// Starts `command` and reads the pid line.
+    pub fn start(command: &mut Command) -> Result<Workload> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {:?}", command.get_program()))?;
+        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let pid = stdout
+            .next()
+            .context("workload printed no pid")??
+            .trim()
+            .to_string();
+        Ok(Workload { child, pid, stdout })
+    }
+
+    /// Tells the workload to start.
+    pub fn go(&mut self) -> Result<()> {
+        self.child
+            .stdin
+            .take()
+            .context("already started")?
+            .write_all(b"go\n")?;
+        Ok(())
+    }
+}
+
+/// Starts allocbpf with `args` and waits until its probes are attached. Returns the
+/// process and the rest of its stderr, which the caller must keep reading (dropping it
+/// would close the pipe under allocbpf's last messages). `echo` prints stderr lines.
+pub fn attach(
+    allocbpf: &Path,
+    args: &[&str],
+    echo: bool,
+) -> Result<(Child, Lines<BufReader<ChildStderr>>)> {
+    let mut child = Command::new(allocbpf)
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start allocbpf")?;
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in stderr.by_ref() {
+        let line = line?;
+        if echo {
+            eprintln!("{line}");
+        }
+        if line.contains("profiling pid") {
+            return Ok((child, stderr));
+        }
+    }
+    bail!("allocbpf did not attach: {}", child.wait()?)
+}
+
+/// Reads `stderr` to its end (echoing it if asked), then waits for `child`; fails unless
+/// it exited successfully.
+pub fn finish(mut child: Child, stderr: Lines<BufReader<ChildStderr>>, echo: bool) -> Result<()> {
+    for line in stderr {
+        let line = line?;
+        if echo {
+            eprintln!("{line}");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("allocbpf failed: {status}");
+    }
+    Ok(())
 }
