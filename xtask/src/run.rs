@@ -54,6 +54,14 @@ pub fn test() -> Result<()> {
         bail!("the end-to-end tests attach real uprobes: run `sudo cargo xtask test`");
     }
     run_command(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    // The eBPF crate is its own workspace, which `--all` does not reach.
+    run_command(cargo().args([
+        "fmt",
+        "--manifest-path",
+        "ebpf/allocbpf-ebpf/Cargo.toml",
+        "--",
+        "--check",
+    ]))?;
     run_command(cargo().args([
         "clippy",
         "--release",

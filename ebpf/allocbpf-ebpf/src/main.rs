@@ -71,9 +71,9 @@ static THREAD_SLOTS: Array<ThreadState> = Array::with_max_entries(THREAD_SLOTS_L
 #[map]
 static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_OVERFLOW_THREADS, 0);
 
-/// Exact totals of threads that have exited (and of threads that found `THREADS` full),
-/// keyed by tgid. Userspace adds the live threads' totals from `THREADS` and sums the
-/// CPUs. Per-CPU because the BPF target has no atomic read-modify-write in Rust's `core`.
+/// Exact totals of threads that have exited (and of threads on the per-CPU fallback),
+/// keyed by tgid. Userspace adds the live threads' totals from `THREAD_SLOTS` and
+/// `THREADS` and sums the CPUs. Per-CPU because the BPF target has no atomic read-modify-write in Rust's `core`.
 #[map]
 static PROCESS_TOTALS: PerCpuHashMap<u32, Totals> =
     PerCpuHashMap::with_max_entries(MAX_PROCESSES, 0);
@@ -254,6 +254,17 @@ fn add_process_totals(pid: u32, calls: u64, bytes: u64) -> bool {
     true
 }
 
+/// The `THREAD_SLOTS` slot that thread `tid` maps to (whoever holds it).
+#[inline(always)]
+fn slot_of(tid: u32) -> Option<&'static mut ThreadState> {
+    let index = tid & unsafe { read_volatile(&THREAD_SLOT_MASK) };
+    // SAFETY: array values live as long as the map; a slot is only written by the thread
+    // that owns it (or claims it while it is free).
+    THREAD_SLOTS
+        .get_ptr_mut(index)
+        .map(|slot| unsafe { &mut *slot })
+}
+
 /// This thread's state: its slot, claimed if free, else its overflow-map entry, created
 /// if needed. `None` only when the slot is taken and the overflow map is full.
 #[inline(always)]
@@ -264,10 +275,7 @@ fn thread_state(pid: u32, tid: u32) -> Option<&'static mut ThreadState> {
         tid,
         ..ThreadState::default()
     };
-    if let Some(slot) = THREAD_SLOTS.get_ptr_mut(tid & unsafe { read_volatile(&THREAD_SLOT_MASK) }) {
-        // SAFETY: array values live as long as the map; a slot is only written by the
-        // thread that owns it (or claims it while it is free).
-        let slot = unsafe { &mut *slot };
+    if let Some(slot) = slot_of(tid) {
         if slot.tid == tid {
             return Some(slot);
         }
@@ -282,7 +290,9 @@ fn thread_state(pid: u32, tid: u32) -> Option<&'static mut ThreadState> {
     }
     THREADS.insert(&tid, &fresh(), BPF_NOEXIST as u64).ok()?;
     // SAFETY: as above.
-    THREADS.get_ptr_mut(&tid).map(|state| unsafe { &mut *state })
+    THREADS
+        .get_ptr_mut(&tid)
+        .map(|state| unsafe { &mut *state })
 }
 
 /// The common path of every probe. `size` is 0 for calls that allocate nothing
@@ -368,7 +378,11 @@ pub fn probe_malloc(ctx: ProbeContext) -> u32 {
 /// `calloc(nmemb, size)`
 #[uprobe]
 pub fn probe_calloc(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::Calloc, array_bytes(arg(&ctx, 0), arg(&ctx, 1)))
+    on_alloc(
+        &ctx,
+        AllocFn::Calloc,
+        array_bytes(arg(&ctx, 0), arg(&ctx, 1)),
+    )
 }
 
 /// `realloc(ptr, size)`: `size` new bytes; `realloc(p, 0)` frees and counts 0 bytes.
@@ -380,7 +394,11 @@ pub fn probe_realloc(ctx: ProbeContext) -> u32 {
 /// `reallocarray(ptr, nmemb, size)`
 #[uprobe]
 pub fn probe_reallocarray(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::Reallocarray, array_bytes(arg(&ctx, 1), arg(&ctx, 2)))
+    on_alloc(
+        &ctx,
+        AllocFn::Reallocarray,
+        array_bytes(arg(&ctx, 1), arg(&ctx, 2)),
+    )
 }
 
 /// `posix_memalign(memptr, alignment, size)`
@@ -427,9 +445,7 @@ pub fn probe_empty(_ctx: ProbeContext) -> u32 {
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
     let tid = bpf_get_current_pid_tgid() as u32;
-    if let Some(slot) = THREAD_SLOTS.get_ptr_mut(tid & unsafe { read_volatile(&THREAD_SLOT_MASK) }) {
-        // SAFETY: array value pointer, valid for this run; the exiting thread owns it.
-        let slot = unsafe { &mut *slot };
+    if let Some(slot) = slot_of(tid) {
         if slot.tid == tid {
             add_process_totals(slot.pid, slot.calls, slot.bytes);
             *slot = ThreadState::default();

@@ -8,8 +8,7 @@ use std::num::NonZeroU32;
 
 use allocbpf_common::{
     Counter, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, FN_SIZES_GLOBAL,
-    MAX_OVERFLOW_THREADS, RATE_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOTS_LEN,
-    THREAD_SLOT_MASK_GLOBAL,
+    RATE_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOT_MASK_GLOBAL,
 };
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -72,22 +71,14 @@ pub struct SamplerConfig {
     pub thread_tables: ThreadTables,
 }
 
-/// Sizes of the per-thread state tables (docs/design.md, "Per-thread countdown").
+/// Sizes of the per-thread state tables (docs/design.md, "Per-thread countdown"); the
+/// command line's defaults are `THREAD_SLOTS_LEN` and `MAX_OVERFLOW_THREADS`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ThreadTables {
     /// Direct-mapped slots (a power of two).
     pub slots: u32,
     /// Overflow hash entries for threads whose slot is taken.
     pub overflow: u32,
-}
-
-impl Default for ThreadTables {
-    fn default() -> Self {
-        Self {
-            slots: THREAD_SLOTS_LEN,
-            overflow: MAX_OVERFLOW_THREADS,
-        }
-    }
 }
 
 /// Kernel-side counters, summed over CPUs.
