@@ -4,6 +4,8 @@
 //! The binary is `$ALLOCBPF_BIN`, or `target/release/allocbpf` (`cargo xtask test` builds
 //! it first). The tests need root: without it they fail, they never skip.
 
+pub mod accuracy;
+pub mod simulate;
 pub mod sites;
 
 use std::{
@@ -73,11 +75,12 @@ pub fn compile_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
+    // Flags after the source, so libraries (-lm) link under Debian's --as-needed.
     let status = Command::new("gcc")
-        .args(flags)
         .arg("-o")
         .arg(&partial)
         .arg(&source)
+        .args(flags)
         .status()
         .context("running gcc (apt-get install gcc)")?;
     ensure!(status.success(), "gcc failed on {}", source.display());

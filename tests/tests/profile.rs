@@ -36,6 +36,11 @@ fn sites_are_named_and_estimates_fall_within_derived_bounds() {
     assert_eq!(json["totals"]["exact_bytes"], bytes, "{:#}", json["totals"]);
     assert_eq!(json["totals"]["exact_calls"], calls, "{:#}", json["totals"]);
     assert_eq!(json["totals"]["drops"], 0);
+    let total_ci = json["totals"]["bytes_ci95"]
+        .as_array()
+        .expect("totals.bytes_ci95");
+    assert!(total_ci[0].as_f64() <= total_ci[1].as_f64());
+    assert_eq!(json["confidence"], 0.95);
 
     for site in SITES {
         let stacks = stacks_with(&json, site.function);
@@ -77,6 +82,16 @@ fn sites_are_named_and_estimates_fall_within_derived_bounds() {
             "{}: {samples} samples, expected {mean_samples} +- {sd_samples}",
             site.function
         );
+        // Every stack carries an ordered 95% interval; a site of certain allocations
+        // only (site_large) has its exact bytes as the lower end.
+        for stack in &stacks {
+            let ci = stack["bytes_ci95"].as_array().expect("bytes_ci95");
+            let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
+            assert!(0.0 < lo && lo <= hi, "{stack:#}");
+            if sd == 0.0 {
+                assert_eq!(lo, truth, "{stack:#}");
+            }
+        }
         // Every stack of the site is complete: site < run_sites < main.
         for stack in &stacks {
             let frames: Vec<&str> = stack["frames"]
@@ -133,6 +148,11 @@ fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
     );
     // The mappings carry the workload binary's GNU build id.
     let raw = go_pprof(&["-raw"], &pprof_path, &dir);
+    // Confidence intervals travel as numeric sample labels that pprof keeps.
+    let tags = go_pprof(&["-tags"], &pprof_path, &dir);
+    for key in ["bytes_ci95_low", "bytes_ci95_high"] {
+        assert!(tags.contains(key), "{key} missing:\n{tags}");
+    }
     let build_id = gnu_build_id(&sites_binary());
     assert!(
         raw.lines()
@@ -185,6 +205,8 @@ fn every_format_is_written() {
             &[
                 "--rate",
                 "256KiB",
+                "--confidence",
+                "0.9",
                 "--format",
                 format,
                 "--output",
@@ -196,7 +218,7 @@ fn every_format_is_written() {
         assert!(text.contains("site_small"), "{format}:\n{text}");
         match format {
             "text" => assert!(
-                text.contains("of exactly 357.6 MiB in 175017 calls"),
+                text.contains("of exactly 357.6 MiB in 175017 calls") && text.contains("90% CI"),
                 "{text}"
             ),
             "folded" => assert!(

@@ -5,6 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use clap::Parser;
 
 use crate::{
+    estimate::Confidence,
     export::Format,
     units::{parse_duration, parse_size},
 };
@@ -45,6 +46,15 @@ pub struct Cli {
     #[arg(short, long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
 
+    /// Level of the confidence intervals shown for every estimate (0.5 to 0.9999).
+    #[arg(long, default_value = "0.95", value_parser = parse_confidence)]
+    pub confidence: Confidence,
+
+    /// Also write every sample as it arrives, one JSON object per line (pid, tid, size,
+    /// offset, next_interval, certain): the raw input of the estimator, for analysis.
+    #[arg(long, value_name = "FILE")]
+    pub raw_samples: Option<PathBuf>,
+
     /// More log output on stderr (-v: info, -vv: debug).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -68,6 +78,14 @@ fn parse_rate(text: &str) -> Result<u64, String> {
     parse_size(text, MAX_RATE).map_err(|e| format!("{e} (example: --rate 512KiB)"))
 }
 
+fn parse_confidence(text: &str) -> Result<Confidence, String> {
+    let level: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number (example: --confidence 0.9)"))?;
+    Confidence::new(level)
+}
+
 fn parse_run_duration(text: &str) -> Result<Duration, String> {
     parse_duration(text, MAX_DURATION).map_err(|e| format!("{e} (example: --duration 30s)"))
 }
@@ -86,6 +104,7 @@ mod tests {
         assert_eq!(cli.rate, 512 * 1024);
         assert_eq!(cli.format, Format::Text);
         assert!(cli.duration.is_none());
+        assert_eq!(cli.confidence, Confidence::DEFAULT);
     }
 
     #[test]
@@ -105,6 +124,11 @@ mod tests {
                 "larger than the maximum",
             ),
             (&["--pid", "x"][..], "invalid digit"),
+            (
+                &["--pid", "1", "--confidence", "95"][..],
+                "outside 0.5..=0.9999",
+            ),
+            (&["--pid", "1", "--confidence", "high"][..], "not a number"),
         ] {
             let err = parse(args).unwrap_err().to_string();
             assert!(err.contains(needle), "{args:?}: {err}");

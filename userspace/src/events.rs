@@ -19,6 +19,8 @@ pub struct RawSample {
     pub offset: u64,
     /// Mean sampling interval in force.
     pub rate: u64,
+    /// The countdown the kernel drew for the thread's next sample (0 if certain).
+    pub next_interval: u64,
     /// Recorded with probability 1 (at or above the certain threshold).
     pub certain: bool,
     /// The function called, if known.
@@ -58,6 +60,7 @@ pub fn decode(bytes: &[u8]) -> Option<RawSample> {
         size: event.size,
         offset: event.offset,
         rate: event.rate,
+        next_interval: event.next_interval,
         certain: event.flags & SAMPLE_FLAG_CERTAIN != 0,
         function: AllocFn::from_u32(event.alloc_fn),
         stack,
@@ -132,6 +135,7 @@ mod tests {
             size: 100,
             offset: 40,
             rate: 4096,
+            next_interval: 5000,
             caller: 0x1500,
             pid: 7,
             tid: 8,

@@ -36,6 +36,8 @@ fn run(cli: Cli) -> Result<()> {
         rate: cli.rate,
         duration: cli.duration,
         empty_probes: cli.empty_probes,
+        confidence: cli.confidence,
+        raw_samples: cli.raw_samples.clone(),
         thread_tables: ThreadTables {
             slots: cli.thread_slots,
             overflow: cli.overflow_threads,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::{
     aggregate::{Aggregate, StackStats},
+    estimate::{Confidence, Interval, IntervalInputs},
     normalize::{Frame, Module, ModuleTable},
     probe::Counters,
     symbolize::{FrameSymbolizer, Functions},
@@ -54,6 +55,19 @@ pub struct Totals {
     pub samples: u64,
     /// Samples lost (ring buffer full).
     pub drops: u64,
+    /// What the interval on `estimated_bytes` needs.
+    pub interval_inputs: IntervalInputs,
+}
+
+/// What the kernel side reported at the end of a session.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelFigures {
+    /// How long profiling ran.
+    pub duration: Duration,
+    /// Exact totals of the profiled process.
+    pub exact: allocbpf_common::Totals,
+    /// Kernel counters.
+    pub counters: Counters,
 }
 
 /// A finished profile.
@@ -61,6 +75,8 @@ pub struct Totals {
 pub struct Report {
     /// Mean sampling interval in bytes.
     pub rate: u64,
+    /// Level of the confidence intervals shown.
+    pub confidence: Confidence,
     /// How long profiling ran.
     pub duration: Duration,
     /// Exact and estimated totals.
@@ -80,10 +96,14 @@ impl Report {
         modules: &ModuleTable,
         symbolizer: &mut FrameSymbolizer,
         rate: u64,
-        duration: Duration,
-        exact: allocbpf_common::Totals,
-        counters: Counters,
+        confidence: Confidence,
+        kernel: KernelFigures,
     ) -> Report {
+        let KernelFigures {
+            duration,
+            exact,
+            counters,
+        } = kernel;
         symbolizer.prepare(
             modules,
             aggregate.stacks().flat_map(|(k, _)| k.frames.iter()),
@@ -106,18 +126,32 @@ impl Report {
         stacks.sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
         Report {
             rate,
+            confidence,
             duration,
             totals: Totals {
                 exact_bytes: exact.bytes,
                 exact_calls: exact.calls,
-                estimated_bytes: aggregate.estimated_bytes,
-                samples: aggregate.samples,
+                estimated_bytes: aggregate.totals.estimated_bytes,
+                samples: aggregate.totals.samples,
                 drops: counters.ring_buffer_drops,
+                interval_inputs: aggregate.totals.interval_inputs,
             },
             counters,
             modules: modules.all().to_vec(),
             stacks,
         }
+    }
+
+    /// The interval on a stack's estimated bytes at the report's level.
+    pub fn interval(&self, stats: &StackStats) -> Interval {
+        stats.bytes_interval(self.rate, self.confidence)
+    }
+
+    /// The interval on the total estimated bytes at the report's level.
+    pub fn total_interval(&self) -> Interval {
+        self.totals
+            .interval_inputs
+            .interval(self.rate, self.confidence)
     }
 
     /// Stacks merged by (pid, function names): what people read. Largest first.

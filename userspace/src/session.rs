@@ -13,6 +13,7 @@
 
 use std::{
     os::fd::{FromRawFd, OwnedFd},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -24,10 +25,12 @@ use tokio::{
 
 use crate::{
     aggregate::{Aggregate, StackKey},
+    estimate::Confidence,
     events::{EventReader, RawSample},
+    export::raw_samples::RawSampleLog,
     normalize::AddressNormalizer,
     probe::{intervals::REFRESH_INTERVAL, Sampler, SamplerConfig, ThreadTables},
-    report::Report,
+    report::{KernelFigures, Report},
     symbolize::FrameSymbolizer,
     target::Target,
 };
@@ -43,6 +46,10 @@ pub struct SessionOptions {
     pub duration: Option<Duration>,
     /// Attach the empty program (benchmark floor).
     pub empty_probes: bool,
+    /// Level of the confidence intervals in the report.
+    pub confidence: Confidence,
+    /// Where to write every raw sample as a JSON line, if anywhere.
+    pub raw_samples: Option<PathBuf>,
     /// Thread table sizes.
     pub thread_tables: ThreadTables,
 }
@@ -82,18 +89,22 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 struct Collector {
     normalizer: AddressNormalizer,
     aggregate: Aggregate,
+    raw_samples: Option<RawSampleLog>,
 }
 
 impl Collector {
     fn add_batch(&mut self, batch: &mut Vec<RawSample>) {
         for sample in batch.drain(..) {
+            if let Some(log) = self.raw_samples.as_mut() {
+                log.write(&sample);
+            }
             let frames = self.normalizer.normalize(sample.pid, &sample.stack);
             let key = StackKey {
                 pid: sample.pid,
                 frames,
             };
             self.aggregate
-                .add(key, sample.size, sample.rate, sample.certain);
+                .add(key, sample.size, sample.offset, sample.rate, sample.certain);
         }
     }
 }
@@ -101,6 +112,11 @@ impl Collector {
 /// Runs a session to completion and returns its report.
 pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     let target = Target::resolve(options.pid)?;
+    let raw_samples = options
+        .raw_samples
+        .as_deref()
+        .map(RawSampleLog::create)
+        .transpose()?;
     let config = SamplerConfig {
         pid: Some(target.pid),
         rate: options.rate,
@@ -135,6 +151,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     let mut collector = Collector {
         normalizer: AddressNormalizer::new(),
         aggregate: Aggregate::default(),
+        raw_samples,
     };
     // Cache the target's maps while it surely lives: its last samples may be read
     // after it exits.
@@ -196,15 +213,21 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         tracing::warn!("{} malformed ring-buffer records skipped", reader.malformed);
     }
 
+    if let Some(log) = collector.raw_samples.as_mut() {
+        log.finish();
+    }
     let mut symbolizer = FrameSymbolizer::new();
     let report = Report::build(
         &collector.aggregate,
         &collector.normalizer.modules,
         &mut symbolizer,
         options.rate,
-        duration,
-        exact,
-        counters,
+        options.confidence,
+        KernelFigures {
+            duration,
+            exact,
+            counters,
+        },
     );
     Ok((report, stop))
 }

@@ -1,8 +1,9 @@
-//! allocbpf's developer tasks: `cargo xtask <setup|run|test|bench>`.
+//! allocbpf's developer tasks: `cargo xtask <setup|run|test|bench|accuracy>`.
 //!
 //! Every task first makes sure the machine has what it needs (`setup`), so a fresh
 //! Debian machine needs no manual step.
 
+mod accuracy;
 mod bench;
 mod run;
 mod setup;
@@ -43,6 +44,13 @@ enum Task {
         #[arg(long, default_value_t = 2_000_000)]
         iterations: u64,
     },
+    /// Run the statistics harness (simulated trials through the kernel's sampling code,
+    /// and, as root, the end-to-end coverage run) and print its figures.
+    Accuracy {
+        /// Also redraw the PNG figures of docs/statistics.md into docs/img/.
+        #[arg(long)]
+        plots: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -51,5 +59,6 @@ fn main() -> Result<()> {
         Task::Run { args } => run::run(&args),
         Task::Test => run::test(),
         Task::Bench { rounds, iterations } => bench::bench(rounds, iterations),
+        Task::Accuracy { plots } => accuracy::accuracy(plots),
     }
 }

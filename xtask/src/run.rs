@@ -74,7 +74,8 @@ pub fn test() -> Result<()> {
     let allocbpf = build_allocbpf()?;
     let mut command = cargo();
     command
-        .args(["test", "--release", "--workspace"])
+        // --no-fail-fast: one failing test binary must not hide the others' results.
+        .args(["test", "--release", "--workspace", "--no-fail-fast"])
         .env("ALLOCBPF_BIN", &allocbpf)
         .stdout(Stdio::piped());
     eprintln!("xtask: {command:?}");

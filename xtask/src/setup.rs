@@ -11,7 +11,8 @@ use anyhow::{bail, Result};
 use crate::util::{is_root, run};
 
 /// Debian packages: the eBPF toolchain, LLVM for bpf-linker, and the tests' tools
-/// (gcc + static libc for workloads, Go for `go tool pprof`, setpriv).
+/// (gcc + static libc for workloads, Go for `go tool pprof`, setpriv) and the font the
+/// statistics figures are drawn with.
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
@@ -23,6 +24,7 @@ const APT_PACKAGES: &[&str] = &[
     "libc6-dev",
     "golang-go",
     "util-linux",
+    "fonts-dejavu-core",
 ];
 
 /// bpf-linker release and features that match Debian's rustc-web LLVM (22).

@@ -6,6 +6,8 @@
 //! Both sides compile this crate, so a layout change cannot drift between them.
 #![no_std]
 
+pub mod sampler;
+
 /// Number of user stack frames captured per sample by `bpf_get_stack`.
 ///
 /// 127 is the kernel's default `perf_event_max_stack`; a deeper request fails with
@@ -129,6 +131,9 @@ pub struct SampleEvent {
     pub offset: u64,
     /// Mean sampling interval in bytes that was in force.
     pub rate: u64,
+    /// The countdown drawn for the thread's next sample (0 for certain samples). It lets
+    /// tests check the kernel's picks from the interval table (law, independence).
+    pub next_interval: u64,
     /// The return address at `[sp]` on function entry: the immediate caller, which a
     /// frame-pointer walk from a function-entry probe misses. Zero if unreadable.
     pub caller: u64,

@@ -22,6 +22,7 @@
 use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
+    sampler::{self, array_bytes, pvalloc_bytes, Decision},
     AllocFn, Counter, SampleEvent, ThreadState, Totals, ALLOC_FN_COUNT, COUNTER_COUNT,
     INTERVAL_TABLE_LEN, MAX_OVERFLOW_THREADS, MAX_PROCESSES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
     SAMPLE_FLAG_CERTAIN, THREAD_SLOTS_LEN,
@@ -114,31 +115,11 @@ fn next_interval() -> u64 {
     }
 }
 
-/// The sampling decision for one allocation against a byte countdown.
-enum Decision {
-    /// Not sampled.
-    Skip,
-    /// Sampled by the countdown; `offset` bytes of the allocation preceded the sample point.
-    Sampled { offset: u64 },
-    /// At least `CERTAIN_THRESHOLD` bytes: recorded with probability 1.
-    Certain,
-}
-
 #[inline(always)]
 fn decide(remaining: &mut u64, size: u64) -> Decision {
-    if size >= unsafe { read_volatile(&CERTAIN_THRESHOLD) } {
-        // The countdown is left alone: by memorylessness the next small allocation
-        // sees a countdown with the same law either way.
-        return Decision::Certain;
-    }
-    if *remaining < size {
-        let offset = *remaining;
-        *remaining = next_interval();
-        Decision::Sampled { offset }
-    } else {
-        *remaining -= size;
-        Decision::Skip
-    }
+    // SAFETY: reading a `.rodata` global the loader set.
+    let threshold = unsafe { read_volatile(&CERTAIN_THRESHOLD) };
+    sampler::decide(remaining, size, threshold, next_interval)
 }
 
 /// Registers available at function entry.
@@ -192,10 +173,13 @@ fn remember_wrapper(state: &mut ThreadState, kind: AllocFn, entry: &Entry) {
 
 #[inline(always)]
 fn emit(ctx: &ProbeContext, kind: AllocFn, pid_tgid: u64, size: u64, decision: Decision, sp: u64) {
-    let (offset, flags) = match decision {
+    let (offset, next_interval, flags) = match decision {
         Decision::Skip => return,
-        Decision::Sampled { offset } => (offset, 0),
-        Decision::Certain => (0, SAMPLE_FLAG_CERTAIN),
+        Decision::Sampled {
+            offset,
+            next_interval,
+        } => (offset, next_interval, 0),
+        Decision::Certain => (0, 0, SAMPLE_FLAG_CERTAIN),
     };
     bump(Counter::Samples);
     let Some(mut entry) = EVENTS.reserve::<SampleEvent>(0) else {
@@ -210,6 +194,7 @@ fn emit(ctx: &ProbeContext, kind: AllocFn, pid_tgid: u64, size: u64, decision: D
         addr_of_mut!((*event).size).write(size);
         addr_of_mut!((*event).offset).write(offset);
         addr_of_mut!((*event).rate).write(read_volatile(&RATE));
+        addr_of_mut!((*event).next_interval).write(next_interval);
         addr_of_mut!((*event).caller).write(return_address(sp));
         addr_of_mut!((*event).pid).write((pid_tgid >> 32) as u32);
         addr_of_mut!((*event).tid).write(pid_tgid as u32);
@@ -356,19 +341,6 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
-/// `nmemb * size`, or 0 when the call must fail. Not `checked_mul` nor a division test:
-/// LLVM turns both into a 128-bit multiply the BPF backend cannot emit. When the two bit
-/// lengths add up to at most 63 the product is exact; otherwise it is at least 2^62
-/// bytes, which no x86-64 process (47-bit address space) can allocate, so the call fails.
-#[inline(always)]
-fn array_bytes(nmemb: u64, size: u64) -> u64 {
-    if nmemb.leading_zeros() + size.leading_zeros() >= 65 {
-        nmemb * size
-    } else {
-        0
-    }
-}
-
 /// `malloc(size)`
 #[uprobe]
 pub fn probe_malloc(ctx: ProbeContext) -> u32 {
@@ -428,9 +400,7 @@ pub fn probe_valloc(ctx: ProbeContext) -> u32 {
 /// `pvalloc(size)`: rounds up to whole 4 KiB pages (x86-64's page size).
 #[uprobe]
 pub fn probe_pvalloc(ctx: ProbeContext) -> u32 {
-    let size = arg(&ctx, 0);
-    let rounded = size.checked_add(4095).map(|s| s & !4095).unwrap_or(0);
-    on_alloc(&ctx, AllocFn::Pvalloc, rounded)
+    on_alloc(&ctx, AllocFn::Pvalloc, pvalloc_bytes(arg(&ctx, 0)))
 }
 
 /// An empty program attached to the same functions by `cargo xtask bench`: the cost floor

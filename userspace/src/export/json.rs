@@ -1,37 +1,66 @@
 //! `--format json`: the schema the Foundation issue fixed (docs/output.md).
 //!
 //! ```text
-//! {"rate": bytes,
-//!  "totals": {"exact_bytes", "exact_calls", "estimated_bytes", "samples", "drops"},
+//! {"rate": bytes, "confidence": level,
+//!  "totals": {"exact_bytes", "exact_calls", "estimated_bytes", "samples", "drops",
+//!             "bytes_ci95": [lo, hi], "bytes_ci": [lo, hi]},
 //!  "stacks": [{"pid", "frames": [names, outermost first], "samples",
-//!              "estimated_bytes", "estimated_objects"}]}
+//!              "estimated_bytes", "estimated_objects",
+//!              "bytes_ci95": [lo, hi], "bytes_ci": [lo, hi]}]}
 //! ```
+//! `bytes_ci95` is always the 95% interval, whatever `--confidence` says, so scripts
+//! can rely on one key; `bytes_ci` is the interval at `confidence`.
 //! Extensions add keys; existing keys keep their meaning.
 
 use std::io::Write;
 
 use serde_json::{json, Value};
 
-use crate::report::Report;
+use crate::{
+    aggregate::StackStats,
+    estimate::{Confidence, IntervalInputs},
+    report::Report,
+};
+
+/// `[lo, hi]` of the interval at `confidence`.
+fn interval(report: &Report, inputs: &IntervalInputs, confidence: Confidence) -> Value {
+    let i = inputs.interval(report.rate, confidence);
+    json!([i.lo, i.hi])
+}
+
+/// The two interval keys of a stack or the totals.
+fn intervals(report: &Report, inputs: &IntervalInputs) -> (Value, Value) {
+    (
+        interval(report, inputs, Confidence::DEFAULT),
+        interval(report, inputs, report.confidence),
+    )
+}
+
+fn stack_value(report: &Report, pid: u32, frames: Vec<&str>, stats: StackStats) -> Value {
+    let (ci95, ci) = intervals(report, &stats.interval_inputs);
+    json!({
+        "pid": pid,
+        "frames": frames,
+        "samples": stats.samples,
+        "estimated_bytes": stats.estimated_bytes,
+        "estimated_objects": stats.estimated_objects,
+        "bytes_ci95": ci95,
+        "bytes_ci": ci,
+    })
+}
 
 /// The report as a JSON value.
 pub fn to_value(report: &Report) -> Value {
     let stacks: Vec<Value> = report
         .stacks_by_name()
         .into_iter()
-        .map(|(pid, frames, stats)| {
-            json!({
-                "pid": pid,
-                "frames": frames,
-                "samples": stats.samples,
-                "estimated_bytes": stats.estimated_bytes,
-                "estimated_objects": stats.estimated_objects,
-            })
-        })
+        .map(|(pid, frames, stats)| stack_value(report, pid, frames, stats))
         .collect();
     let t = &report.totals;
+    let (ci95, ci) = intervals(report, &t.interval_inputs);
     json!({
         "rate": report.rate,
+        "confidence": report.confidence.level(),
         "duration_seconds": report.duration.as_secs_f64(),
         "totals": {
             "exact_bytes": t.exact_bytes,
@@ -39,6 +68,8 @@ pub fn to_value(report: &Report) -> Value {
             "estimated_bytes": t.estimated_bytes,
             "samples": t.samples,
             "drops": t.drops,
+            "bytes_ci95": ci95,
+            "bytes_ci": ci,
         },
         "counters": report.counters,
         "stacks": stacks,
@@ -75,5 +106,10 @@ mod tests {
         assert_eq!(stack["samples"], 5);
         assert_eq!(stack["estimated_bytes"], 20480.0);
         assert!(stack.get("estimated_objects").is_some());
+        let ci = stack["bytes_ci95"].as_array().unwrap();
+        assert_eq!(ci.len(), 2);
+        assert!(ci[0].as_f64().unwrap() <= ci[1].as_f64().unwrap());
+        assert!(v["totals"]["bytes_ci95"].is_array());
+        assert_eq!(v["confidence"], 0.95);
     }
 }

@@ -3,6 +3,7 @@
 pub mod folded;
 pub mod json;
 pub mod pprof;
+pub mod raw_samples;
 pub mod text;
 
 use std::io::Write;
@@ -40,6 +41,7 @@ pub fn write(report: &Report, format: Format, out: &mut dyn Write) -> std::io::R
 pub(crate) fn test_report() -> Report {
     use crate::{
         aggregate::StackStats,
+        estimate::{Confidence, IntervalInputs},
         normalize::{Frame, Module},
         report::{Location, StackReport, Totals},
         symbolize::FunctionFrame,
@@ -71,10 +73,17 @@ pub(crate) fn test_report() -> Report {
             samples,
             estimated_bytes: bytes,
             estimated_objects: bytes / 64.0,
+            interval_inputs: IntervalInputs {
+                counted_samples: samples,
+                untried_bytes: samples * 32,
+                sampled_bytes: samples * 64,
+                certain_bytes: 0,
+            },
         },
     };
     Report {
         rate: 4096,
+        confidence: Confidence::DEFAULT,
         duration: std::time::Duration::from_secs(2),
         totals: Totals {
             exact_bytes: 30_000,
@@ -82,6 +91,12 @@ pub(crate) fn test_report() -> Report {
             estimated_bytes: 28_672.0,
             samples: 7,
             drops: 0,
+            interval_inputs: IntervalInputs {
+                counted_samples: 7,
+                untried_bytes: 7 * 32,
+                sampled_bytes: 7 * 64,
+                certain_bytes: 0,
+            },
         },
         counters: Default::default(),
         modules: vec![Module {

@@ -18,10 +18,13 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         report.duration.as_secs_f64(),
         format_bytes(report.rate as f64)
     )?;
+    let total = report.total_interval();
+    let level = report.confidence.percent_label();
     writeln!(
         out,
-        "estimated {} allocated, of exactly {} in {} calls ({} samples, {} dropped, {} without stack)",
+        "estimated {} ({level}% CI {}) allocated, of exactly {} in {} calls ({} samples, {} dropped, {} without stack)",
         format_bytes(t.estimated_bytes),
+        format_interval(total.lo, total.hi),
         format_bytes(t.exact_bytes as f64),
         t.exact_calls,
         t.samples,
@@ -36,8 +39,12 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:>12} {:>6} {:>8} {:>10}  stack (allocation site first)",
-        "est. bytes", "share", "samples", "pid"
+        "{:>12} {:>21} {:>6} {:>8} {:>10}  stack (allocation site first)",
+        "est. bytes",
+        format!("{level}% CI"),
+        "share",
+        "samples",
+        "pid"
     )?;
     for (pid, names, stats) in stacks.iter().take(TOP_STACKS) {
         let share = if t.estimated_bytes > 0.0 {
@@ -47,10 +54,12 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         };
         let shown: Vec<&str> = names.iter().rev().take(FRAMES_SHOWN).copied().collect();
         let more = names.len().saturating_sub(FRAMES_SHOWN);
+        let interval = report.interval(stats);
         writeln!(
             out,
-            "{:>12} {:>5.1}% {:>8} {:>10}  {}{}",
+            "{:>12} {:>21} {:>5.1}% {:>8} {:>10}  {}{}",
             format_bytes(stats.estimated_bytes),
+            format_interval(interval.lo, interval.hi),
             share,
             stats.samples,
             pid,
@@ -68,6 +77,11 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `lo-hi` with units, e.g. `1.2 MiB-1.9 MiB`.
+fn format_interval(lo: f64, hi: f64) -> String {
+    format!("{}-{}", format_bytes(lo), format_bytes(hi))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +95,15 @@ mod tests {
         assert!(text.contains("of exactly 29.3 KiB in 400 calls"), "{text}");
         assert!(text.contains("inlined_helper < site_a < main"), "{text}");
         assert!(text.contains("71.4%"), "{text}");
+        assert!(text.contains("95% CI"), "{text}");
+        let interval = report_interval_of_first_stack();
+        assert!(text.contains(&interval), "{interval} in {text}");
+    }
+
+    fn report_interval_of_first_stack() -> String {
+        let report = test_report();
+        let stacks = report.stacks_by_name();
+        let i = report.interval(&stacks[0].2);
+        format_interval(i.lo, i.hi)
     }
 }

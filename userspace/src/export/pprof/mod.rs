@@ -7,7 +7,12 @@
 //! - one mapping per module, with its path and build id; each module is laid out at a
 //!   synthetic base `(i + 1) << 40` with `file_offset = 0`, so `address - memory_start`
 //!   is the file offset a remote symbolizer needs.
-//! - every sample carries a numeric `pid` label and a `samples` label (raw sample count).
+//! - every sample carries a numeric `pid` label, a `samples` label (raw sample count) and
+//!   its confidence interval as two numeric labels in bytes, `bytes_ci95_low` and
+//!   `bytes_ci95_high` (the number is the `--confidence` level in percent). Numeric
+//!   labels are what pprof readers keep per sample: `go tool pprof -tags` and `-raw`
+//!   show them; they do not change values, so every other view is unaffected.
+//! - the profile comment states the rate, the level, and the total's interval.
 
 pub mod proto;
 
@@ -84,6 +89,10 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
     let mut location_list: Vec<Location> = Vec::new();
     let pid_key = strings.intern("pid");
     let samples_key = strings.intern("samples");
+    let level = report.confidence.percent_label();
+    let ci_low_key = strings.intern(&format!("bytes_ci{level}_low"));
+    let ci_high_key = strings.intern(&format!("bytes_ci{level}_high"));
+    let bytes_unit = strings.intern("bytes");
 
     let mut samples = Vec::with_capacity(report.stacks.len());
     for stack in &report.stacks {
@@ -133,6 +142,13 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
             });
             location_ids.push(id);
         }
+        let interval = report.interval(&stack.stats);
+        let bytes_label = |key, value: f64| Label {
+            key,
+            num: value.round() as i64,
+            num_unit: bytes_unit,
+            ..Label::default()
+        };
         samples.push(Sample {
             location_id: location_ids,
             value: vec![
@@ -150,14 +166,23 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
                     num: stack.stats.samples as i64,
                     ..Label::default()
                 },
+                bytes_label(ci_low_key, interval.lo),
+                bytes_label(ci_high_key, interval.hi),
             ],
         });
     }
 
+    let total = report.total_interval();
     let comment = vec![strings.intern(&format!(
         "allocbpf: Poisson byte sampling, mean interval {} bytes; values are unbiased estimates; \
-         exact totals {} bytes in {} calls",
-        report.rate, report.totals.exact_bytes, report.totals.exact_calls
+         total {:.0} bytes, {level}% CI [{:.0}, {:.0}]; exact totals {} bytes in {} calls; \
+         per-sample {level}% intervals in labels bytes_ci{level}_low/high",
+        report.rate,
+        report.totals.estimated_bytes,
+        total.lo,
+        total.hi,
+        report.totals.exact_bytes,
+        report.totals.exact_calls
     ))];
     let default_sample_type = strings.intern("alloc_space");
     Profile {
@@ -250,5 +275,16 @@ mod tests {
         assert_eq!(s(mapping.build_id), "abcd");
         assert_eq!(leaf.address - mapping.memory_start, 0x1234);
         assert_eq!(first.label[0].num, 42);
+        let label = |key: &str| {
+            first
+                .label
+                .iter()
+                .find(|l| s(l.key) == key)
+                .unwrap_or_else(|| panic!("label {key}"))
+        };
+        let interval = report.interval(&report.stacks[0].stats);
+        assert_eq!(label("bytes_ci95_low").num, interval.lo.round() as i64);
+        assert_eq!(label("bytes_ci95_high").num, interval.hi.round() as i64);
+        assert_eq!(s(label("bytes_ci95_high").num_unit), "bytes");
     }
 }

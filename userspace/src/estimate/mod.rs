@@ -10,6 +10,12 @@
 //!
 //! Allocations of at least the certain threshold (heapprofd's shortcut) are recorded
 //! with probability 1, so they stand for exactly themselves.
+//!
+//! [`interval`] adds confidence intervals (the .NET document's approach 2).
+
+pub mod interval;
+
+pub use interval::{Confidence, Interval, IntervalInputs};
 
 /// Probability that an allocation of `size` bytes is sampled at mean interval `rate`.
 pub fn sample_probability(size: u64, rate: u64) -> f64 {
