@@ -13,7 +13,9 @@
 //!   puts true coverage at 95.0-96.2% for the harness's 48+ samples per site);
 //! - binomial frequencies and correlations within 5 sd (two-sided tail 6e-7).
 
-use allocbpf_e2e::accuracy::{self, workloads, SiteSummary, MEMORYLESS_TRIALS, TRIALS};
+use allocbpf_e2e::accuracy::{
+    self, workloads, SiteSummary, HEAPPROFD_SIZES, MEMORYLESS_TRIALS, TRIALS,
+};
 
 fn check_site(row: &SiteSummary) {
     let what = format!("{} / {}: {row:?}", row.workload, row.site);
@@ -93,17 +95,7 @@ fn calloc_realloc_and_aligned_mixes() {
 /// 1.5 MiB allocation is sampled at least 95% of the time.
 #[test]
 fn sampling_probability_matches_heapprofd() {
-    let sizes = [
-        4 << 10,
-        64 << 10,
-        256 << 10,
-        512 << 10,
-        1 << 20,
-        3 << 19,
-        2 << 20,
-        5 << 19,
-    ];
-    for check in accuracy::sampling_probabilities(512 << 10, &sizes, 20_000, 3) {
+    for check in accuracy::sampling_probabilities(512 << 10, &HEAPPROFD_SIZES, 20_000, 3) {
         assert!(
             (check.observed - check.expected).abs() <= 5.0 * check.sd,
             "{check:?}"

@@ -173,6 +173,19 @@ pub struct ProbabilityCheck {
     pub sd: f64,
 }
 
+/// Sizes for the heapprofd check at R = 512 KiB: 4 KiB to 2 MiB, 1.5 MiB (heapprofd's
+/// ">= 95%" example) and 2.5 MiB (above the certain threshold).
+pub const HEAPPROFD_SIZES: [u64; 8] = [
+    4 << 10,
+    64 << 10,
+    256 << 10,
+    512 << 10,
+    1 << 20,
+    3 << 19,
+    2 << 20,
+    5 << 19,
+];
+
 /// heapprofd's claim: P(sampled) = 1 - exp(-S/R). `allocations` allocations of each
 /// size in a row on one thread (each one sees the countdown its predecessors left,
 /// which by memorylessness has the same law as a fresh one).

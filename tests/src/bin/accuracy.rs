@@ -7,7 +7,7 @@ use allocbpf_e2e::accuracy::{
     self,
     kernel::{self, KernelCoverage},
     plot::{self, RatioPanel},
-    print, workloads, MEMORYLESS_TRIALS, TRIALS,
+    print, workloads, HEAPPROFD_SIZES, MEMORYLESS_TRIALS, TRIALS,
 };
 use anyhow::Result;
 
@@ -35,22 +35,12 @@ fn main() -> Result<()> {
     println!("\n{TRIALS} simulated trials per workload at R = 64 KiB (bias/SE: mean minus truth in standard errors):");
     print!("{}", print::site_table(&rows));
 
-    let sizes = [
-        4 << 10,
-        64 << 10,
-        256 << 10,
-        512 << 10,
-        1 << 20,
-        3 << 19,
-        2 << 20,
-        5 << 19,
-    ];
     println!("\nP(sampled) at R = 512 KiB, 20,000 allocations per size (certain threshold R ln 100 = 2.30 MiB):");
     print!(
         "{}",
         print::probability_table(&accuracy::sampling_probabilities(
             512 << 10,
-            &sizes,
+            &HEAPPROFD_SIZES,
             20_000,
             3
         ))
