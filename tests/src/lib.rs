@@ -339,3 +339,22 @@ pub fn estimated_bytes(stacks: &[&Value]) -> f64 {
         .map(|s| s["estimated_bytes"].as_f64().unwrap_or(0.0))
         .sum()
 }
+
+/// Runs `go tool pprof ARGS PROFILE` and returns its stdout; fails on a non-zero exit.
+pub fn go_pprof(args: &[&str], profile: &Path, scratch: &Path) -> String {
+    let output = Command::new("go")
+        .arg("tool")
+        .arg("pprof")
+        .args(args)
+        .arg(profile)
+        .env("PPROF_TMPDIR", scratch)
+        .env("HOME", scratch)
+        .output()
+        .expect("go tool pprof (apt-get install golang-go)");
+    assert!(
+        output.status.success(),
+        "go tool pprof {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

@@ -5,7 +5,7 @@
 use std::{path::Path, process::Command};
 
 use allocbpf_e2e::{
-    estimated_bytes, profile_to_completion, require_root, scratch_dir,
+    estimated_bytes, go_pprof, profile_to_completion, require_root, scratch_dir,
     sites::{totals, SITES, TEST_RATE},
     sites_binary, stacks_with,
 };
@@ -159,25 +159,6 @@ fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
             .any(|l| l.contains("sites-") && l.contains(&build_id)),
         "no mapping with build id {build_id}:\n{raw}"
     );
-}
-
-/// Runs `go tool pprof ARGS PROFILE` and returns its stdout; fails on a non-zero exit.
-fn go_pprof(args: &[&str], profile: &Path, scratch: &Path) -> String {
-    let output = Command::new("go")
-        .arg("tool")
-        .arg("pprof")
-        .args(args)
-        .arg(profile)
-        .env("PPROF_TMPDIR", scratch)
-        .env("HOME", scratch)
-        .output()
-        .expect("go tool pprof (apt-get install golang-go)");
-    assert!(
-        output.status.success(),
-        "go tool pprof {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// The GNU build id of an ELF file, as `readelf -n` prints it (lowercase hex).

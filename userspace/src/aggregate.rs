@@ -1,9 +1,11 @@
-//! Aggregation of samples per (process, stack), with each sample unbiased first.
+//! Aggregation of samples per (process, stack), with each sample unbiased first, and
+//! (`--live`) the sampled blocks still live.
 
 use std::collections::HashMap;
 
 use crate::{
     estimate::{weight, Confidence, Interval, IntervalInputs},
+    events::RawSample,
     normalize::Frame,
 };
 
@@ -27,6 +29,10 @@ pub struct StackStats {
     pub estimated_objects: f64,
     /// What the confidence interval on `estimated_bytes` needs.
     pub interval_inputs: IntervalInputs,
+    /// Byte weights of the samples still live (`--live`; filled by [`Aggregate::finish`]).
+    pub inuse_bytes: f64,
+    /// Object weights of the samples still live.
+    pub inuse_objects: f64,
 }
 
 impl StackStats {
@@ -36,6 +42,8 @@ impl StackStats {
         self.estimated_bytes += other.estimated_bytes;
         self.estimated_objects += other.estimated_objects;
         self.interval_inputs.merge(&other.interval_inputs);
+        self.inuse_bytes += other.inuse_bytes;
+        self.inuse_objects += other.inuse_objects;
     }
 
     /// Accounts for one sample of `size` bytes (`offset` bytes before the sampled byte)
@@ -55,28 +63,171 @@ impl StackStats {
     }
 }
 
+/// A sampled block not known to be freed.
+#[derive(Clone, Copy, Debug)]
+struct LiveBlock {
+    stack: usize,
+    bytes: f64,
+    objects: f64,
+    allocated_ns: u64,
+}
+
+/// Sampled blocks still live, grouped by stack, older than a minimum age.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LeakStats {
+    /// Sampled blocks.
+    pub samples: u64,
+    /// Their byte weights: the estimated leaked bytes.
+    pub estimated_bytes: f64,
+    /// Their object weights.
+    pub estimated_objects: f64,
+    /// Age of the youngest block.
+    pub min_age_ns: u64,
+    /// Age of the oldest block.
+    pub max_age_ns: u64,
+}
+
+impl LeakStats {
+    /// Adds another group (stacks that symbolize alike).
+    pub fn merge(&mut self, other: &LeakStats) {
+        self.samples += other.samples;
+        self.estimated_bytes += other.estimated_bytes;
+        self.estimated_objects += other.estimated_objects;
+        self.min_age_ns = self.min_age_ns.min(other.min_age_ns);
+        self.max_age_ns = self.max_age_ns.max(other.max_age_ns);
+    }
+}
+
+/// What live tracking saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LiveCounts {
+    /// Sampled blocks still live at the end.
+    pub live_samples: u64,
+    /// Sampled blocks seen freed.
+    pub freed_samples: u64,
+    /// Samples that could not be tracked (failed call, full live map): not in inuse.
+    pub untracked_samples: u64,
+}
+
 /// Samples aggregated per stack.
 #[derive(Debug, Default)]
 pub struct Aggregate {
-    stacks: HashMap<StackKey, StackStats>,
+    index: HashMap<StackKey, usize>,
+    stacks: Vec<(StackKey, StackStats)>,
     /// All samples together.
     pub totals: StackStats,
+    live: Option<HashMap<u64, LiveBlock>>,
+    /// Live-tracking counts (`--live`).
+    pub live_counts: LiveCounts,
+    /// Leak groups by stack index, filled by [`Aggregate::finish`] with `--leaks`.
+    leaks: Vec<(usize, LeakStats)>,
 }
 
 impl Aggregate {
-    /// Adds one sample of `size` bytes (`offset` bytes before the sampled byte) taken at
-    /// `rate` (certain: recorded with probability 1).
-    pub fn add(&mut self, key: StackKey, size: u64, offset: u64, rate: u64, certain: bool) {
-        self.stacks
-            .entry(key)
-            .or_default()
-            .add(size, offset, rate, certain);
-        self.totals.add(size, offset, rate, certain);
+    /// An aggregate that also tracks sampled blocks until they are freed.
+    pub fn with_live_tracking() -> Self {
+        Self {
+            live: Some(HashMap::new()),
+            ..Self::default()
+        }
+    }
+
+    /// Adds one sample under `key`.
+    pub fn add(&mut self, key: StackKey, sample: &RawSample) {
+        let next = self.stacks.len();
+        let stack = *self.index.entry(key.clone()).or_insert(next);
+        if stack == next {
+            self.stacks.push((key, StackStats::default()));
+        }
+        let stats = &mut self.stacks[stack].1;
+        stats.add(sample.size, sample.offset, sample.rate, sample.certain);
+        self.totals
+            .add(sample.size, sample.offset, sample.rate, sample.certain);
+        if let Some(live) = self.live.as_mut() {
+            let w = weight(sample.size, sample.rate, sample.certain);
+            live.insert(
+                sample.sample_id,
+                LiveBlock {
+                    stack,
+                    bytes: w.bytes,
+                    objects: w.objects,
+                    allocated_ns: sample.timestamp_ns,
+                },
+            );
+        }
+    }
+
+    /// A tracked block died.
+    pub fn freed(&mut self, sample_id: u64) {
+        if let Some(live) = self.live.as_mut() {
+            if live.remove(&sample_id).is_some() {
+                self.live_counts.freed_samples += 1;
+            }
+        }
+    }
+
+    /// A sample could not be tracked: it is not part of the live heap.
+    pub fn untracked(&mut self, sample_id: u64) {
+        if let Some(live) = self.live.as_mut() {
+            if live.remove(&sample_id).is_some() {
+                self.live_counts.untracked_samples += 1;
+            }
+        }
+    }
+
+    /// Computes in-use figures per stack, and with `min_age` the leak groups: blocks
+    /// still live at `now_ns` (CLOCK_MONOTONIC) and allocated at least `min_age` before.
+    pub fn finish(&mut self, now_ns: u64, min_age: Option<std::time::Duration>) {
+        let Some(live) = self.live.as_ref() else {
+            return;
+        };
+        self.live_counts.live_samples = live.len() as u64;
+        for (_, stats) in &mut self.stacks {
+            stats.inuse_bytes = 0.0;
+            stats.inuse_objects = 0.0;
+        }
+        self.totals.inuse_bytes = 0.0;
+        self.totals.inuse_objects = 0.0;
+        let mut leaks: HashMap<usize, LeakStats> = HashMap::new();
+        for block in live.values() {
+            let stats = &mut self.stacks[block.stack].1;
+            stats.inuse_bytes += block.bytes;
+            stats.inuse_objects += block.objects;
+            self.totals.inuse_bytes += block.bytes;
+            self.totals.inuse_objects += block.objects;
+            let age = now_ns.saturating_sub(block.allocated_ns);
+            if let Some(min_age) = min_age {
+                if u128::from(age) >= min_age.as_nanos() {
+                    let leak = leaks.entry(block.stack).or_insert(LeakStats {
+                        min_age_ns: u64::MAX,
+                        ..LeakStats::default()
+                    });
+                    leak.samples += 1;
+                    leak.estimated_bytes += block.bytes;
+                    leak.estimated_objects += block.objects;
+                    leak.min_age_ns = leak.min_age_ns.min(age);
+                    leak.max_age_ns = leak.max_age_ns.max(age);
+                }
+            }
+        }
+        self.leaks = leaks.into_iter().collect();
+    }
+
+    /// True if blocks are tracked until freed.
+    pub fn tracks_live(&self) -> bool {
+        self.live.is_some()
     }
 
     /// The stacks and their figures.
     pub fn stacks(&self) -> impl Iterator<Item = (&StackKey, &StackStats)> {
-        self.stacks.iter()
+        self.stacks.iter().map(|(key, stats)| (key, stats))
+    }
+
+    /// Leak groups (after [`Aggregate::finish`] with a minimum age).
+    pub fn leaks(&self) -> impl Iterator<Item = (&StackKey, &LeakStats)> {
+        self.leaks
+            .iter()
+            .map(|(stack, leak)| (&self.stacks[*stack].0, leak))
     }
 }
 
@@ -91,6 +242,23 @@ mod tests {
         }
     }
 
+    fn sample(id: u64, size: u64, rate: u64, certain: bool, at: u64) -> RawSample {
+        RawSample {
+            sample_id: id,
+            pid: 1,
+            tid: 1,
+            timestamp_ns: at,
+            size,
+            offset: 0,
+            rate,
+            next_interval: 0,
+            certain,
+            function: None,
+            stack: vec![],
+            stack_error: 0,
+        }
+    }
+
     /// jemalloc's example: many small samples and one huge one. Unbiasing per sample
     /// keeps the small stack's estimate near its truth; unbiasing a summed size would
     /// shrink it by orders of magnitude.
@@ -98,10 +266,10 @@ mod tests {
     fn samples_are_unbiased_before_summing() {
         let rate = 512 * 1024;
         let mut aggregate = Aggregate::default();
-        for _ in 0..8 {
-            aggregate.add(key(1), 8, 0, rate, false);
+        for i in 0..8 {
+            aggregate.add(key(1), &sample(i, 8, rate, false, 0));
         }
-        aggregate.add(key(2), 8 << 20, 0, rate, true);
+        aggregate.add(key(2), &sample(9, 8 << 20, rate, true, 0));
         let small = aggregate.stacks().find(|(k, _)| *k == &key(1)).unwrap().1;
         assert_eq!(small.samples, 8);
         let per_sample = weight(8, rate, false).bytes;
@@ -113,5 +281,37 @@ mod tests {
             (aggregate.totals.estimated_bytes - small.estimated_bytes - (8 << 20) as f64).abs()
                 < 1e-3
         );
+    }
+
+    #[test]
+    fn live_blocks_count_until_freed_and_old_ones_are_leaks() {
+        let rate = 4096;
+        let mut aggregate = Aggregate::with_live_tracking();
+        aggregate.add(key(1), &sample(1, 4096, rate, false, 1_000));
+        aggregate.add(key(1), &sample(2, 4096, rate, false, 5_000));
+        aggregate.add(key(2), &sample(3, 1 << 20, rate, true, 1_000));
+        aggregate.add(key(2), &sample(4, 64, rate, false, 1_000));
+        aggregate.freed(3);
+        aggregate.untracked(4);
+        aggregate.freed(12345); // unknown ids (lost samples) are ignored
+        aggregate.finish(10_000, Some(std::time::Duration::from_nanos(6_000)));
+        let w = weight(4096, rate, false);
+        let first = aggregate.stacks().find(|(k, _)| *k == &key(1)).unwrap().1;
+        assert!((first.inuse_bytes - 2.0 * w.bytes).abs() < 1e-6);
+        let second = aggregate.stacks().find(|(k, _)| *k == &key(2)).unwrap().1;
+        assert_eq!(second.inuse_bytes, 0.0);
+        assert_eq!(
+            aggregate.live_counts,
+            LiveCounts {
+                live_samples: 2,
+                freed_samples: 1,
+                untracked_samples: 1
+            }
+        );
+        // Only sample 1 is at least 6 us old.
+        let leaks: Vec<_> = aggregate.leaks().collect();
+        assert_eq!(leaks.len(), 1);
+        assert_eq!(leaks[0].1.samples, 1);
+        assert_eq!(leaks[0].1.max_age_ns, 9_000);
     }
 }

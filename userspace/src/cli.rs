@@ -7,6 +7,7 @@ use clap::Parser;
 use crate::{
     estimate::Confidence,
     export::Format,
+    probe::LiveMechanism,
     units::{parse_duration, parse_size},
 };
 
@@ -46,6 +47,24 @@ pub struct Cli {
     #[arg(short, long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
 
+    /// Also track sampled allocations until they are freed: adds in-use (still live)
+    /// estimates per stack (pprof inuse_objects/inuse_space, JSON inuse_bytes).
+    #[arg(long)]
+    pub live: bool,
+
+    /// Report sampled allocations still live and older than --min-age, grouped by stack
+    /// (implies --live).
+    #[arg(long)]
+    pub leaks: bool,
+
+    /// Minimum age of a live allocation to be reported by --leaks (500ms, 30s, 5m).
+    #[arg(long, default_value = "30s", value_parser = parse_min_age, allow_hyphen_values = true)]
+    pub min_age: Duration,
+
+    /// How --live observes returns (auto: session links where the kernel has them).
+    #[arg(long, hide = true, value_enum, default_value_t = LiveMechanism::Auto)]
+    pub live_mechanism: LiveMechanism,
+
     /// Level of the confidence intervals shown for every estimate (0.5 to 0.9999).
     #[arg(long, default_value = "0.95", value_parser = parse_confidence)]
     pub confidence: Confidence,
@@ -84,6 +103,10 @@ fn parse_confidence(text: &str) -> Result<Confidence, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a number (example: --confidence 0.9)"))?;
     Confidence::new(level)
+}
+
+fn parse_min_age(text: &str) -> Result<Duration, String> {
+    parse_duration(text, MAX_DURATION).map_err(|e| format!("{e} (example: --min-age 30s)"))
 }
 
 fn parse_run_duration(text: &str) -> Result<Duration, String> {
@@ -129,6 +152,7 @@ mod tests {
                 "outside 0.5..=0.9999",
             ),
             (&["--pid", "1", "--confidence", "high"][..], "not a number"),
+            (&["--pid", "1", "--min-age", "-1s"][..], "greater than zero"),
         ] {
             let err = parse(args).unwrap_err().to_string();
             assert!(err.contains(needle), "{args:?}: {err}");

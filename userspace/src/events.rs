@@ -1,12 +1,40 @@
 //! Reading sampled allocations from the eBPF ring buffer.
 
-use allocbpf_common::{AllocFn, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN};
+use allocbpf_common::{
+    AllocFn, EventKind, LiveEvent, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
+};
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
+
+/// One ring-buffer record, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A sampled allocation.
+    Sample(RawSample),
+    /// A tracked sampled block was freed (`--live`).
+    Freed {
+        /// Process id.
+        pid: u32,
+        /// The sample's id.
+        sample_id: u64,
+        /// CLOCK_MONOTONIC nanoseconds at the free.
+        timestamp_ns: u64,
+    },
+    /// A sampled allocation could not be tracked (`--live`): it failed, or the live map
+    /// was full.
+    Untracked {
+        /// Process id.
+        pid: u32,
+        /// The sample's id.
+        sample_id: u64,
+    },
+}
 
 /// One sampled allocation, decoded from a [`SampleEvent`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawSample {
+    /// Unique id (for `--live` events about it).
+    pub sample_id: u64,
     /// Process id.
     pub pid: u32,
     /// Thread id.
@@ -32,8 +60,33 @@ pub struct RawSample {
     pub stack_error: i32,
 }
 
-/// Decodes one ring-buffer record; `None` if it is too short to be a [`SampleEvent`].
-pub fn decode(bytes: &[u8]) -> Option<RawSample> {
+/// Decodes one ring-buffer record; `None` if it is malformed (a version mismatch).
+pub fn decode(bytes: &[u8]) -> Option<Event> {
+    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    if kind == EventKind::Sample as u32 {
+        return decode_sample(bytes).map(Event::Sample);
+    }
+    if bytes.len() < std::mem::size_of::<LiveEvent>() {
+        return None;
+    }
+    // SAFETY: the length was checked, LiveEvent is plain integers (any bit pattern is
+    // valid) and read_unaligned has no alignment requirement.
+    let event: LiveEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    match kind {
+        k if k == EventKind::Freed as u32 => Some(Event::Freed {
+            pid: event.pid,
+            sample_id: event.sample_id,
+            timestamp_ns: event.timestamp_ns,
+        }),
+        k if k == EventKind::Untracked as u32 => Some(Event::Untracked {
+            pid: event.pid,
+            sample_id: event.sample_id,
+        }),
+        _ => None,
+    }
+}
+
+fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
     if bytes.len() < std::mem::size_of::<SampleEvent>() {
         return None;
     }
@@ -54,6 +107,7 @@ pub fn decode(bytes: &[u8]) -> Option<RawSample> {
             .take_while(|&a| a != 0),
     );
     Some(RawSample {
+        sample_id: event.sample_id,
         pid: event.pid,
         tid: event.tid,
         timestamp_ns: event.timestamp_ns,
@@ -85,13 +139,13 @@ impl EventReader {
     }
 
     /// Waits until records are available, then appends all of them to `out`.
-    pub async fn read_batch(&mut self, out: &mut Vec<RawSample>) -> std::io::Result<()> {
+    pub async fn read_batch(&mut self, out: &mut Vec<Event>) -> std::io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
         let ring = guard.get_inner_mut();
         let mut malformed = 0;
         while let Some(item) = ring.next() {
             match decode(&item) {
-                Some(sample) => out.push(sample),
+                Some(event) => out.push(event),
                 None => malformed += 1,
             }
         }
@@ -101,11 +155,11 @@ impl EventReader {
     }
 
     /// Appends every record already in the buffer without waiting (final drain).
-    pub fn drain(&mut self, out: &mut Vec<RawSample>) {
+    pub fn drain(&mut self, out: &mut Vec<Event>) {
         let ring = self.ring.get_mut();
         while let Some(item) = ring.next() {
             match decode(&item) {
-                Some(sample) => out.push(sample),
+                Some(event) => out.push(event),
                 None => self.malformed += 1,
             }
         }
@@ -131,6 +185,9 @@ mod tests {
         let mut stack = [0u64; MAX_STACK_DEPTH];
         stack[..4].copy_from_slice(&[0x1000, 0x2000, 0x3000, 0x4000]);
         SampleEvent {
+            kind: EventKind::Sample as u32,
+            reserved: 0,
+            sample_id: 99,
             timestamp_ns: 5,
             size: 100,
             offset: 40,
@@ -149,7 +206,9 @@ mod tests {
 
     #[test]
     fn caller_is_prepended_and_the_allocator_frame_dropped() {
-        let sample = decode(&event_bytes(&event())).unwrap();
+        let Some(Event::Sample(sample)) = decode(&event_bytes(&event())) else {
+            panic!("not a sample")
+        };
         assert_eq!(sample.stack, vec![0x1500, 0x2000, 0x3000, 0x4000]);
         assert_eq!(sample.function, Some(AllocFn::Calloc));
         assert!(!sample.certain);
@@ -161,7 +220,9 @@ mod tests {
         e.stack_len = 0;
         e.stack_error = -14;
         e.flags = SAMPLE_FLAG_CERTAIN;
-        let sample = decode(&event_bytes(&e)).unwrap();
+        let Some(Event::Sample(sample)) = decode(&event_bytes(&e)) else {
+            panic!("not a sample")
+        };
         assert_eq!(sample.stack, vec![0x1500]);
         assert_eq!(sample.stack_error, -14);
         assert!(sample.certain);
@@ -170,5 +231,31 @@ mod tests {
     #[test]
     fn short_records_are_rejected() {
         assert!(decode(&[0u8; 16]).is_none());
+        assert!(decode(&[1u8; 16]).is_none());
+    }
+
+    #[test]
+    fn live_events_decode() {
+        let event = LiveEvent {
+            kind: EventKind::Freed as u32,
+            pid: 3,
+            sample_id: 77,
+            timestamp_ns: 9,
+        };
+        // SAFETY: LiveEvent is repr(C) plain data without padding.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&event as *const LiveEvent).cast::<u8>(),
+                std::mem::size_of::<LiveEvent>(),
+            )
+        };
+        assert_eq!(
+            decode(bytes),
+            Some(Event::Freed {
+                pid: 3,
+                sample_id: 77,
+                timestamp_ns: 9
+            })
+        );
     }
 }

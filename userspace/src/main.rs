@@ -7,7 +7,7 @@ use allocbpf::{
     export,
     preflight::{self, Sink},
     probe::ThreadTables,
-    session::{self, SessionOptions},
+    session::{self, LiveOptions, SessionOptions},
 };
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -36,6 +36,10 @@ fn run(cli: Cli) -> Result<()> {
         rate: cli.rate,
         duration: cli.duration,
         empty_probes: cli.empty_probes,
+        live: (cli.live || cli.leaks).then_some(LiveOptions {
+            mechanism: cli.live_mechanism,
+            leaks_min_age: cli.leaks.then_some(cli.min_age),
+        }),
         confidence: cli.confidence,
         raw_samples: cli.raw_samples.clone(),
         thread_tables: ThreadTables {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::{
-    aggregate::{Aggregate, StackStats},
+    aggregate::{Aggregate, LeakStats, LiveCounts, StackStats},
     estimate::{Confidence, Interval, IntervalInputs},
     normalize::{Frame, Module, ModuleTable},
     probe::Counters,
@@ -34,12 +34,44 @@ pub struct StackReport {
 impl StackReport {
     /// Function names, outermost first (inlined frames included).
     pub fn function_names(&self) -> Vec<&str> {
-        self.locations
-            .iter()
-            .rev()
-            .flat_map(|l| l.functions.iter().rev().map(|f| f.name.as_str()))
-            .collect()
+        names_of(&self.locations)
     }
+}
+
+/// Sampled blocks of one stack still live and older than `--min-age` (`--leaks`).
+#[derive(Clone, Debug)]
+pub struct LeakReport {
+    /// Process id.
+    pub pid: u32,
+    /// Locations, innermost first.
+    pub locations: Vec<Location>,
+    /// Estimated leaked bytes and objects, and the age range.
+    pub stats: LeakStats,
+}
+
+impl LeakReport {
+    /// Function names, outermost first (inlined frames included).
+    pub fn function_names(&self) -> Vec<&str> {
+        names_of(&self.locations)
+    }
+}
+
+fn names_of(locations: &[Location]) -> Vec<&str> {
+    locations
+        .iter()
+        .rev()
+        .flat_map(|l| l.functions.iter().rev().map(|f| f.name.as_str()))
+        .collect()
+}
+
+fn locations_of(frames: &[Frame], symbolizer: &mut FrameSymbolizer) -> Vec<Location> {
+    frames
+        .iter()
+        .map(|frame| Location {
+            frame: *frame,
+            functions: symbolizer.functions(frame),
+        })
+        .collect()
 }
 
 /// Exact figures counted in the kernel, and sampling health.
@@ -57,6 +89,10 @@ pub struct Totals {
     pub drops: u64,
     /// What the interval on `estimated_bytes` needs.
     pub interval_inputs: IntervalInputs,
+    /// Estimated bytes still live at the end (`--live`).
+    pub inuse_bytes: f64,
+    /// Estimated objects still live at the end (`--live`).
+    pub inuse_objects: f64,
 }
 
 /// What the kernel side reported at the end of a session.
@@ -87,6 +123,12 @@ pub struct Report {
     pub modules: Vec<Module>,
     /// Stacks, largest estimated bytes first.
     pub stacks: Vec<StackReport>,
+    /// Live-tracking counts, with `--live`.
+    pub live: Option<LiveCounts>,
+    /// Leak groups with `--leaks` (and the minimum age they were cut at).
+    pub leaks: Option<Vec<LeakReport>>,
+    /// `--min-age` of the leak report.
+    pub leak_min_age: Option<Duration>,
 }
 
 impl Report {
@@ -98,6 +140,7 @@ impl Report {
         rate: u64,
         confidence: Confidence,
         kernel: KernelFigures,
+        leak_min_age: Option<Duration>,
     ) -> Report {
         let KernelFigures {
             duration,
@@ -112,18 +155,21 @@ impl Report {
             .stacks()
             .map(|(key, stats)| StackReport {
                 pid: key.pid,
-                locations: key
-                    .frames
-                    .iter()
-                    .map(|frame| Location {
-                        frame: *frame,
-                        functions: symbolizer.functions(frame),
-                    })
-                    .collect(),
+                locations: locations_of(&key.frames, symbolizer),
                 stats: *stats,
             })
             .collect();
         stacks.sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
+        let leaks = leak_min_age.map(|_| {
+            aggregate
+                .leaks()
+                .map(|(key, stats)| LeakReport {
+                    pid: key.pid,
+                    locations: locations_of(&key.frames, symbolizer),
+                    stats: *stats,
+                })
+                .collect()
+        });
         Report {
             rate,
             confidence,
@@ -135,10 +181,15 @@ impl Report {
                 samples: aggregate.totals.samples,
                 drops: counters.ring_buffer_drops,
                 interval_inputs: aggregate.totals.interval_inputs,
+                inuse_bytes: aggregate.totals.inuse_bytes,
+                inuse_objects: aggregate.totals.inuse_objects,
             },
             counters,
             modules: modules.all().to_vec(),
             stacks,
+            live: aggregate.tracks_live().then_some(aggregate.live_counts),
+            leaks,
+            leak_min_age,
         }
     }
 
@@ -156,23 +207,47 @@ impl Report {
 
     /// Stacks merged by (pid, function names): what people read. Largest first.
     pub fn stacks_by_name(&self) -> Vec<(u32, Vec<&str>, StackStats)> {
-        let mut merged: Vec<(u32, Vec<&str>, StackStats)> = Vec::new();
-        let mut index = std::collections::HashMap::new();
-        for stack in &self.stacks {
-            let names = stack.function_names();
-            let key = (stack.pid, names.clone());
-            match index.get(&key) {
-                Some(&i) => {
-                    let entry: &mut (u32, Vec<&str>, StackStats) = &mut merged[i];
-                    entry.2.merge(&stack.stats);
-                }
-                None => {
-                    index.insert(key, merged.len());
-                    merged.push((stack.pid, names, stack.stats));
-                }
+        merge_by_name(
+            self.stacks
+                .iter()
+                .map(|s| (s.pid, s.function_names(), s.stats)),
+            StackStats::merge,
+            |s| s.estimated_bytes,
+        )
+    }
+
+    /// Leak groups merged by (pid, function names), most leaked bytes first; empty
+    /// without `--leaks`.
+    pub fn leaks_by_name(&self) -> Vec<(u32, Vec<&str>, LeakStats)> {
+        merge_by_name(
+            self.leaks
+                .iter()
+                .flatten()
+                .map(|l| (l.pid, l.function_names(), l.stats)),
+            LeakStats::merge,
+            |l| l.estimated_bytes,
+        )
+    }
+}
+
+/// Merges entries with equal (pid, names), then sorts by `size`, largest first.
+fn merge_by_name<'a, T: Copy>(
+    entries: impl Iterator<Item = (u32, Vec<&'a str>, T)>,
+    merge: fn(&mut T, &T),
+    size: fn(&T) -> f64,
+) -> Vec<(u32, Vec<&'a str>, T)> {
+    let mut merged: Vec<(u32, Vec<&str>, T)> = Vec::new();
+    let mut index: std::collections::HashMap<(u32, Vec<&str>), usize> =
+        std::collections::HashMap::new();
+    for (pid, names, stats) in entries {
+        match index.get(&(pid, names.clone())) {
+            Some(&i) => merge(&mut merged[i].2, &stats),
+            None => {
+                index.insert((pid, names.clone()), merged.len());
+                merged.push((pid, names, stats));
             }
         }
-        merged.sort_by(|a, b| b.2.estimated_bytes.total_cmp(&a.2.estimated_bytes));
-        merged
     }
+    merged.sort_by(|a, b| size(&b.2).total_cmp(&size(&a.2)));
+    merged
 }

@@ -17,6 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocbpf_common::LiveMode;
 use anyhow::{Context, Result};
 use tokio::{
     io::{unix::AsyncFd, Interest},
@@ -26,10 +27,10 @@ use tokio::{
 use crate::{
     aggregate::{Aggregate, StackKey},
     estimate::Confidence,
-    events::{EventReader, RawSample},
+    events::{Event, EventReader, RawSample},
     export::raw_samples::RawSampleLog,
     normalize::AddressNormalizer,
-    probe::{intervals::REFRESH_INTERVAL, Sampler, SamplerConfig, ThreadTables},
+    probe::{intervals::REFRESH_INTERVAL, LiveMechanism, Sampler, SamplerConfig, ThreadTables},
     report::{KernelFigures, Report},
     symbolize::FrameSymbolizer,
     target::Target,
@@ -46,12 +47,34 @@ pub struct SessionOptions {
     pub duration: Option<Duration>,
     /// Attach the empty program (benchmark floor).
     pub empty_probes: bool,
+    /// Track sampled blocks until freed (`--live`, `--leaks`).
+    pub live: Option<LiveOptions>,
     /// Level of the confidence intervals in the report.
     pub confidence: Confidence,
     /// Where to write every raw sample as a JSON line, if anywhere.
     pub raw_samples: Option<PathBuf>,
     /// Thread table sizes.
     pub thread_tables: ThreadTables,
+}
+
+/// `--live` and `--leaks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveOptions {
+    /// How returns are observed.
+    pub mechanism: LiveMechanism,
+    /// With `--leaks`: report live blocks at least this old.
+    pub leaks_min_age: Option<Duration>,
+}
+
+/// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns()`.
+fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Why collection stopped.
@@ -93,19 +116,26 @@ struct Collector {
 }
 
 impl Collector {
-    fn add_batch(&mut self, batch: &mut Vec<RawSample>) {
-        for sample in batch.drain(..) {
-            if let Some(log) = self.raw_samples.as_mut() {
-                log.write(&sample);
+    fn add_batch(&mut self, batch: &mut Vec<Event>) {
+        for event in batch.drain(..) {
+            match event {
+                Event::Sample(sample) => self.add_sample(&sample),
+                Event::Freed { sample_id, .. } => self.aggregate.freed(sample_id),
+                Event::Untracked { sample_id, .. } => self.aggregate.untracked(sample_id),
             }
-            let frames = self.normalizer.normalize(sample.pid, &sample.stack);
-            let key = StackKey {
-                pid: sample.pid,
-                frames,
-            };
-            self.aggregate
-                .add(key, sample.size, sample.offset, sample.rate, sample.certain);
         }
+    }
+
+    fn add_sample(&mut self, sample: &RawSample) {
+        if let Some(log) = self.raw_samples.as_mut() {
+            log.write(sample);
+        }
+        let frames = self.normalizer.normalize(sample.pid, &sample.stack);
+        let key = StackKey {
+            pid: sample.pid,
+            frames,
+        };
+        self.aggregate.add(key, sample);
     }
 }
 
@@ -122,6 +152,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         rate: options.rate,
         empty_probes: options.empty_probes,
         thread_tables: options.thread_tables,
+        live: options.live.map(|l| l.mechanism),
     };
     let mut sampler = Sampler::load(config, &target.libc)?;
     let mut reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;
@@ -131,16 +162,27 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         .map(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) })
         .transpose()
         .context("pidfd")?;
-    let probes = sampler.attach(&target.libc)?;
+    let attached = sampler.attach(&target.libc)?;
     let started = Instant::now();
     eprintln!(
         "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {} bytes",
         target.pid,
         target.comm,
         target.libc.path_in_target.display(),
-        probes,
+        attached.probes,
         options.rate
     );
+    if let Some(free) = &attached.free_probe {
+        let how = match attached.live_mode {
+            LiveMode::Session => "uprobe session links (only sampled calls pay for the return)",
+            LiveMode::Uretprobe => "uretprobes on every allocation call (no session links)",
+            LiveMode::Off => "no return probes (benchmark floor)",
+        };
+        eprintln!(
+            "allocbpf: live tracking through {how}; free probed at +{} ({})",
+            free.offset, free.instruction
+        );
+    }
     if !target.libc.missing.is_empty() {
         tracing::info!(
             "libc does not export {:?}; those functions are not probed",
@@ -150,7 +192,11 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
 
     let mut collector = Collector {
         normalizer: AddressNormalizer::new(),
-        aggregate: Aggregate::default(),
+        aggregate: if options.live.is_some() {
+            Aggregate::with_live_tracking()
+        } else {
+            Aggregate::default()
+        },
         raw_samples,
     };
     // Cache the target's maps while it surely lives: its last samples may be read
@@ -190,6 +236,8 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         }
     };
     let duration = started.elapsed();
+    // Leak ages are measured to the moment collection stopped (or the target exited).
+    let stopped_ns = monotonic_now_ns();
 
     // Exact figures first, then detach (dropping the sampler), then the samples still
     // in the ring buffer: nothing collected is lost.
@@ -216,6 +264,9 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     if let Some(log) = collector.raw_samples.as_mut() {
         log.finish();
     }
+    collector
+        .aggregate
+        .finish(stopped_ns, options.live.and_then(|l| l.leaks_min_age));
     let mut symbolizer = FrameSymbolizer::new();
     let report = Report::build(
         &collector.aggregate,
@@ -228,6 +279,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
             exact,
             counters,
         },
+        options.live.and_then(|l| l.leaks_min_age),
     );
     Ok((report, stop))
 }

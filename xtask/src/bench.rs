@@ -1,12 +1,18 @@
 //! `cargo xtask bench`: nanoseconds per malloc(32)+free pair for
 //! - `none`: no probe;
-//! - `floor`: an empty eBPF program on the same functions (`allocbpf --empty-probes`),
-//!   the cost of the uprobe trap itself, below which no uprobe design can go;
-//! - `allocbpf`: the real sampler at 512 KiB.
+//! - `floor`: an empty eBPF program on the allocation functions (`allocbpf
+//!   --empty-probes`), the cost of the uprobe trap itself, below which no uprobe design
+//!   can go;
+//! - `allocbpf`: the real sampler at 512 KiB;
+//! - `floor (malloc+free)`: the empty program on the allocation functions AND on free
+//!   (at the same emulated instruction `--live` uses): the floor for live tracking;
+//! - `--live`: the sampler with live tracking through uprobe session links;
+//! - `--live (uretprobe)`: live tracking with a uretprobe on every allocation call, the
+//!   classic design (bcc memleak's), for comparison.
 //!
 //! The configurations alternate within each round so that drift of this noisy VM hits
-//! all three alike; medians over rounds are reported, and the ratio allocbpf/floor is
-//! taken per round and its median printed (target: <= 1.10).
+//! all alike; medians over rounds are reported, and each ratio is taken per round and
+//! its median printed (targets: allocbpf/floor <= 1.10, --live/floor(malloc+free) <= 1.25).
 
 use std::{path::Path, process::Command};
 
@@ -17,48 +23,69 @@ use crate::{
     util::{attach, build_allocbpf, compile_c, finish, is_root, Workload},
 };
 
-#[derive(Clone, Copy, PartialEq)]
-enum Config {
-    None,
-    Floor,
-    Allocbpf,
+/// One benchmark configuration: a name and allocbpf's extra arguments (`None`: no
+/// profiler at all).
+struct Config {
+    name: &'static str,
+    args: Option<&'static [&'static str]>,
 }
 
-impl Config {
-    fn name(self) -> &'static str {
-        match self {
-            Config::None => "no probe",
-            Config::Floor => "empty uprobe program (floor)",
-            Config::Allocbpf => "allocbpf --rate 512KiB",
-        }
-    }
-}
+const CONFIGS: [Config; 6] = [
+    Config {
+        name: "no probe",
+        args: None,
+    },
+    Config {
+        name: "empty program (floor)",
+        args: Some(&["--empty-probes"]),
+    },
+    Config {
+        name: "allocbpf --rate 512KiB",
+        args: Some(&["--rate", "512KiB"]),
+    },
+    Config {
+        name: "empty program, malloc+free (floor)",
+        args: Some(&["--empty-probes", "--live"]),
+    },
+    Config {
+        name: "allocbpf --live (session links)",
+        args: Some(&["--rate", "512KiB", "--live"]),
+    },
+    Config {
+        name: "allocbpf --live (uretprobe)",
+        args: Some(&[
+            "--rate",
+            "512KiB",
+            "--live",
+            "--live-mechanism",
+            "uretprobe",
+        ]),
+    },
+];
+
+/// (numerator, denominator, label, target) over `CONFIGS` indices.
+const RATIOS: [(usize, usize, &str, f64); 3] = [
+    (2, 1, "allocbpf / floor", 1.10),
+    (4, 3, "--live / floor (malloc+free)", 1.25),
+    (
+        5,
+        3,
+        "--live (uretprobe) / floor (malloc+free)",
+        f64::INFINITY,
+    ),
+];
 
 /// One run of the bench workload under `config`; returns ns per malloc+free pair.
-fn measure(config: Config, bench: &Path, allocbpf: &Path, iterations: u64) -> Result<f64> {
+fn measure(config: &Config, bench: &Path, allocbpf: &Path, iterations: u64) -> Result<f64> {
     let mut workload = Workload::start(Command::new(bench).arg(iterations.to_string()))?;
     let pid = workload.pid.clone();
-    let profiler = match config {
-        Config::None => None,
-        Config::Floor => Some(attach(
-            allocbpf,
-            &["--pid", &pid, "--output", "/dev/null", "--empty-probes"],
-            false,
-        )?),
-        Config::Allocbpf => Some(attach(
-            allocbpf,
-            &[
-                "--pid",
-                &pid,
-                "--output",
-                "/dev/null",
-                "--rate",
-                "512KiB",
-                "--format",
-                "json",
-            ],
-            false,
-        )?),
+    let profiler = match config.args {
+        None => None,
+        Some(extra) => {
+            let mut args = vec!["--pid", &pid, "--output", "/dev/null", "--format", "json"];
+            args.extend_from_slice(extra);
+            Some(attach(allocbpf, &args, false)?)
+        }
     };
     workload.go()?;
     let result = workload.stdout.next().context("bench result")??;
@@ -87,40 +114,42 @@ pub fn bench(rounds: usize, iterations: u64) -> Result<()> {
     }
     let allocbpf = build_allocbpf()?;
     let bench = compile_c("bench", &["-O2"])?;
-    let configs = [Config::None, Config::Floor, Config::Allocbpf];
-    let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
     for round in 0..rounds {
-        for (i, &config) in configs.iter().enumerate() {
+        for (i, config) in CONFIGS.iter().enumerate() {
             let ns = measure(config, &bench, &allocbpf, iterations)?;
-            eprintln!("round {}: {:<30} {ns:>9.1} ns", round + 1, config.name());
+            eprintln!("round {}: {:<42} {ns:>9.1} ns", round + 1, config.name);
             results[i].push(ns);
         }
     }
-    let mut ratios: Vec<f64> = results[2]
-        .iter()
-        .zip(&results[1])
-        .map(|(a, f)| a / f)
-        .collect();
     println!();
     println!("malloc(32)+free pairs, {iterations} per run, {rounds} rounds (median [min, max])");
-    for (config, values) in configs.iter().zip(results.iter_mut()) {
+    for (config, values) in CONFIGS.iter().zip(results.iter_mut()) {
         let (min, max) = values
             .iter()
             .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
         println!(
-            "  {:<30} {:>9.1} ns  [{min:.1}, {max:.1}]",
-            config.name(),
+            "  {:<42} {:>9.1} ns  [{min:.1}, {max:.1}]",
+            config.name,
             median(values)
         );
     }
-    let ratio = median(&mut ratios);
-    println!(
-        "  allocbpf / floor (median of per-round ratios): {ratio:.3}  (target <= 1.10: {})",
-        if ratio <= 1.10 { "met" } else { "NOT met" }
-    );
-    println!(
-        "  allocbpf - floor: {:.1} ns per call in the sampler program",
-        median(&mut results[2].clone()) - median(&mut results[1].clone())
-    );
+    for (num, den, label, target) in RATIOS {
+        let mut ratios: Vec<f64> = results[num]
+            .iter()
+            .zip(&results[den])
+            .map(|(a, f)| a / f)
+            .collect();
+        let ratio = median(&mut ratios);
+        let verdict = if target.is_finite() {
+            format!(
+                "  (target <= {target:.2}: {})",
+                if ratio <= target { "met" } else { "NOT met" }
+            )
+        } else {
+            String::new()
+        };
+        println!("  {label} (median of per-round ratios): {ratio:.3}{verdict}");
+    }
     Ok(())
 }

@@ -34,6 +34,11 @@ pub const MAX_PROCESSES: u32 = 16_384;
 /// Size of the sample ring buffer in bytes (a power of two multiple of the page size).
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
+/// Sampled allocations tracked until freed (`--live`): the `LIVE` hash map. At the
+/// default 512 KiB rate this covers ~32 GiB of sampled live heap; beyond it new samples
+/// are counted as untracked (`Counter::LiveMapFull`) and reported, never guessed.
+pub const MAX_LIVE_SAMPLES: u32 = 1 << 16;
+
 /// The libc allocation entry points allocbpf probes.
 ///
 /// The discriminant is the index used in the [`FN_SIZES_GLOBAL`] array and in
@@ -118,10 +123,67 @@ impl AllocFn {
 /// threshold and was therefore recorded with probability 1 (heapprofd's shortcut).
 pub const SAMPLE_FLAG_CERTAIN: u32 = 1;
 
+/// The first field of every ring-buffer record: which record it is.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A [`SampleEvent`].
+    Sample = 1,
+    /// A [`LiveEvent`]: a tracked sampled allocation was freed (or moved by realloc).
+    Freed = 2,
+    /// A [`LiveEvent`]: a sampled allocation could not be tracked (the call failed, or
+    /// the `LIVE` map was full); it is not part of the live heap.
+    Untracked = 3,
+}
+
+/// A change in a sampled allocation's life (`--live`), as written to the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LiveEvent {
+    /// An [`EventKind`] discriminant.
+    pub kind: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// The sample's id ([`SampleEvent::sample_id`]).
+    pub sample_id: u64,
+    /// `bpf_ktime_get_ns()` at the free.
+    pub timestamp_ns: u64,
+}
+
+/// Key of the `LIVE` map: a sampled block by process and address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveKey {
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Reserved; keeps the layout free of implicit padding.
+    pub reserved: u32,
+    /// The block's address.
+    pub address: u64,
+}
+
+/// How `--live` learns a sampled allocation's address (the `LIVE_MODE` global).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LiveMode {
+    /// No live tracking.
+    Off = 0,
+    /// uprobe session links: the entry program decides whether the return runs.
+    Session = 1,
+    /// A uretprobe on every call (kernels without session links).
+    Uretprobe = 2,
+}
+
 /// One sampled allocation, as written to the ring buffer.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct SampleEvent {
+    /// [`EventKind::Sample`].
+    pub kind: u32,
+    /// Reserved; keeps the layout free of implicit padding.
+    pub reserved: u32,
+    /// Unique per session: identifies the sample in later [`LiveEvent`]s.
+    pub sample_id: u64,
     /// `bpf_ktime_get_ns()` at the probe (CLOCK_MONOTONIC).
     pub timestamp_ns: u64,
     /// Requested size in bytes.
@@ -179,8 +241,19 @@ pub struct ThreadState {
     pub forward_fn: u32,
     /// Owning thread; 0 marks a free slot.
     pub tid: u32,
-    /// Reserved; keeps the layout free of implicit padding.
-    pub reserved: u32,
+    /// The [`AllocFn`] of the call whose return is awaited (`--live`).
+    pub pending_fn: u32,
+    /// Stack pointer at entry of the call whose return is awaited; 0 when none. At the
+    /// return `sp` is this plus 8 and `ip` is [`ThreadState::pending_return`].
+    pub pending_sp: u64,
+    /// Return address of that call.
+    pub pending_return: u64,
+    /// Sample id of that call, or 0 if it was not sampled (a realloc of a live block).
+    pub pending_id: u64,
+    /// `posix_memalign`'s `memptr` out-parameter.
+    pub pending_out: u64,
+    /// For realloc/reallocarray: the old block, if it is a tracked live sample.
+    pub pending_old: u64,
 }
 
 /// Exact call and byte totals (value of the `PROCESS_TOTALS` map, keyed by pid).
@@ -210,10 +283,16 @@ pub enum Counter {
     ProcessMapFull = 4,
     /// Calls skipped because a probed wrapper forwarded them (counted once, by the wrapper).
     ForwardedCalls = 5,
+    /// Sampled allocations not tracked because the `LIVE` map was full.
+    LiveMapFull = 6,
+    /// Tracked sampled allocations freed (free, realloc).
+    LiveFrees = 7,
+    /// Returns of tracked calls (session or uretprobe) that were handled.
+    LiveReturns = 8,
 }
 
 /// Number of [`Counter`] slots.
-pub const COUNTER_COUNT: u32 = 6;
+pub const COUNTER_COUNT: u32 = 9;
 
 /// `.rodata` global: only this tgid is profiled; 0 profiles every process.
 pub const TARGET_PID_GLOBAL: &str = "TARGET_PID";
@@ -225,6 +304,8 @@ pub const CERTAIN_THRESHOLD_GLOBAL: &str = "CERTAIN_THRESHOLD";
 pub const FN_SIZES_GLOBAL: &str = "FN_SIZES";
 /// `.rodata` global: `THREAD_SLOTS` length minus one (the length is a power of two).
 pub const THREAD_SLOT_MASK_GLOBAL: &str = "THREAD_SLOT_MASK";
+/// `.rodata` global: a [`LiveMode`] discriminant.
+pub const LIVE_MODE_GLOBAL: &str = "LIVE_MODE";
 
 #[cfg(feature = "user")]
 mod pod {
@@ -232,4 +313,5 @@ mod pod {
     // padding, so every bit pattern is valid.
     unsafe impl aya::Pod for super::ThreadState {}
     unsafe impl aya::Pod for super::Totals {}
+    unsafe impl aya::Pod for super::LiveKey {}
 }

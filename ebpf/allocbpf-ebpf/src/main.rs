@@ -13,19 +13,23 @@
 //!    Allocations of at least `CERTAIN_THRESHOLD` bytes are always recorded
 //!    (heapprofd's large-allocation shortcut) without touching the countdown;
 //! 5. sends sampled allocations to the `EVENTS` ring buffer with the user stack and the
-//!    immediate caller read from `[sp]`.
+//!    immediate caller read from `[sp]`;
+//! 6. with `--live`, asks for the call's return when it needs the block's address
+//!    (see `live.rs`): only sampled calls, and reallocs of tracked blocks, pay for it.
 //!
 //! docs/design.md explains each choice; docs/statistics.md why the sampling is unbiased.
 #![no_std]
 #![no_main]
 
+mod live;
+
 use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
     sampler::{self, array_bytes, pvalloc_bytes, Decision},
-    AllocFn, Counter, SampleEvent, ThreadState, Totals, ALLOC_FN_COUNT, COUNTER_COUNT,
-    INTERVAL_TABLE_LEN, MAX_OVERFLOW_THREADS, MAX_PROCESSES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
-    SAMPLE_FLAG_CERTAIN, THREAD_SLOTS_LEN,
+    AllocFn, Counter, EventKind, LiveKey, LiveMode, SampleEvent, ThreadState, Totals,
+    ALLOC_FN_COUNT, COUNTER_COUNT, INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS,
+    MAX_PROCESSES, MAX_STACK_DEPTH, RING_BUFFER_BYTES, SAMPLE_FLAG_CERTAIN, THREAD_SLOTS_LEN,
 };
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
@@ -33,9 +37,9 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_probe_read_user,
         generated::bpf_get_stack,
     },
-    macros::{map, raw_tracepoint, uprobe},
+    macros::{map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{ProbeContext, RawTracePointContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext,
 };
 use aya_log_ebpf::warn;
@@ -60,6 +64,14 @@ static FN_SIZES: [u64; ALLOC_FN_COUNT] = [0; ALLOC_FN_COUNT];
 /// `THREAD_SLOTS` length minus one; the loader may shrink the table (tests do).
 #[no_mangle]
 static THREAD_SLOT_MASK: u32 = THREAD_SLOTS_LEN - 1;
+
+/// A `LiveMode` discriminant: whether and how sampled blocks are tracked until freed.
+#[no_mangle]
+static LIVE_MODE: u32 = LiveMode::Off as u32;
+
+/// Tracked sampled blocks (`--live`): (pid, address) -> sample id.
+#[map]
+static LIVE: HashMap<LiveKey, u64> = HashMap::with_max_entries(MAX_LIVE_SAMPLES, 0);
 
 /// Per-thread countdown and exact totals, direct-mapped by `tid & THREAD_SLOT_MASK`. A slot is
 /// claimed by the first thread that allocates with it free and released at that
@@ -95,8 +107,36 @@ static CPU_COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BUFFER_BYTES, 0);
 
+/// Defines a uprobe program (section `uprobe`, as aya's `#[uprobe]`) that returns its
+/// body's value. aya's macro always returns 0, but a session link reads the value: 0
+/// runs the program again at the return, anything else skips it.
+macro_rules! session_uprobe {
+    ($(#[$meta:meta])* fn $name:ident($ctx:ident) $body:block) => {
+        $(#[$meta])*
+        #[no_mangle]
+        #[link_section = "uprobe"]
+        pub fn $name(raw: *mut core::ffi::c_void) -> u32 {
+            let $ctx = ProbeContext::new(raw);
+            $body
+        }
+    };
+}
+
+/// Entry programs attached through uprobe session links return 0 to have the same
+/// program run again at the function's return.
+const RUN_RETURN: u32 = 0;
+
+/// What an entry program returns when no return run is wanted: 1 under session links
+/// (skip the return). Plain perf-event uprobes must get 0: there a non-zero value asks
+/// the kernel to also emit a perf sample, which costs ~140 ns per call (measured).
 #[inline(always)]
-fn bump(counter: Counter) {
+fn skip_return() -> u32 {
+    // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
+    (unsafe { read_volatile(&LIVE_MODE) } == LiveMode::Session as u32) as u32
+}
+
+#[inline(always)]
+pub(crate) fn bump(counter: Counter) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: per-CPU slot, and programs do not migrate while running.
         unsafe { *slot += 1 };
@@ -123,11 +163,11 @@ fn decide(remaining: &mut u64, size: u64) -> Decision {
 }
 
 /// Registers available at function entry.
-struct Entry {
+pub(crate) struct Entry {
     /// Stack pointer: `[sp]` holds the return address.
-    sp: u64,
+    pub(crate) sp: u64,
     /// Address of the probed instruction (the function's first byte).
-    ip: u64,
+    pub(crate) ip: u64,
 }
 
 #[inline(always)]
@@ -151,13 +191,30 @@ fn return_address(sp: u64) -> u64 {
 /// (same stack pointer and return address as the wrapper had, into a DIFFERENT probed
 /// function: the same function again from the same call site is a new call, as in a
 /// loop that calls calloc repeatedly).
+///
+/// A return probe armed on the wrapper (ours with `--live`, or any other tool's
+/// uretprobe on the same function) replaces its return address on the stack with the
+/// kernel's trampoline, so a tail call sees the trampoline instead: that counts as the
+/// wrapper's return address too.
 #[inline(always)]
 fn is_forwarded(state: &ThreadState, kind: AllocFn, sp: u64) -> bool {
     let ret = return_address(sp);
     (ret >= state.forward_lo && ret < state.forward_hi)
         || (sp == state.forward_sp
-            && ret == state.forward_return
+            && (ret == state.forward_return || is_return_trampoline(ret))
             && kind as u32 != state.forward_fn)
+}
+
+/// The page of the uretprobe trampoline on x86-64 kernels since 6.11 (the uretprobe
+/// syscall): `TASK_SIZE_MAX - PAGE_SIZE` with 4-level page tables, seen as the
+/// `[uprobes]` mapping at 0x7fffffffe000 in every traced process. No code is mapped
+/// there, so no real return address can point into it. (Older kernels put the
+/// trampoline at a random address; docs/design.md says what that costs.)
+const UPROBE_TRAMPOLINE_PAGE: u64 = 0x7fff_ffff_e000;
+
+#[inline(always)]
+fn is_return_trampoline(ret: u64) -> bool {
+    ret & !0xfff == UPROBE_TRAMPOLINE_PAGE
 }
 
 /// Records that `kind` (a wrapper that may call another probed function) is running.
@@ -171,10 +228,19 @@ fn remember_wrapper(state: &mut ThreadState, kind: AllocFn, entry: &Entry) {
     state.forward_fn = kind as u32;
 }
 
+/// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
+/// was no sample or it was lost (a lost sample is not tracked either).
 #[inline(always)]
-fn emit(ctx: &ProbeContext, kind: AllocFn, pid_tgid: u64, size: u64, decision: Decision, sp: u64) {
+fn emit(
+    ctx: &ProbeContext,
+    kind: AllocFn,
+    pid_tgid: u64,
+    size: u64,
+    decision: Decision,
+    sp: u64,
+) -> u64 {
     let (offset, next_interval, flags) = match decision {
-        Decision::Skip => return,
+        Decision::Skip => return 0,
         Decision::Sampled {
             offset,
             next_interval,
@@ -184,13 +250,21 @@ fn emit(ctx: &ProbeContext, kind: AllocFn, pid_tgid: u64, size: u64, decision: D
     bump(Counter::Samples);
     let Some(mut entry) = EVENTS.reserve::<SampleEvent>(0) else {
         bump(Counter::RingBufferDrops);
-        return;
+        return 0;
     };
+    let timestamp_ns = unsafe { bpf_ktime_get_ns() };
+    // Unique per session without shared state: a thread's timestamps are distinct, an
+    // odd multiplier is a bijection mod 2^64, and the tid separates threads (a collision
+    // between threads has probability ~2^-64 per pair).
+    let sample_id = timestamp_ns.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (pid_tgid as u32 as u64) | 1;
     let event = entry.as_mut_ptr();
     // SAFETY: `event` points at a reserved, exclusively owned ring-buffer record of the
     // right size; every field is written before submit.
     unsafe {
-        addr_of_mut!((*event).timestamp_ns).write(bpf_ktime_get_ns());
+        addr_of_mut!((*event).kind).write(EventKind::Sample as u32);
+        addr_of_mut!((*event).reserved).write(0);
+        addr_of_mut!((*event).sample_id).write(sample_id);
+        addr_of_mut!((*event).timestamp_ns).write(timestamp_ns);
         addr_of_mut!((*event).size).write(size);
         addr_of_mut!((*event).offset).write(offset);
         addr_of_mut!((*event).rate).write(read_volatile(&RATE));
@@ -217,6 +291,7 @@ fn emit(ctx: &ProbeContext, kind: AllocFn, pid_tgid: u64, size: u64, decision: D
         }
     }
     entry.submit(0);
+    sample_id
 }
 
 /// Adds to a process's kept totals, creating the entry if needed.
@@ -280,25 +355,50 @@ fn thread_state(pid: u32, tid: u32) -> Option<&'static mut ThreadState> {
         .map(|state| unsafe { &mut *state })
 }
 
-/// The common path of every probe. `size` is 0 for calls that allocate nothing
-/// countable (calloc overflow, realloc(p, 0)); they still count as calls.
+/// What a probe knows about its call beyond the size.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct CallArgs {
+    /// realloc/reallocarray: the block being resized (0 for none).
+    pub(crate) old: u64,
+    /// posix_memalign: where the new block's address will be stored.
+    pub(crate) out: u64,
+}
+
+/// This thread's state if it has one (no slot is claimed, no entry created).
 #[inline(always)]
-fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64) -> u32 {
+fn existing_thread_state(tid: u32) -> Option<&'static mut ThreadState> {
+    if let Some(slot) = slot_of(tid) {
+        if slot.tid == tid {
+            return Some(slot);
+        }
+    }
+    // SAFETY: only this thread touches its entry; it is removed only at its exit.
+    THREADS
+        .get_ptr_mut(&tid)
+        .map(|state| unsafe { &mut *state })
+}
+
+/// The common path of every probe. `size` is 0 for calls that allocate nothing
+/// countable (calloc overflow, realloc(p, 0)); they still count as calls. Returns
+/// `RUN_RETURN` when a session link must run this program again at the return.
+#[inline(always)]
+fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     let target = unsafe { read_volatile(&TARGET_PID) };
     if target != 0 && pid != target {
-        return 0;
+        return skip_return();
     }
     let entry = entry_of(ctx);
     let wrapper = kind as u32 != AllocFn::Malloc as u32;
+    let live = unsafe { read_volatile(&LIVE_MODE) } != LiveMode::Off as u32;
 
     let Some(state) = thread_state(pid, tid) else {
         // Slot taken and overflow map full. Totals stay exact through the process map,
         // and a per-CPU countdown keeps sampling unbiased (each allocation is still
         // sampled with probability 1 - exp(-size/rate), by memorylessness). Forwarded
-        // calls cannot be recognised here.
+        // calls cannot be recognised here, nor returns awaited (no live tracking).
         bump(Counter::ThreadMapFull);
         if !add_process_totals(pid, 1, size) {
             warn!(ctx, "allocbpf: process totals map full, pid {}", pid);
@@ -308,8 +408,13 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64) -> u32 {
             let decision = decide(unsafe { &mut *remaining }, size);
             emit(ctx, kind, pid_tgid, size, decision, entry.sp);
         }
-        return 0;
+        return skip_return();
     };
+    if live && live::is_awaited_return(state, &entry) {
+        // A session link runs the entry program again at the return.
+        live::on_return(state, pid, return_value(ctx));
+        return skip_return();
+    }
     if state.forward_sp != 0 {
         let forwarded = is_forwarded(state, kind, entry.sp);
         // One-shot: the record only ever describes the thread's latest wrapper call.
@@ -323,7 +428,7 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64) -> u32 {
             if wrapper {
                 remember_wrapper(state, kind, &entry);
             }
-            return 0;
+            return skip_return();
         }
     }
     if wrapper {
@@ -332,8 +437,25 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64) -> u32 {
     state.calls += 1;
     state.bytes += size;
     let decision = decide(&mut state.remaining, size);
-    emit(ctx, kind, pid_tgid, size, decision, entry.sp);
-    0
+    let sample_id = emit(ctx, kind, pid_tgid, size, decision, entry.sp);
+    if !live {
+        return skip_return();
+    }
+    let await_return = live::on_entry(state, pid, kind, size, sample_id, args);
+    if await_return {
+        state.pending_sp = entry.sp;
+        state.pending_return = return_address(entry.sp);
+        RUN_RETURN
+    } else {
+        skip_return()
+    }
+}
+
+/// `rax` at a return.
+#[inline(always)]
+fn return_value(ctx: &ProbeContext) -> u64 {
+    // SAFETY: `regs` points at the trapped task's saved registers for this program run.
+    unsafe { (*ctx.regs).rax }
 }
 
 #[inline(always)]
@@ -341,66 +463,146 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
-/// `malloc(size)`
-#[uprobe]
-pub fn probe_malloc(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::Malloc, arg(&ctx, 0))
+session_uprobe! {
+    /// `malloc(size)`
+    fn probe_malloc(ctx) {
+        on_alloc(&ctx, AllocFn::Malloc, arg(&ctx, 0), CallArgs::default())
+    }
 }
 
-/// `calloc(nmemb, size)`
-#[uprobe]
-pub fn probe_calloc(ctx: ProbeContext) -> u32 {
-    on_alloc(
-        &ctx,
-        AllocFn::Calloc,
-        array_bytes(arg(&ctx, 0), arg(&ctx, 1)),
-    )
+session_uprobe! {
+    /// `calloc(nmemb, size)`
+    fn probe_calloc(ctx) {
+        on_alloc(
+            &ctx,
+            AllocFn::Calloc,
+            array_bytes(arg(&ctx, 0), arg(&ctx, 1)),
+            CallArgs::default(),
+        )
+    }
 }
 
-/// `realloc(ptr, size)`: `size` new bytes; `realloc(p, 0)` frees and counts 0 bytes.
-#[uprobe]
-pub fn probe_realloc(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::Realloc, arg(&ctx, 1))
+session_uprobe! {
+    /// `realloc(ptr, size)`: `size` new bytes; `realloc(p, 0)` frees and counts 0 bytes.
+    fn probe_realloc(ctx) {
+        let args = CallArgs {
+            old: arg(&ctx, 0),
+            out: 0,
+        };
+        on_alloc(&ctx, AllocFn::Realloc, arg(&ctx, 1), args)
+    }
 }
 
-/// `reallocarray(ptr, nmemb, size)`
-#[uprobe]
-pub fn probe_reallocarray(ctx: ProbeContext) -> u32 {
-    on_alloc(
-        &ctx,
-        AllocFn::Reallocarray,
-        array_bytes(arg(&ctx, 1), arg(&ctx, 2)),
-    )
+session_uprobe! {
+    /// `reallocarray(ptr, nmemb, size)`
+    fn probe_reallocarray(ctx) {
+        let args = CallArgs {
+            old: arg(&ctx, 0),
+            out: 0,
+        };
+        on_alloc(
+            &ctx,
+            AllocFn::Reallocarray,
+            array_bytes(arg(&ctx, 1), arg(&ctx, 2)),
+            args,
+        )
+    }
 }
 
-/// `posix_memalign(memptr, alignment, size)`
-#[uprobe]
-pub fn probe_posix_memalign(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::PosixMemalign, arg(&ctx, 2))
+session_uprobe! {
+    /// `posix_memalign(memptr, alignment, size)`
+    fn probe_posix_memalign(ctx) {
+        let args = CallArgs {
+            old: 0,
+            out: arg(&ctx, 0),
+        };
+        on_alloc(&ctx, AllocFn::PosixMemalign, arg(&ctx, 2), args)
+    }
 }
 
-/// `aligned_alloc(alignment, size)`
-#[uprobe]
-pub fn probe_aligned_alloc(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::AlignedAlloc, arg(&ctx, 1))
+session_uprobe! {
+    /// `aligned_alloc(alignment, size)`
+    fn probe_aligned_alloc(ctx) {
+        on_alloc(
+            &ctx,
+            AllocFn::AlignedAlloc,
+            arg(&ctx, 1),
+            CallArgs::default(),
+        )
+    }
 }
 
-/// `memalign(alignment, size)`
-#[uprobe]
-pub fn probe_memalign(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::Memalign, arg(&ctx, 1))
+session_uprobe! {
+    /// `memalign(alignment, size)`
+    fn probe_memalign(ctx) {
+        on_alloc(&ctx, AllocFn::Memalign, arg(&ctx, 1), CallArgs::default())
+    }
 }
 
-/// `valloc(size)`
-#[uprobe]
-pub fn probe_valloc(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::Valloc, arg(&ctx, 0))
+session_uprobe! {
+    /// `valloc(size)`
+    fn probe_valloc(ctx) {
+        on_alloc(&ctx, AllocFn::Valloc, arg(&ctx, 0), CallArgs::default())
+    }
 }
 
-/// `pvalloc(size)`: rounds up to whole 4 KiB pages (x86-64's page size).
+session_uprobe! {
+    /// `pvalloc(size)`: rounds up to whole 4 KiB pages (x86-64's page size).
+    fn probe_pvalloc(ctx) {
+        on_alloc(
+            &ctx,
+            AllocFn::Pvalloc,
+            pvalloc_bytes(arg(&ctx, 0)),
+            CallArgs::default(),
+        )
+    }
+}
+
+/// `free(ptr)`, attached at an instruction the kernel emulates (chosen by userspace from
+/// the decoded instructions; `free+0` would be single-stepped at ~16 us per call), where
+/// `rdi` still holds `ptr`. Only tracked sampled blocks are looked up and retired.
 #[uprobe]
-pub fn probe_pvalloc(ctx: ProbeContext) -> u32 {
-    on_alloc(&ctx, AllocFn::Pvalloc, pvalloc_bytes(arg(&ctx, 0)))
+pub fn probe_free(ctx: ProbeContext) -> u32 {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let target = unsafe { read_volatile(&TARGET_PID) };
+    if target != 0 && pid != target {
+        return 0;
+    }
+    let address = arg(&ctx, 0);
+    if address != 0 {
+        live::free_block(pid, address);
+    }
+    0
+}
+
+/// The return of every allocation call, on kernels without uprobe session links (the
+/// classic, costly fallback: every call pays for a uretprobe). Only the awaited call's
+/// return (the thread's pending record) does any work.
+#[uretprobe]
+pub fn probe_return(ctx: RetProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let target = unsafe { read_volatile(&TARGET_PID) };
+    if target != 0 && pid != target {
+        return 0;
+    }
+    let Some(state) = existing_thread_state(pid_tgid as u32) else {
+        return 0;
+    };
+    // SAFETY: `regs` points at the trapped task's saved registers for this program run.
+    let (entry, rax) = unsafe {
+        (
+            Entry {
+                sp: (*ctx.regs).rsp,
+                ip: (*ctx.regs).rip,
+            },
+            (*ctx.regs).rax,
+        )
+    };
+    if live::is_awaited_return(state, &entry) {
+        live::on_return(state, pid, rax);
+    }
+    0
 }
 
 /// An empty program attached to the same functions by `cargo xtask bench`: the cost floor

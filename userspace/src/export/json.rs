@@ -10,6 +10,10 @@
 //! ```
 //! `bytes_ci95` is always the 95% interval, whatever `--confidence` says, so scripts
 //! can rely on one key; `bytes_ci` is the interval at `confidence`.
+//! With `--live`, stacks and totals add `inuse_bytes` and `inuse_objects`, and `live`
+//! holds the tracking counts; with `--leaks`, `leaks` lists
+//! `{"pid", "frames", "samples", "estimated_bytes", "estimated_objects",
+//! "min_age_seconds", "max_age_seconds"}` and `leak_min_age_seconds` the cut.
 //! Extensions add keys; existing keys keep their meaning.
 
 use std::io::Write;
@@ -17,7 +21,7 @@ use std::io::Write;
 use serde_json::{json, Value};
 
 use crate::{
-    aggregate::StackStats,
+    aggregate::{LeakStats, StackStats},
     estimate::{Confidence, IntervalInputs},
     report::Report,
 };
@@ -38,7 +42,7 @@ fn intervals(report: &Report, inputs: &IntervalInputs) -> (Value, Value) {
 
 fn stack_value(report: &Report, pid: u32, frames: Vec<&str>, stats: StackStats) -> Value {
     let (ci95, ci) = intervals(report, &stats.interval_inputs);
-    json!({
+    let mut value = json!({
         "pid": pid,
         "frames": frames,
         "samples": stats.samples,
@@ -46,6 +50,23 @@ fn stack_value(report: &Report, pid: u32, frames: Vec<&str>, stats: StackStats) 
         "estimated_objects": stats.estimated_objects,
         "bytes_ci95": ci95,
         "bytes_ci": ci,
+    });
+    if report.live.is_some() {
+        value["inuse_bytes"] = json!(stats.inuse_bytes);
+        value["inuse_objects"] = json!(stats.inuse_objects);
+    }
+    value
+}
+
+fn leak_value(pid: u32, frames: Vec<&str>, leak: LeakStats) -> Value {
+    json!({
+        "pid": pid,
+        "frames": frames,
+        "samples": leak.samples,
+        "estimated_bytes": leak.estimated_bytes,
+        "estimated_objects": leak.estimated_objects,
+        "min_age_seconds": leak.min_age_ns as f64 / 1e9,
+        "max_age_seconds": leak.max_age_ns as f64 / 1e9,
     })
 }
 
@@ -58,7 +79,7 @@ pub fn to_value(report: &Report) -> Value {
         .collect();
     let t = &report.totals;
     let (ci95, ci) = intervals(report, &t.interval_inputs);
-    json!({
+    let mut value = json!({
         "rate": report.rate,
         "confidence": report.confidence.level(),
         "duration_seconds": report.duration.as_secs_f64(),
@@ -73,7 +94,21 @@ pub fn to_value(report: &Report) -> Value {
         },
         "counters": report.counters,
         "stacks": stacks,
-    })
+    });
+    if let Some(live) = &report.live {
+        value["totals"]["inuse_bytes"] = json!(t.inuse_bytes);
+        value["totals"]["inuse_objects"] = json!(t.inuse_objects);
+        value["live"] = json!(live);
+    }
+    if let Some(min_age) = report.leak_min_age {
+        value["leak_min_age_seconds"] = json!(min_age.as_secs_f64());
+        value["leaks"] = report
+            .leaks_by_name()
+            .into_iter()
+            .map(|(pid, frames, leak)| leak_value(pid, frames, leak))
+            .collect();
+    }
+    value
 }
 
 /// Writes the report as pretty-printed JSON.
@@ -86,6 +121,20 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::export::test_report;
+
+    #[test]
+    fn live_and_leak_keys_appear_with_live_tracking() {
+        let mut report = test_report();
+        assert!(to_value(&report).get("live").is_none());
+        report.live = Some(crate::aggregate::LiveCounts::default());
+        report.leak_min_age = Some(std::time::Duration::from_secs(30));
+        report.leaks = Some(Vec::new());
+        let v = to_value(&report);
+        assert!(v["stacks"][0]["inuse_bytes"].is_number());
+        assert!(v["totals"]["inuse_objects"].is_number());
+        assert_eq!(v["leaks"], json!([]));
+        assert_eq!(v["leak_min_age_seconds"], 30.0);
+    }
 
     #[test]
     fn schema_has_the_documented_keys() {

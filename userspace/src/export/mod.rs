@@ -79,6 +79,8 @@ pub(crate) fn test_report() -> Report {
                 sampled_bytes: samples * 64,
                 certain_bytes: 0,
             },
+            inuse_bytes: 0.0,
+            inuse_objects: 0.0,
         },
     };
     Report {
@@ -91,6 +93,8 @@ pub(crate) fn test_report() -> Report {
             estimated_bytes: 28_672.0,
             samples: 7,
             drops: 0,
+            inuse_bytes: 0.0,
+            inuse_objects: 0.0,
             interval_inputs: IntervalInputs {
                 counted_samples: 7,
                 untried_bytes: 7 * 32,
@@ -112,5 +116,8 @@ pub(crate) fn test_report() -> Report {
             ),
             stack(42, 8_192.0, 2, vec![function("site_b", 7)]),
         ],
+        live: None,
+        leaks: None,
+        leak_min_age: None,
     }
 }

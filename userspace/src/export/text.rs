@@ -31,6 +31,18 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         t.drops,
         report.counters.stack_errors,
     )?;
+    let live = report.live.is_some();
+    if let Some(counts) = &report.live {
+        writeln!(
+            out,
+            "in use at the end: estimated {} in {:.0} objects ({} sampled blocks live, {} freed, {} untracked)",
+            format_bytes(t.inuse_bytes),
+            t.inuse_objects,
+            counts.live_samples,
+            counts.freed_samples,
+            counts.untracked_samples,
+        )?;
+    }
     let stacks = report.stacks_by_name();
     if stacks.is_empty() {
         writeln!(out, "no allocation was sampled")?;
@@ -39,11 +51,16 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:>12} {:>21} {:>6} {:>8} {:>10}  stack (allocation site first)",
+        "{:>12} {:>21} {:>6} {:>8} {}{:>10}  stack (allocation site first)",
         "est. bytes",
         format!("{level}% CI"),
         "share",
         "samples",
+        if live {
+            format!("{:>12} ", "in use")
+        } else {
+            String::new()
+        },
         "pid"
     )?;
     for (pid, names, stats) in stacks.iter().take(TOP_STACKS) {
@@ -52,29 +69,82 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         } else {
             0.0
         };
-        let shown: Vec<&str> = names.iter().rev().take(FRAMES_SHOWN).copied().collect();
-        let more = names.len().saturating_sub(FRAMES_SHOWN);
         let interval = report.interval(stats);
         writeln!(
             out,
-            "{:>12} {:>21} {:>5.1}% {:>8} {:>10}  {}{}",
+            "{:>12} {:>21} {:>5.1}% {:>8} {}{:>10}  {}",
             format_bytes(stats.estimated_bytes),
             format_interval(interval.lo, interval.hi),
             share,
             stats.samples,
-            pid,
-            shown.join(" < "),
-            if more > 0 {
-                format!(" < ({more} more)")
+            if live {
+                format!("{:>12} ", format_bytes(stats.inuse_bytes))
             } else {
                 String::new()
-            }
+            },
+            pid,
+            stack_text(names),
         )?;
     }
     if stacks.len() > TOP_STACKS {
         writeln!(out, "... {} more stacks", stacks.len() - TOP_STACKS)?;
     }
+    write_leaks(report, out)
+}
+
+/// The `--leaks` section: live sampled blocks older than the minimum age, by stack.
+fn write_leaks(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let Some(min_age) = report.leak_min_age else {
+        return Ok(());
+    };
+    let leaks = report.leaks_by_name();
+    writeln!(out)?;
+    if leaks.is_empty() {
+        writeln!(
+            out,
+            "no possible leak: no sampled allocation was still live after {:.1}s",
+            min_age.as_secs_f64()
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "possible leaks: sampled allocations still live at the end and at least {:.1}s old",
+        min_age.as_secs_f64()
+    )?;
+    writeln!(
+        out,
+        "{:>12} {:>10} {:>8} {:>15} {:>10}  stack (allocation site first)",
+        "est. bytes", "objects", "samples", "age (s)", "pid"
+    )?;
+    for (pid, names, leak) in leaks.iter().take(TOP_STACKS) {
+        writeln!(
+            out,
+            "{:>12} {:>10.0} {:>8} {:>15} {:>10}  {}",
+            format_bytes(leak.estimated_bytes),
+            leak.estimated_objects,
+            leak.samples,
+            format!(
+                "{:.1}-{:.1}",
+                leak.min_age_ns as f64 / 1e9,
+                leak.max_age_ns as f64 / 1e9
+            ),
+            pid,
+            stack_text(names),
+        )?;
+    }
     Ok(())
+}
+
+/// Innermost frames first, joined with `<`, cut after [`FRAMES_SHOWN`].
+fn stack_text(names: &[&str]) -> String {
+    let shown: Vec<&str> = names.iter().rev().take(FRAMES_SHOWN).copied().collect();
+    let more = names.len().saturating_sub(FRAMES_SHOWN);
+    if more > 0 {
+        format!("{} < ({more} more)", shown.join(" < "))
+    } else {
+        shown.join(" < ")
+    }
 }
 
 /// `lo-hi` with units, e.g. `1.2 MiB-1.9 MiB`.

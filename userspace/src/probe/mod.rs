@@ -2,13 +2,17 @@
 //!
 //! The compiled eBPF object is embedded in the binary by `build.rs`.
 
+pub mod free_offset;
 pub mod intervals;
+pub mod session;
 
 use std::num::NonZeroU32;
 
+use std::os::fd::OwnedFd;
+
 use allocbpf_common::{
-    Counter, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, FN_SIZES_GLOBAL,
-    RATE_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOT_MASK_GLOBAL,
+    Counter, LiveMode, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT,
+    FN_SIZES_GLOBAL, LIVE_MODE_GLOBAL, RATE_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOT_MASK_GLOBAL,
 };
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -17,7 +21,11 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 
-use self::intervals::IntervalTable;
+use self::{
+    free_offset::{find_free_probe, FreeProbe},
+    intervals::IntervalTable,
+    session::SessionPrograms,
+};
 use crate::{estimate::certain_threshold, target::Libc};
 
 /// The eBPF object built from `ebpf/allocbpf-ebpf` for this binary.
@@ -39,6 +47,14 @@ pub enum ProbeError {
         path: String,
         /// The cause.
         source: aya::programs::ProgramError,
+    },
+    /// `--live` needs a probe on free and none could be placed.
+    #[error("--live needs a probe on free in {path}: {reason}")]
+    FreeProbe {
+        /// The libc file.
+        path: String,
+        /// Why no probe point was found.
+        reason: String,
     },
     /// A map could not be read or written.
     #[error("eBPF map {map}")]
@@ -69,6 +85,28 @@ pub struct SamplerConfig {
     pub empty_probes: bool,
     /// Thread table sizes (tests shrink them to exercise the overflow paths).
     pub thread_tables: ThreadTables,
+    /// Track sampled blocks until freed, and how (`--live`).
+    pub live: Option<LiveMechanism>,
+}
+
+/// How `--live` observes the return of sampled calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LiveMechanism {
+    /// uprobe session links where the kernel has them (6.13+), else uretprobes.
+    Auto,
+    /// A uretprobe on every allocation call (the fallback; for comparison).
+    Uretprobe,
+}
+
+/// What [`Sampler::attach`] attached.
+#[derive(Clone, Debug)]
+pub struct Attached {
+    /// Uprobes and uretprobes attached (links).
+    pub probes: usize,
+    /// With `--live`: how returns are observed...
+    pub live_mode: LiveMode,
+    /// ...and where free is probed.
+    pub free_probe: Option<FreeProbe>,
 }
 
 /// Sizes of the per-thread state tables (docs/design.md, "Per-thread countdown"); the
@@ -96,6 +134,12 @@ pub struct Counters {
     pub process_map_full: u64,
     /// Calls a probed wrapper forwarded to another probed function (counted once).
     pub forwarded_calls: u64,
+    /// Sampled blocks not tracked because the live map was full.
+    pub live_map_full: u64,
+    /// Tracked sampled blocks freed.
+    pub live_frees: u64,
+    /// Returns of awaited calls handled.
+    pub live_returns: u64,
 }
 
 /// The loaded and attached sampler. Dropping it detaches every probe.
@@ -105,6 +149,10 @@ pub struct Sampler {
     intervals: Option<Array<MapData, u64>>,
     table: IntervalTable,
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
+    /// Programs relocated for session links (`--live` on kernels that have them).
+    session_programs: Option<SessionPrograms>,
+    /// Session links: detached when dropped.
+    session_links: Vec<OwnedFd>,
 }
 
 impl Sampler {
@@ -116,6 +164,18 @@ impl Sampler {
         let sizes = libc.function_sizes();
         let tables = config.thread_tables;
         let slot_mask = tables.slots.next_power_of_two() - 1;
+        let live_mode = match config.live {
+            None => LiveMode::Off,
+            Some(LiveMechanism::Auto) if session::kernel_supports_sessions() => LiveMode::Session,
+            Some(LiveMechanism::Auto) => {
+                tracing::warn!(
+                    "this kernel has no uprobe session links (Linux 6.13+): --live uses a uretprobe on every allocation call, which costs about 0.5 us per call (docs/design.md)"
+                );
+                LiveMode::Uretprobe
+            }
+            Some(LiveMechanism::Uretprobe) => LiveMode::Uretprobe,
+        };
+        let live_mode_value = live_mode as u32;
         let mut ebpf = EbpfLoader::new()
             .btf(btf.as_ref())
             .override_global(TARGET_PID_GLOBAL, &target_pid, true)
@@ -123,9 +183,15 @@ impl Sampler {
             .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
             .override_global(FN_SIZES_GLOBAL, &sizes, true)
             .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
+            .override_global(LIVE_MODE_GLOBAL, &live_mode_value, true)
             .map_max_entries("THREAD_SLOTS", slot_mask + 1)
             .map_max_entries("THREADS", tables.overflow.max(1))
             .load(EBPF_OBJECT)
+            .map_err(load_error)?;
+        // Before anything takes maps out of `ebpf`: relocation needs every map's fd.
+        let session_programs = (live_mode == LiveMode::Session && !config.empty_probes)
+            .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf))
+            .transpose()
             .map_err(load_error)?;
         // The eBPF side logs only on rare paths; no log map means nothing to forward.
         let logger = EbpfLogger::init(&mut ebpf).ok();
@@ -140,6 +206,8 @@ impl Sampler {
             intervals,
             table: IntervalTable::new(config.rate),
             logger,
+            session_programs,
+            session_links: Vec::new(),
         };
         sampler.refresh_intervals()?;
         Ok(sampler)
@@ -159,9 +227,9 @@ impl Sampler {
         Ok(())
     }
 
-    /// Attaches the thread-exit tracepoint and one uprobe per allocation function.
-    /// Returns the number of uprobes attached.
-    pub fn attach(&mut self, libc: &Libc) -> Result<usize, ProbeError> {
+    /// Attaches the thread-exit tracepoint and one probe per allocation function, and
+    /// with `--live` the probe on free and the return mechanism.
+    pub fn attach(&mut self, libc: &Libc) -> Result<Attached, ProbeError> {
         if !self.config.empty_probes {
             let exit: &mut RawTracePoint = self
                 .ebpf
@@ -172,36 +240,108 @@ impl Sampler {
             exit.load().map_err(load_error)?;
             exit.attach("sched_process_exit").map_err(load_error)?;
         }
-        let scope = match self.config.pid.and_then(NonZeroU32::new) {
-            Some(pid) => UProbeScope::OneProcess(pid),
-            None => UProbeScope::AllProcesses,
+        let free_probe =
+            match self.config.live {
+                Some(_) => Some(find_free_probe(&libc.host_path).map_err(|reason| {
+                    ProbeError::FreeProbe {
+                        path: libc.path_in_target.display().to_string(),
+                        reason,
+                    }
+                })?),
+                None => None,
+            };
+        let mut attached = Attached {
+            probes: 0,
+            live_mode: LiveMode::Off,
+            free_probe: free_probe.clone(),
         };
-        let mut attached = 0;
+        if let Some(free) = &free_probe {
+            let name = if self.config.empty_probes {
+                "probe_empty"
+            } else {
+                "probe_free"
+            };
+            self.attach_uprobe(name, free.file_offset(), libc, "free")?;
+            attached.probes += 1;
+        }
+        if self.config.live.is_some() && !self.config.empty_probes {
+            if self.session_programs.is_some() {
+                self.attach_sessions(libc)?;
+                attached.live_mode = LiveMode::Session;
+                attached.probes += self.session_links.len();
+                return Ok(attached);
+            }
+            attached.live_mode = LiveMode::Uretprobe;
+            for symbol in &libc.symbols {
+                self.attach_uprobe(
+                    "probe_return",
+                    symbol.file_offset,
+                    libc,
+                    symbol.function.symbol(),
+                )?;
+                attached.probes += 1;
+            }
+        }
         for symbol in &libc.symbols {
             let name = if self.config.empty_probes {
                 "probe_empty"
             } else {
                 symbol.function.program()
             };
-            let program: &mut UProbe = self
-                .ebpf
-                .program_mut(name)
-                .ok_or_else(|| load_error(missing(name)))?
-                .try_into()
-                .map_err(load_error)?;
-            if program.fd().is_err() {
-                program.load().map_err(load_error)?;
-            }
-            program
-                .attach(symbol.file_offset, &libc.host_path, scope)
-                .map_err(|source| ProbeError::Attach {
-                    symbol: symbol.function.symbol(),
-                    path: libc.path_in_target.display().to_string(),
-                    source,
-                })?;
-            attached += 1;
+            self.attach_uprobe(name, symbol.file_offset, libc, symbol.function.symbol())?;
+            attached.probes += 1;
         }
         Ok(attached)
+    }
+
+    /// Attaches every allocation function through a session link.
+    fn attach_sessions(&mut self, libc: &Libc) -> Result<(), ProbeError> {
+        let Some(programs) = self.session_programs.as_mut() else {
+            return Ok(());
+        };
+        for symbol in &libc.symbols {
+            let link = programs
+                .attach(
+                    symbol.function.program(),
+                    &libc.host_path,
+                    symbol.file_offset,
+                    self.config.pid,
+                )
+                .map_err(load_error)?;
+            self.session_links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Loads (once) and attaches aya program `name` at `file_offset` of the libc.
+    fn attach_uprobe(
+        &mut self,
+        name: &str,
+        file_offset: u64,
+        libc: &Libc,
+        symbol: &'static str,
+    ) -> Result<(), ProbeError> {
+        let scope = match self.config.pid.and_then(NonZeroU32::new) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        let program: &mut UProbe = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| load_error(missing(name)))?
+            .try_into()
+            .map_err(load_error)?;
+        if program.fd().is_err() {
+            program.load().map_err(load_error)?;
+        }
+        program
+            .attach(file_offset, &libc.host_path, scope)
+            .map_err(|source| ProbeError::Attach {
+                symbol,
+                path: libc.path_in_target.display().to_string(),
+                source,
+            })?;
+        Ok(())
     }
 
     /// Takes the sample ring buffer (once).
@@ -243,6 +383,9 @@ impl Sampler {
             thread_map_full: at(Counter::ThreadMapFull),
             process_map_full: at(Counter::ProcessMapFull),
             forwarded_calls: at(Counter::ForwardedCalls),
+            live_map_full: at(Counter::LiveMapFull),
+            live_frees: at(Counter::LiveFrees),
+            live_returns: at(Counter::LiveReturns),
         })
     }
 

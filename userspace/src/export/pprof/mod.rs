@@ -1,8 +1,9 @@
 //! gzipped pprof `profile.proto` in Go's heap-profile conventions.
 //!
-//! - sample types `alloc_objects/count`, `alloc_space/bytes` (Go's order, so
-//!   `go tool pprof` recognises a heap profile); values are ALREADY unbiased: readers
-//!   must not rescale them.
+//! - sample types `alloc_objects/count`, `alloc_space/bytes`, and with `--live`
+//!   `inuse_objects/count`, `inuse_space/bytes` (Go's order, so `go tool pprof`
+//!   recognises a heap profile and opens on inuse_space); values are ALREADY unbiased:
+//!   readers must not rescale them.
 //! - period type `space/bytes`, period = the mean sampling interval.
 //! - one mapping per module, with its path and build id; each module is laid out at a
 //!   synthetic base `(i + 1) << 40` with `file_offset = 0`, so `address - memory_start`
@@ -59,10 +60,16 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
         r#type: strings.intern(t),
         unit: strings.intern(u),
     };
-    let sample_type = vec![
+    let mut sample_type = vec![
         value_type(&mut strings, "alloc_objects", "count"),
         value_type(&mut strings, "alloc_space", "bytes"),
     ];
+    let live = report.live.is_some();
+    if live {
+        // Go's heap profile order: alloc_objects, alloc_space, inuse_objects, inuse_space.
+        sample_type.push(value_type(&mut strings, "inuse_objects", "count"));
+        sample_type.push(value_type(&mut strings, "inuse_space", "bytes"));
+    }
     let period_type = Some(value_type(&mut strings, "space", "bytes"));
 
     let mapping: Vec<Mapping> = report
@@ -151,10 +158,19 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
         };
         samples.push(Sample {
             location_id: location_ids,
-            value: vec![
-                stack.stats.estimated_objects.round() as i64,
-                stack.stats.estimated_bytes.round() as i64,
-            ],
+            value: if live {
+                vec![
+                    stack.stats.estimated_objects.round() as i64,
+                    stack.stats.estimated_bytes.round() as i64,
+                    stack.stats.inuse_objects.round() as i64,
+                    stack.stats.inuse_bytes.round() as i64,
+                ]
+            } else {
+                vec![
+                    stack.stats.estimated_objects.round() as i64,
+                    stack.stats.estimated_bytes.round() as i64,
+                ]
+            },
             label: vec![
                 Label {
                     key: pid_key,
@@ -184,7 +200,8 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
         report.totals.exact_bytes,
         report.totals.exact_calls
     ))];
-    let default_sample_type = strings.intern("alloc_space");
+    // Go's heap profiles open on inuse_space when they have it.
+    let default_sample_type = strings.intern(if live { "inuse_space" } else { "alloc_space" });
     Profile {
         sample_type,
         sample: samples,
@@ -222,6 +239,27 @@ mod tests {
     use crate::export::test_report;
     use flate2::read::GzDecoder;
     use std::io::Read;
+
+    #[test]
+    fn live_profiles_have_go_heap_inuse_types() {
+        let mut report = test_report();
+        report.live = Some(crate::aggregate::LiveCounts::default());
+        report.stacks[0].stats.inuse_bytes = 4096.0;
+        let profile = to_profile(&report, 0);
+        let s = |i: i64| profile.string_table[i as usize].as_str();
+        let types: Vec<&str> = profile.sample_type.iter().map(|t| s(t.r#type)).collect();
+        assert_eq!(
+            types,
+            [
+                "alloc_objects",
+                "alloc_space",
+                "inuse_objects",
+                "inuse_space"
+            ]
+        );
+        assert_eq!(s(profile.default_sample_type), "inuse_space");
+        assert_eq!(profile.sample[0].value[3], 4096);
+    }
 
     #[test]
     fn encode_then_decode_round_trips() {
