@@ -169,7 +169,7 @@ impl Sampler {
             Some(LiveMechanism::Auto) if session::kernel_supports_sessions() => LiveMode::Session,
             Some(LiveMechanism::Auto) => {
                 tracing::warn!(
-                    "this kernel has no uprobe session links (Linux 6.13+): --live uses a uretprobe on every allocation call, which costs about 0.5 us per call (docs/design.md)"
+                    "this kernel has no uprobe session links (Linux 6.13+): --live uses a uretprobe on every allocation call, which costs about 0.4 us more per call (docs/design.md)"
                 );
                 LiveMode::Uretprobe
             }
