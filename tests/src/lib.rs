@@ -61,9 +61,13 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 
 /// Compiles `workloads/<name>.c` with `flags` into the scratch area; returns the binary.
 pub fn compile_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
-    let source = workspace_root()
-        .join("tests/workloads")
-        .join(format!("{name}.c"));
+    compile_source(&format!("{name}.c"), "gcc", flags)
+}
+
+/// Compiles `workloads/<file>` with `compiler` (gcc, g++ or rustc) and `flags`.
+pub fn compile_source(file: &str, compiler: &str, flags: &[&str]) -> Result<PathBuf> {
+    let name = file.split('.').next().unwrap_or(file);
+    let source = workspace_root().join("tests/workloads").join(file);
     let out_dir = workspace_root().join("target/e2e/bin");
     std::fs::create_dir_all(&out_dir)?;
     let binary = out_dir.join(format!("{name}-{}", flags.join("").replace(['-', '='], "")));
@@ -76,14 +80,18 @@ pub fn compile_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
     // Flags after the source, so libraries (-lm) link under Debian's --as-needed.
-    let status = Command::new("gcc")
+    let status = Command::new(compiler)
         .arg("-o")
         .arg(&partial)
         .arg(&source)
         .args(flags)
         .status()
-        .context("running gcc (apt-get install gcc)")?;
-    ensure!(status.success(), "gcc failed on {}", source.display());
+        .with_context(|| format!("running {compiler} (cargo xtask setup installs it)"))?;
+    ensure!(
+        status.success(),
+        "{compiler} failed on {}",
+        source.display()
+    );
     std::fs::rename(&partial, &binary)?;
     Ok(binary)
 }
@@ -296,7 +304,12 @@ pub fn sites_binary() -> PathBuf {
 /// workload run to completion, and returns how allocbpf, stopped by the target's exit,
 /// finished. Fails if either fails.
 pub fn profile_to_completion(binary: &Path, args: &[&str]) -> Result<Finished> {
-    let mut workload = Workload::start(binary, &[])?;
+    profile_workload(binary, &[], args)
+}
+
+/// [`profile_to_completion`] with arguments for the workload too.
+pub fn profile_workload(binary: &Path, workload_args: &[&str], args: &[&str]) -> Result<Finished> {
+    let mut workload = Workload::start(binary, workload_args)?;
     let pid = workload.pid.to_string();
     let mut all = vec!["--pid", pid.as_str()];
     all.extend_from_slice(args);

@@ -256,6 +256,8 @@ mod tests {
             function: None,
             stack: vec![],
             stack_error: 0,
+            regs: [0; 3],
+            user_stack: vec![],
         }
     }
 

@@ -65,6 +65,19 @@ pub struct Cli {
     #[arg(long, hide = true, value_enum, default_value_t = LiveMechanism::Auto)]
     pub live_mechanism: LiveMechanism,
 
+    /// How user stacks are unwound. auto: copy the top of the stack and unwind it in
+    /// userspace with each module's unwind tables, following frame pointers where a
+    /// module has none; dwarf: the same, but stop at code without unwind tables; fp:
+    /// frame pointers, walked in the kernel (smallest events, but binaries built without
+    /// frame pointers give truncated stacks).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
+    pub unwind: UnwindMode,
+
+    /// Bytes of user stack copied per sample for auto/dwarf unwinding: 4KiB, 8KiB,
+    /// 16KiB or 32KiB. Deeper stacks are cut where the copy ends.
+    #[arg(long, default_value = "16KiB", value_parser = parse_stack_bytes)]
+    pub stack_bytes: u32,
+
     /// Level of the confidence intervals shown for every estimate (0.5 to 0.9999).
     #[arg(long, default_value = "0.95", value_parser = parse_confidence)]
     pub confidence: Confidence,
@@ -103,6 +116,27 @@ fn parse_confidence(text: &str) -> Result<Confidence, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a number (example: --confidence 0.9)"))?;
     Confidence::new(level)
+}
+
+/// `--unwind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    /// Unwind tables where a module has them, frame pointers elsewhere.
+    Auto,
+    /// Unwind tables only.
+    Dwarf,
+    /// Frame pointers, in the kernel.
+    Fp,
+}
+
+fn parse_stack_bytes(text: &str) -> Result<u32, String> {
+    let bytes =
+        parse_size(text, 1 << 20).map_err(|e| format!("{e} (example: --stack-bytes 16KiB)"))?;
+    allocbpf_common::STACK_COPY_SIZES
+        .iter()
+        .copied()
+        .find(|&s| u64::from(s) == bytes)
+        .ok_or_else(|| format!("--stack-bytes must be 4KiB, 8KiB, 16KiB or 32KiB, not {text}"))
 }
 
 fn parse_min_age(text: &str) -> Result<Duration, String> {
@@ -153,6 +187,10 @@ mod tests {
             ),
             (&["--pid", "1", "--confidence", "high"][..], "not a number"),
             (&["--pid", "1", "--min-age", "-1s"][..], "greater than zero"),
+            (
+                &["--pid", "1", "--stack-bytes", "10KiB"][..],
+                "must be 4KiB",
+            ),
         ] {
             let err = parse(args).unwrap_err().to_string();
             assert!(err.contains(needle), "{args:?}: {err}");

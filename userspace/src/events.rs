@@ -58,6 +58,10 @@ pub struct RawSample {
     pub stack: Vec<u64>,
     /// The `bpf_get_stack` error (negative errno) when only the caller is known.
     pub stack_error: i32,
+    /// `--unwind dwarf/auto`: `ip`, `sp`, `bp` at the probe.
+    pub regs: [u64; 3],
+    /// `--unwind dwarf/auto`: the user stack copied from `sp` up (empty otherwise).
+    pub user_stack: Vec<u8>,
 }
 
 /// Decodes one ring-buffer record; `None` if it is malformed (a version mismatch).
@@ -119,6 +123,12 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
         function: AllocFn::from_u32(event.alloc_fn),
         stack,
         stack_error: event.stack_error,
+        regs: event.regs,
+        user_stack: {
+            let header = std::mem::size_of::<SampleEvent>();
+            let len = (event.user_stack_len as usize).min(bytes.len() - header);
+            bytes[header..header + len].to_vec()
+        },
     })
 }
 
@@ -200,6 +210,9 @@ mod tests {
             flags: 0,
             stack_len: 4,
             stack_error: 0,
+            user_stack_len: 0,
+            reserved2: 0,
+            regs: [0; 3],
             stack,
         }
     }

@@ -40,6 +40,8 @@ fn run(cli: Cli) -> Result<()> {
             mechanism: cli.live_mechanism,
             leaks_min_age: cli.leaks.then_some(cli.min_age),
         }),
+        unwind: cli.unwind,
+        stack_bytes: cli.stack_bytes,
         confidence: cli.confidence,
         raw_samples: cli.raw_samples.clone(),
         thread_tables: ThreadTables {

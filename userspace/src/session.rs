@@ -26,6 +26,7 @@ use tokio::{
 
 use crate::{
     aggregate::{Aggregate, StackKey},
+    cli::UnwindMode,
     estimate::Confidence,
     events::{Event, EventReader, RawSample},
     export::raw_samples::RawSampleLog,
@@ -34,6 +35,7 @@ use crate::{
     report::{KernelFigures, Report},
     symbolize::FrameSymbolizer,
     target::Target,
+    unwind::{Fallback, StackUnwinder},
 };
 
 /// What to profile and how.
@@ -49,6 +51,10 @@ pub struct SessionOptions {
     pub empty_probes: bool,
     /// Track sampled blocks until freed (`--live`, `--leaks`).
     pub live: Option<LiveOptions>,
+    /// How user stacks are unwound.
+    pub unwind: UnwindMode,
+    /// Bytes of user stack copied per sample (auto/dwarf).
+    pub stack_bytes: u32,
     /// Level of the confidence intervals in the report.
     pub confidence: Confidence,
     /// Where to write every raw sample as a JSON line, if anywhere.
@@ -111,6 +117,8 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 /// Samples normalized and aggregated as they arrive.
 struct Collector {
     normalizer: AddressNormalizer,
+    /// Unwinds copied stacks (auto/dwarf); `None` with frame pointers.
+    unwinder: Option<StackUnwinder>,
     aggregate: Aggregate,
     raw_samples: Option<RawSampleLog>,
 }
@@ -130,7 +138,20 @@ impl Collector {
         if let Some(log) = self.raw_samples.as_mut() {
             log.write(sample);
         }
-        let frames = self.normalizer.normalize(sample.pid, &sample.stack);
+        let unwound;
+        let stack = match self.unwinder.as_mut() {
+            Some(unwinder) if !sample.user_stack.is_empty() => {
+                unwound = unwinder.unwind(sample.pid, sample.regs, &sample.user_stack);
+                if unwound.is_empty() {
+                    // Nothing unwound: keep the immediate caller read at [sp].
+                    &sample.stack
+                } else {
+                    &unwound
+                }
+            }
+            _ => &sample.stack,
+        };
+        let frames = self.normalizer.normalize(sample.pid, stack);
         let key = StackKey {
             pid: sample.pid,
             frames,
@@ -153,6 +174,10 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         empty_probes: options.empty_probes,
         thread_tables: options.thread_tables,
         live: options.live.map(|l| l.mechanism),
+        stack_copy_bytes: match options.unwind {
+            UnwindMode::Fp => 0,
+            UnwindMode::Auto | UnwindMode::Dwarf => options.stack_bytes,
+        },
     };
     let mut sampler = Sampler::load(config, &target.libc)?;
     let mut reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;
@@ -192,6 +217,11 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
 
     let mut collector = Collector {
         normalizer: AddressNormalizer::new(),
+        unwinder: match options.unwind {
+            UnwindMode::Fp => None,
+            UnwindMode::Auto => Some(StackUnwinder::new(Fallback::FramePointers)),
+            UnwindMode::Dwarf => Some(StackUnwinder::new(Fallback::Stop)),
+        },
         aggregate: if options.live.is_some() {
             Aggregate::with_live_tracking()
         } else {
@@ -202,6 +232,9 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     // Cache the target's maps while it surely lives: its last samples may be read
     // after it exits.
     collector.normalizer.prime(target.pid);
+    if let Some(unwinder) = collector.unwinder.as_mut() {
+        unwinder.prime(target.pid);
+    }
     let mut batch = Vec::new();
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut refresh = tokio::time::interval(REFRESH_INTERVAL);
@@ -263,6 +296,14 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
 
     if let Some(log) = collector.raw_samples.as_mut() {
         log.finish();
+    }
+    if let Some(unwinder) = &collector.unwinder {
+        tracing::info!(
+            "unwound {} stacks in {:?} ({:.0} per second of unwinding)",
+            unwinder.unwound,
+            unwinder.elapsed,
+            unwinder.unwound as f64 / unwinder.elapsed.as_secs_f64().max(1e-9)
+        );
     }
     collector
         .aggregate

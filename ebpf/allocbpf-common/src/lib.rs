@@ -211,6 +211,13 @@ pub struct SampleEvent {
     pub stack_len: u32,
     /// The negative errno from `bpf_get_stack` when `stack_len` is 0, else 0.
     pub stack_error: i32,
+    /// `--unwind dwarf`: bytes of user stack copied after this header (from `regs[1]`
+    /// up), 0 otherwise.
+    pub user_stack_len: u32,
+    /// Reserved; keeps the layout free of implicit padding.
+    pub reserved2: u32,
+    /// `--unwind dwarf`: `ip`, `sp`, `bp` at the probe, what the unwinder starts from.
+    pub regs: [u64; 3],
     /// User stack from `bpf_get_stack(BPF_F_USER_STACK)`: `stack[0]` is the probed
     /// function itself, then return addresses found through frame pointers.
     pub stack: [u64; MAX_STACK_DEPTH],
@@ -306,6 +313,13 @@ pub const FN_SIZES_GLOBAL: &str = "FN_SIZES";
 pub const THREAD_SLOT_MASK_GLOBAL: &str = "THREAD_SLOT_MASK";
 /// `.rodata` global: a [`LiveMode`] discriminant.
 pub const LIVE_MODE_GLOBAL: &str = "LIVE_MODE";
+/// `.rodata` global: bytes of user stack copied per sample for DWARF unwinding (one of
+/// [`STACK_COPY_SIZES`]), or 0 for frame-pointer stacks walked in the kernel.
+pub const STACK_COPY_BYTES_GLOBAL: &str = "STACK_COPY_BYTES";
+
+/// The user-stack copy sizes the probe supports (`--stack-bytes`): each is a distinct,
+/// constant ring-buffer record size, which the verifier requires.
+pub const STACK_COPY_SIZES: [u32; 4] = [4096, 8192, 16384, 32768];
 
 #[cfg(feature = "user")]
 mod pod {

@@ -12,7 +12,8 @@ use std::os::fd::OwnedFd;
 
 use allocbpf_common::{
     Counter, LiveMode, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT,
-    FN_SIZES_GLOBAL, LIVE_MODE_GLOBAL, RATE_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOT_MASK_GLOBAL,
+    FN_SIZES_GLOBAL, LIVE_MODE_GLOBAL, RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL,
+    THREAD_SLOT_MASK_GLOBAL,
 };
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -87,6 +88,8 @@ pub struct SamplerConfig {
     pub thread_tables: ThreadTables,
     /// Track sampled blocks until freed, and how (`--live`).
     pub live: Option<LiveMechanism>,
+    /// Bytes of user stack copied per sample (0: frame pointers walked in the kernel).
+    pub stack_copy_bytes: u32,
 }
 
 /// How `--live` observes the return of sampled calls.
@@ -184,6 +187,7 @@ impl Sampler {
             .override_global(FN_SIZES_GLOBAL, &sizes, true)
             .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
             .override_global(LIVE_MODE_GLOBAL, &live_mode_value, true)
+            .override_global(STACK_COPY_BYTES_GLOBAL, &config.stack_copy_bytes, true)
             .map_max_entries("THREAD_SLOTS", slot_mask + 1)
             .map_max_entries("THREADS", tables.overflow.max(1))
             .load(EBPF_OBJECT)

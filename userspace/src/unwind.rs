@@ -1,0 +1,311 @@
+//! `--unwind dwarf|auto`: user stacks unwound in userspace from a copy of the stack.
+//!
+//! The probe sends `ip`, `sp`, `bp` and the top of the user stack. framehop unwinds it
+//! with each module's `.eh_frame` / `.eh_frame_hdr` / `.debug_frame`, and in `auto` mode
+//! falls back to frame pointers for code without unwind information. This is how
+//! binaries without frame pointers (Debian's glibc, distro packages, release builds)
+//! get complete stacks.
+//!
+//! Modules come from `/proc/PID/maps`, read at the process's first sample (and again,
+//! at most once a second, when an address falls outside every known module). Files are
+//! opened through `/proc/PID/map_files/`, so deleted or replaced binaries and
+//! containers' files are the ones the process runs. Their unwind sections are cached by
+//! build id (or path for files without one) in a bounded cache, so many processes of one
+//! program share one copy.
+
+use std::{
+    collections::HashMap,
+    ops::Range,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use framehop::{
+    x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
+    ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder,
+};
+use object::{Object, ObjectSection, ObjectSegment};
+
+/// Unwind sections cached at most (distinct files).
+const MAX_CACHED_FILES: usize = 256;
+/// Return addresses produced at most per stack.
+const MAX_FRAMES: usize = 127;
+/// Module lists re-read at most this often per process.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// How `dwarf`/`auto` treat code without unwind information.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// `auto`: follow frame pointers there.
+    FramePointers,
+    /// `dwarf`: stop the stack there.
+    Stop,
+}
+
+/// One file's unwind data, shared by every process that maps it.
+struct FileSections {
+    eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
+    eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
+    debug_frame: Option<Arc<[u8]>>,
+    text: Option<(Range<u64>, Arc<[u8]>)>,
+    /// (file offset range, vaddr) of the executable loadable segments, to compute
+    /// load biases.
+    segments: Vec<(Range<u64>, u64)>,
+}
+
+impl FileSections {
+    fn read(data: &[u8]) -> Option<FileSections> {
+        let file = object::File::parse(data).ok()?;
+        let section = |name: &str| {
+            let s = file.section_by_name(name)?;
+            let bytes: Arc<[u8]> = Arc::from(s.data().ok()?);
+            Some((s.address()..s.address() + s.size(), bytes))
+        };
+        Some(FileSections {
+            eh_frame: section(".eh_frame"),
+            eh_frame_hdr: section(".eh_frame_hdr"),
+            debug_frame: section(".debug_frame").map(|(_, d)| d),
+            text: section(".text"),
+            segments: file
+                .segments()
+                .filter(|s| match s.flags() {
+                    object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+                    _ => true,
+                })
+                .map(|s| {
+                    let (offset, size) = s.file_range();
+                    (offset..offset + size, s.address())
+                })
+                .collect(),
+        })
+    }
+
+    fn has_unwind_info(&self) -> bool {
+        self.eh_frame.is_some() || self.debug_frame.is_some()
+    }
+
+    /// The load bias of an executable mapping of file offset `offset` (page-aligned)
+    /// at address `start`. The segment's first page may begin before its `p_offset`
+    /// and be shared with the previous segment (lld lays segments out so), which is
+    /// why only executable segments are considered.
+    fn bias(&self, start: u64, offset: u64) -> Option<u64> {
+        self.segments.iter().find_map(|(range, vaddr)| {
+            let first_page = range.start & !0xfff;
+            (first_page <= offset && offset < range.end).then(|| {
+                // The byte at file offset `range.start` is at `vaddr` (+ bias).
+                (start + (range.start - offset)).wrapping_sub(*vaddr)
+            })
+        })
+    }
+}
+
+/// A process's modules, as framehop needs them.
+struct ProcessModules {
+    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// Executable ranges and whether their file has unwind information.
+    ranges: Vec<(Range<u64>, bool)>,
+    read_at: Instant,
+}
+
+/// Unwinds copied user stacks for any number of processes.
+pub struct StackUnwinder {
+    fallback: Fallback,
+    cache: CacheX86_64,
+    files: HashMap<FileKey, Arc<FileSections>>,
+    processes: HashMap<u32, ProcessModules>,
+    /// Stacks unwound, and time spent (for `-v` logs and the benchmark figures).
+    pub unwound: u64,
+    /// Time spent unwinding.
+    pub elapsed: Duration,
+}
+
+/// Identity of a file: its GNU build id, or its path when it has none.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum FileKey {
+    BuildId(Vec<u8>),
+    Path(PathBuf),
+}
+
+/// An executable, file-backed mapping from `/proc/PID/maps`.
+struct Mapping {
+    range: Range<u64>,
+    offset: u64,
+    path: PathBuf,
+}
+
+fn executable_mappings(pid: u32) -> Vec<Mapping> {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    maps.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let range = fields.next()?;
+            let perms = fields.next()?;
+            let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+            let (_dev, _inode) = (fields.next()?, fields.next()?);
+            let path = fields.collect::<Vec<_>>().join(" ");
+            if !perms.contains('x') || !path.starts_with('/') {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some(Mapping {
+                range: u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?,
+                offset,
+                path: PathBuf::from(path.trim_end_matches(" (deleted)")),
+            })
+        })
+        .collect()
+}
+
+/// The GNU build id note of an ELF file, if any.
+fn build_id(data: &[u8]) -> Option<Vec<u8>> {
+    let file = object::File::parse(data).ok()?;
+    file.build_id().ok().flatten().map(<[u8]>::to_vec)
+}
+
+impl StackUnwinder {
+    /// An unwinder for `auto` (frame-pointer fallback) or `dwarf` (stop) mode.
+    pub fn new(fallback: Fallback) -> Self {
+        Self {
+            fallback,
+            cache: CacheX86_64::new(),
+            files: HashMap::new(),
+            processes: HashMap::new(),
+            unwound: 0,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Reads `pid`'s modules now (at attach, while it surely lives).
+    pub fn prime(&mut self, pid: u32) {
+        self.refresh(pid);
+    }
+
+    fn file(&mut self, pid: u32, mapping: &Mapping) -> Option<Arc<FileSections>> {
+        // The process's own view: works for deleted/replaced files and containers.
+        let via_map_files = PathBuf::from(format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.range.start, mapping.range.end
+        ));
+        let via_root = Path::new(&format!("/proc/{pid}/root"))
+            .join(mapping.path.strip_prefix("/").unwrap_or(&mapping.path));
+        let data = std::fs::read(&via_map_files)
+            .or_else(|_| std::fs::read(&via_root))
+            .ok()?;
+        let key = build_id(&data)
+            .map(FileKey::BuildId)
+            .unwrap_or_else(|| FileKey::Path(mapping.path.clone()));
+        if let Some(sections) = self.files.get(&key) {
+            return Some(sections.clone());
+        }
+        let sections = Arc::new(FileSections::read(&data)?);
+        if self.files.len() >= MAX_CACHED_FILES {
+            // Bounded: drop an arbitrary entry; processes keep their own Arc.
+            if let Some(victim) = self.files.keys().next().cloned() {
+                self.files.remove(&victim);
+            }
+        }
+        self.files.insert(key, sections.clone());
+        Some(sections)
+    }
+
+    fn refresh(&mut self, pid: u32) {
+        let mappings = executable_mappings(pid);
+        if mappings.is_empty() {
+            return;
+        }
+        let mut unwinder = UnwinderX86_64::new();
+        let mut ranges = Vec::new();
+        for mapping in &mappings {
+            let Some(file) = self.file(pid, mapping) else {
+                continue;
+            };
+            let Some(bias) = file.bias(mapping.range.start, mapping.offset) else {
+                continue;
+            };
+            ranges.push((mapping.range.clone(), file.has_unwind_info()));
+            let info = ExplicitModuleSectionInfo {
+                base_svma: 0,
+                text_svma: file.text.as_ref().map(|t| t.0.clone()),
+                text: file.text.as_ref().map(|t| t.1.clone()),
+                eh_frame_svma: file.eh_frame.as_ref().map(|e| e.0.clone()),
+                eh_frame: file.eh_frame.as_ref().map(|e| e.1.clone()),
+                eh_frame_hdr_svma: file.eh_frame_hdr.as_ref().map(|e| e.0.clone()),
+                eh_frame_hdr: file.eh_frame_hdr.as_ref().map(|e| e.1.clone()),
+                debug_frame: file.debug_frame.clone(),
+                ..Default::default()
+            };
+            unwinder.add_module(Module::new(
+                mapping.path.display().to_string(),
+                mapping.range.clone(),
+                bias,
+                info,
+            ));
+        }
+        self.processes.insert(
+            pid,
+            ProcessModules {
+                unwinder,
+                ranges,
+                read_at: Instant::now(),
+            },
+        );
+    }
+
+    /// Return addresses, innermost first (the allocation function's own frame left
+    /// out), unwound from `regs` = [ip, sp, bp] and the stack copied from `sp` up.
+    pub fn unwind(&mut self, pid: u32, regs: [u64; 3], stack: &[u8]) -> Vec<u64> {
+        let started = Instant::now();
+        let [ip, sp, bp] = regs;
+        let known = |p: &ProcessModules| p.ranges.iter().any(|(r, _)| r.contains(&ip));
+        let stale = match self.processes.get(&pid) {
+            None => true,
+            Some(p) => !known(p) && p.read_at.elapsed() >= REFRESH_EVERY,
+        };
+        if stale {
+            self.refresh(pid);
+        }
+        let Some(process) = self.processes.get(&pid) else {
+            return Vec::new();
+        };
+        let mut read_stack = |address: u64| -> Result<u64, ()> {
+            let offset = address.checked_sub(sp).ok_or(())? as usize;
+            let bytes = stack.get(offset..offset + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
+        };
+        let mut frames = process.unwinder.iter_frames(
+            ip,
+            UnwindRegsX86_64::new(ip, sp, bp),
+            &mut self.cache,
+            &mut read_stack,
+        );
+        let mut addresses = Vec::new();
+        while let Ok(Some(frame)) = frames.next() {
+            let FrameAddress::ReturnAddress(address) = frame else {
+                continue; // the probed function's own entry
+            };
+            let address = u64::from(address);
+            if self.fallback == Fallback::Stop {
+                // Only frames whose caller's code has unwind information were unwound
+                // from tables; beyond a module without them, stop.
+                let covered = process
+                    .ranges
+                    .iter()
+                    .any(|(r, has_info)| r.contains(&address) && *has_info);
+                if !covered {
+                    addresses.push(address);
+                    break;
+                }
+            }
+            addresses.push(address);
+            if addresses.len() >= MAX_FRAMES {
+                break;
+            }
+        }
+        self.unwound += 1;
+        self.elapsed += started.elapsed();
+        addresses
+    }
+}
