@@ -1,11 +1,19 @@
 //! Complete stacks for binaries without frame pointers, end to end: C built
 //! `-O2 -fomit-frame-pointer` through Debian's glibc (no frame pointers either), C++
 //! through libstdc++'s operator new, Rust through the system allocator, an inlined
-//! function, a short-lived process, and a comparison with gdb's backtrace.
+//! function, a short-lived process, a deleted binary, unsymbolized profiles, and a
+//! comparison with gdb's backtrace.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
-use allocbpf_e2e::{compile_source, profile_workload, require_root, scratch_dir, stacks_with};
+use allocbpf_e2e::{
+    compile_source, go_pprof, profile_workload, require_root, scratch_dir, stacks_with, Profiler,
+    Workload,
+};
 use serde_json::Value;
 
 /// The C chain, outermost first, as the profile must show it.
@@ -23,7 +31,7 @@ fn c_binary() -> PathBuf {
 }
 
 /// Profiles `binary` (with `workload_args`) at 64 KiB with `extra` allocbpf arguments.
-fn profile(name: &str, binary: &PathBuf, workload_args: &[&str], extra: &[&str]) -> Value {
+fn profile(name: &str, binary: &Path, workload_args: &[&str], extra: &[&str]) -> Value {
     require_root();
     let out = scratch_dir(name).join("profile.json");
     let mut args = vec!["--rate", "64KiB", "--format", "json", "--output"];
@@ -196,4 +204,73 @@ fn stacks_match_gdb_backtraces() {
             "gdb: {from_gdb:?}"
         );
     }
+}
+
+/// A binary deleted after it started is still unwound and symbolized: its file is read
+/// through /proc/PID/map_files while the process lives.
+#[test]
+fn a_deleted_binary_is_still_symbolized() {
+    require_root();
+    let dir = scratch_dir("stacks-deleted");
+    let copy = dir.join("stacks-deleted");
+    std::fs::copy(c_binary(), &copy).unwrap();
+    let mut workload = Workload::start(&copy, &[]).unwrap();
+    std::fs::remove_file(&copy).unwrap();
+    let out = dir.join("profile.json");
+    let pid = workload.pid.to_string();
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--rate",
+        "64KiB",
+        "--format",
+        "json",
+        "--output",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    workload.go().unwrap();
+    workload.wait(Duration::from_secs(60)).unwrap();
+    let finished = profiler.finish(Duration::from_secs(60)).unwrap();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    let json: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_complete(&json, "chain_four", &C_CHAIN);
+}
+
+/// `--no-symbolize`: a pprof profile with addresses and build ids only, for a remote
+/// symbolizer.
+#[test]
+fn unsymbolized_profiles_carry_addresses_and_build_ids() {
+    require_root();
+    let dir = scratch_dir("stacks-unsymbolized");
+    let path = dir.join("profile.pb.gz");
+    profile_workload(
+        &c_binary(),
+        &[],
+        &[
+            "--rate",
+            "64KiB",
+            "--no-symbolize",
+            "--format",
+            "pprof",
+            "--output",
+            path.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let raw = go_pprof(&["-raw"], &path, &dir);
+    assert!(!raw.contains("chain_four"), "symbolized anyway:\n{raw}");
+    let readelf = Command::new("readelf")
+        .arg("-n")
+        .arg(c_binary())
+        .output()
+        .unwrap();
+    let build_id = String::from_utf8_lossy(&readelf.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+        .unwrap();
+    assert!(
+        raw.contains(&build_id),
+        "no mapping with {build_id}:\n{raw}"
+    );
 }

@@ -22,7 +22,11 @@ fn profile_threads(name: &str, extra: &[&str]) -> serde_json::Value {
     .unwrap();
     let out = scratch_dir(name).join("threads.json");
     let rate = RATE.to_string();
-    let mut args = vec!["--rate", &rate, "--format", "json", "--output"];
+    // 20,000 samples in a fraction of a second: frame-pointer stacks (the workload has
+    // them) keep events small enough that the ring buffer never drops one.
+    let mut args = vec![
+        "--rate", &rate, "--unwind", "fp", "--format", "json", "--output",
+    ];
     args.push(out.to_str().unwrap());
     args.extend_from_slice(extra);
     profile_to_completion(&binary, &args).unwrap();

@@ -73,6 +73,11 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
     pub unwind: UnwindMode,
 
+    /// Do not symbolize: frames keep module + file offset, and pprof profiles carry
+    /// addresses and mappings with build ids only, for a symbolizer elsewhere.
+    #[arg(long)]
+    pub no_symbolize: bool,
+
     /// Bytes of user stack copied per sample for auto/dwarf unwinding: 4KiB, 8KiB,
     /// 16KiB or 32KiB. Deeper stacks are cut where the copy ends.
     #[arg(long, default_value = "16KiB", value_parser = parse_stack_bytes)]

@@ -41,6 +41,7 @@ fn run(cli: Cli) -> Result<()> {
             leaks_min_age: cli.leaks.then_some(cli.min_age),
         }),
         unwind: cli.unwind,
+        symbolize: !cli.no_symbolize,
         stack_bytes: cli.stack_bytes,
         confidence: cli.confidence,
         raw_samples: cli.raw_samples.clone(),

@@ -56,22 +56,69 @@ pub enum Frame {
 }
 
 /// Interned modules, shared by all samples.
+///
+/// A module is identified by its build id when it has one (so one library seen through
+/// several processes or containers is one module, symbolized once), else by its path.
+/// While the process that maps it lives, its file is opened through
+/// `/proc/PID/map_files/` (or `/proc/PID/root/`) and kept open, so it can be
+/// symbolized after the process exits, and even if the file was deleted or replaced.
 #[derive(Debug, Default)]
 pub struct ModuleTable {
     modules: Vec<Module>,
-    index: HashMap<Module, u32>,
+    files: Vec<Option<std::fs::File>>,
+    index: HashMap<ModuleKey, u32>,
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum ModuleKey {
+    BuildId(Vec<u8>),
+    Path(PathBuf),
+}
+
+/// Opens the file `pid` maps at `path` the way the process sees it: through
+/// `/proc/PID/map_files/` (works for deleted files), else `/proc/PID/root/`.
+fn open_mapped_file(pid: u32, path: &Path) -> Option<std::fs::File> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let wanted = path.to_string_lossy();
+    let range = maps.lines().find_map(|line| {
+        let name = line.splitn(6, char::is_whitespace).last()?.trim();
+        let name = name.trim_end_matches(" (deleted)");
+        (name == wanted).then(|| line.split_whitespace().next().map(str::to_string))?
+    });
+    range
+        .and_then(|r| std::fs::File::open(format!("/proc/{pid}/map_files/{r}")).ok())
+        .or_else(|| {
+            let rel = path.strip_prefix("/").unwrap_or(path);
+            std::fs::File::open(Path::new(&format!("/proc/{pid}/root")).join(rel)).ok()
+        })
 }
 
 impl ModuleTable {
-    /// The id of `module`, adding it if new.
-    pub fn intern(&mut self, module: Module) -> u32 {
-        if let Some(&id) = self.index.get(&module) {
+    /// The id of `module` (mapped by `pid`), adding it if new.
+    pub fn intern(&mut self, pid: u32, module: Module) -> u32 {
+        let key = match &module.build_id {
+            Some(id) => ModuleKey::BuildId(id.clone()),
+            None => ModuleKey::Path(module.path.clone()),
+        };
+        if let Some(&id) = self.index.get(&key) {
             return id;
         }
         let id = self.modules.len() as u32;
-        self.modules.push(module.clone());
-        self.index.insert(module, id);
+        self.files.push(open_mapped_file(pid, &module.path));
+        self.modules.push(module);
+        self.index.insert(key, id);
         id
+    }
+
+    /// A path blazesym can open for module `id`: the file kept open at intern time
+    /// (`/proc/self/fd/N`), else the module's own path.
+    pub fn symbolization_path(&self, id: u32) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd;
+        let module = self.modules.get(id as usize)?;
+        Some(match self.files.get(id as usize).and_then(Option::as_ref) {
+            Some(file) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            None => module.path.clone(),
+        })
     }
 
     /// The module with this id.
@@ -168,10 +215,13 @@ impl AddressNormalizer {
                 let id =
                     *ids.entry(meta_index)
                         .or_insert_with(|| match output.meta.get(meta_index) {
-                            Some(UserMeta::Elf(elf)) => Some(self.modules.intern(Module {
-                                path: elf.path.clone(),
-                                build_id: elf.build_id.as_ref().map(|b| b.to_vec()),
-                            })),
+                            Some(UserMeta::Elf(elf)) => Some(self.modules.intern(
+                                pid,
+                                Module {
+                                    path: elf.path.clone(),
+                                    build_id: elf.build_id.as_ref().map(|b| b.to_vec()),
+                                },
+                            )),
                             _ => None,
                         });
                 match id {
@@ -207,8 +257,14 @@ mod tests {
             path: "/lib/a.so".into(),
             build_id: Some(vec![0xab, 0x01]),
         };
-        assert_eq!(table.intern(m.clone()), 0);
-        assert_eq!(table.intern(m.clone()), 0);
+        assert_eq!(table.intern(1, m.clone()), 0);
+        assert_eq!(table.intern(1, m.clone()), 0);
+        // Same build id under another path (another container): the same module.
+        let moved = Module {
+            path: "/other/root/lib/a.so".into(),
+            ..m.clone()
+        };
+        assert_eq!(table.intern(1, moved), 0);
         assert_eq!(m.build_id_hex(), "ab01");
         assert_eq!(table.all().len(), 1);
     }

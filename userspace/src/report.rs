@@ -129,6 +129,8 @@ pub struct Report {
     pub leaks: Option<Vec<LeakReport>>,
     /// `--min-age` of the leak report.
     pub leak_min_age: Option<Duration>,
+    /// False with `--no-symbolize`: frames carry module + offset only.
+    pub symbolized: bool,
 }
 
 impl Report {
@@ -190,6 +192,7 @@ impl Report {
             live: aggregate.tracks_live().then_some(aggregate.live_counts),
             leaks,
             leak_min_age,
+            symbolized: symbolizer.symbolizes(),
         }
     }
 

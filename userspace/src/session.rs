@@ -53,6 +53,8 @@ pub struct SessionOptions {
     pub live: Option<LiveOptions>,
     /// How user stacks are unwound.
     pub unwind: UnwindMode,
+    /// Symbolize frames (false: `--no-symbolize`).
+    pub symbolize: bool,
     /// Bytes of user stack copied per sample (auto/dwarf).
     pub stack_bytes: u32,
     /// Level of the confidence intervals in the report.
@@ -299,16 +301,20 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     }
     if let Some(unwinder) = &collector.unwinder {
         tracing::info!(
-            "unwound {} stacks in {:?} ({:.0} per second of unwinding)",
+            "unwound {} stacks in {:.6}s",
             unwinder.unwound,
-            unwinder.elapsed,
-            unwinder.unwound as f64 / unwinder.elapsed.as_secs_f64().max(1e-9)
+            unwinder.elapsed.as_secs_f64()
         );
     }
     collector
         .aggregate
         .finish(stopped_ns, options.live.and_then(|l| l.leaks_min_age));
-    let mut symbolizer = FrameSymbolizer::new();
+    let mut symbolizer = if options.symbolize {
+        FrameSymbolizer::new()
+    } else {
+        FrameSymbolizer::unsymbolized()
+    };
+    let symbolizing = Instant::now();
     let report = Report::build(
         &collector.aggregate,
         &collector.normalizer.modules,
@@ -321,6 +327,12 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
             counters,
         },
         options.live.and_then(|l| l.leaks_min_age),
+    );
+    tracing::info!(
+        "symbolized {} stacks of {} samples in {:.6}s",
+        report.stacks.len(),
+        report.totals.samples,
+        symbolizing.elapsed().as_secs_f64()
     );
     Ok((report, stop))
 }

@@ -30,7 +30,8 @@ pub type Functions = Rc<[FunctionFrame]>;
 
 /// Cached symbolizer for [`Frame`]s.
 pub struct FrameSymbolizer {
-    symbolizer: Symbolizer,
+    /// `None` for `--no-symbolize`: frames are named `[file+0xoffset]` only.
+    symbolizer: Option<Symbolizer>,
     cache: HashMap<Frame, Functions>,
 }
 
@@ -58,9 +59,23 @@ impl FrameSymbolizer {
             .enable_demangling(true)
             .build();
         Self {
-            symbolizer,
+            symbolizer: Some(symbolizer),
             cache: HashMap::new(),
         }
+    }
+
+    /// `--no-symbolize`: no debug info is read; frames keep module + offset only, for a
+    /// symbolizer elsewhere (pprof mappings carry the build ids).
+    pub fn unsymbolized() -> Self {
+        Self {
+            symbolizer: None,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// False for [`FrameSymbolizer::unsymbolized`].
+    pub fn symbolizes(&self) -> bool {
+        self.symbolizer.is_some()
     }
 
     /// Symbolizes every frame in `frames` not yet in the cache, one batch per module.
@@ -83,16 +98,21 @@ impl FrameSymbolizer {
         for (module_id, mut offsets) in by_module {
             offsets.sort_unstable();
             offsets.dedup();
-            let Some(module) = modules.get(module_id) else {
+            let (Some(module), Some(path)) = (
+                modules.get(module_id),
+                modules.symbolization_path(module_id),
+            ) else {
                 continue;
             };
             // Return addresses point after the call; the call itself is one byte earlier.
             let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
-            let source = Source::Elf(Elf::new(&module.path));
-            let results = self
-                .symbolizer
-                .symbolize(&source, Input::FileOffset(&lookups))
-                .unwrap_or_default();
+            let source = Source::Elf(Elf::new(&path));
+            let results = match &self.symbolizer {
+                Some(symbolizer) => symbolizer
+                    .symbolize(&source, Input::FileOffset(&lookups))
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
             for (i, &offset) in offsets.iter().enumerate() {
                 let functions = match results.get(i) {
                     Some(Symbolized::Sym(sym)) => {

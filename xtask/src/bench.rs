@@ -3,7 +3,8 @@
 //! - `floor`: an empty eBPF program on the allocation functions (`allocbpf
 //!   --empty-probes`), the cost of the uprobe trap itself, below which no uprobe design
 //!   can go;
-//! - `allocbpf`: the real sampler at 512 KiB;
+//! - `allocbpf`: the real sampler at 512 KiB (default `--unwind auto`: user-stack copies
+//!   unwound in userspace), and with `--unwind fp` (frame pointers walked in the kernel);
 //! - `floor (malloc+free)`: the empty program on the allocation functions AND on free
 //!   (at the same emulated instruction `--live` uses): the floor for live tracking;
 //! - `--live`: the sampler with live tracking through uprobe session links;
@@ -20,7 +21,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     setup,
-    util::{attach, build_allocbpf, compile_c, finish, is_root, Workload},
+    util::{attach, build_allocbpf, compile_c, finish, finish_collecting, is_root, Workload},
 };
 
 /// One benchmark configuration: a name and allocbpf's extra arguments (`None`: no
@@ -30,7 +31,7 @@ struct Config {
     args: Option<&'static [&'static str]>,
 }
 
-const CONFIGS: [Config; 6] = [
+const CONFIGS: [Config; 7] = [
     Config {
         name: "no probe",
         args: None,
@@ -42,6 +43,10 @@ const CONFIGS: [Config; 6] = [
     Config {
         name: "allocbpf --rate 512KiB",
         args: Some(&["--rate", "512KiB"]),
+    },
+    Config {
+        name: "allocbpf --unwind fp",
+        args: Some(&["--rate", "512KiB", "--unwind", "fp"]),
     },
     Config {
         name: "empty program, malloc+free (floor)",
@@ -63,13 +68,16 @@ const CONFIGS: [Config; 6] = [
     },
 ];
 
-/// (numerator, denominator, label, target) over `CONFIGS` indices.
-const RATIOS: [(usize, usize, &str, f64); 3] = [
+/// (numerator, denominator, label, target) over `CONFIGS` indices; an infinite
+/// target is a figure without a target.
+const RATIOS: [(usize, usize, &str, f64); 5] = [
     (2, 1, "allocbpf / floor", 1.10),
-    (4, 3, "--live / floor (malloc+free)", 1.25),
+    (3, 1, "allocbpf --unwind fp / floor", 1.10),
+    (2, 3, "auto (stack copies) / fp", f64::INFINITY),
+    (5, 4, "--live / floor (malloc+free)", 1.25),
     (
-        5,
-        3,
+        6,
+        4,
         "--live (uretprobe) / floor (malloc+free)",
         f64::INFINITY,
     ),
@@ -151,5 +159,59 @@ pub fn bench(rounds: usize, iterations: u64) -> Result<()> {
         };
         println!("  {label} (median of per-round ratios): {ratio:.3}{verdict}");
     }
+    throughput(&allocbpf)?;
+    Ok(())
+}
+
+/// Userspace unwinding and symbolization throughput: the stacks workload (no frame
+/// pointers, 6-frame chains) at a 4 KiB rate, figures from allocbpf's own log.
+fn throughput(allocbpf: &Path) -> Result<()> {
+    let stacks = compile_c("stacks", &["-O2", "-fomit-frame-pointer", "-g"])?;
+    let mut workload = Workload::start(&mut Command::new(&stacks))?;
+    let pid = workload.pid.clone();
+    let (child, stderr) = attach(
+        allocbpf,
+        &[
+            "--pid",
+            &pid,
+            "--rate",
+            "4KiB",
+            "--output",
+            "/dev/null",
+            "-v",
+        ],
+        false,
+    )?;
+    workload.go()?;
+    workload.child.wait()?;
+    let lines = finish_collecting(child, stderr, false)?;
+    // "... unwound N stacks in Xs" / "... symbolized S stacks of N samples in Ys"
+    let figure = |word: &str| -> Option<(f64, f64)> {
+        let line = lines.iter().find(|l| l.contains(word))?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == word)?;
+        let count: f64 = words.get(at + 1)?.parse().ok()?;
+        let secs: f64 = words.last()?.trim_end_matches('s').parse().ok()?;
+        Some((count, secs))
+    };
+    let (Some((unwound, unwind_s)), Some((_, symbolize_s))) =
+        (figure("unwound"), figure("symbolized"))
+    else {
+        bail!("no unwinding/symbolization figures in allocbpf's log: {lines:?}");
+    };
+    println!();
+    println!("userspace, {unwound:.0} samples of stacks without frame pointers, one core:");
+    println!(
+        "  unwinding {:.0} samples/s; symbolization {:.3}s at the end; together {:.0} samples/s",
+        unwound / unwind_s,
+        symbolize_s,
+        unwound / (unwind_s + symbolize_s)
+    );
+    // Ring-buffer records carry an 8-byte header each.
+    let header = std::mem::size_of::<allocbpf_common::SampleEvent>() + 8;
+    println!(
+        "  ring buffer bytes per sample: fp {header}, auto/dwarf {} (default 16 KiB copy)",
+        header + 16384
+    );
     Ok(())
 }

@@ -11,7 +11,8 @@ use anyhow::{bail, Result};
 use crate::util::{is_root, run};
 
 /// Debian packages: the eBPF toolchain, LLVM for bpf-linker, and the tests' tools
-/// (gcc + static libc for workloads, Go for `go tool pprof`, setpriv) and the font the
+/// (gcc/g++ + static libc for workloads, gdb to compare stacks with, Go for
+/// `go tool pprof`, setpriv) and the font the
 /// statistics figures are drawn with.
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",
@@ -21,6 +22,8 @@ const APT_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
     "gcc",
+    "g++",
+    "gdb",
     "libc6-dev",
     "golang-go",
     "util-linux",

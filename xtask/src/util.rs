@@ -129,16 +129,27 @@ pub fn attach(
 
 /// Reads `stderr` to its end (echoing it if asked), then waits for `child`; fails unless
 /// it exited successfully.
-pub fn finish(mut child: Child, stderr: Lines<BufReader<ChildStderr>>, echo: bool) -> Result<()> {
+pub fn finish(child: Child, stderr: Lines<BufReader<ChildStderr>>, echo: bool) -> Result<()> {
+    finish_collecting(child, stderr, echo).map(|_| ())
+}
+
+/// [`finish`], returning allocbpf's remaining stderr lines.
+pub fn finish_collecting(
+    mut child: Child,
+    stderr: Lines<BufReader<ChildStderr>>,
+    echo: bool,
+) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
     for line in stderr {
         let line = line?;
         if echo {
             eprintln!("{line}");
         }
+        lines.push(line);
     }
     let status = child.wait()?;
     if !status.success() {
         bail!("allocbpf failed: {status}");
     }
-    Ok(())
+    Ok(lines)
 }

@@ -34,6 +34,10 @@ pub const MAX_PROCESSES: u32 = 16_384;
 /// Size of the sample ring buffer in bytes (a power of two multiple of the page size).
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
+/// Size of the sample ring buffer when samples carry stack copies (`--unwind auto` and
+/// `dwarf`, ~17.5 KB per sample at the default 16 KiB): ~1,900 samples in flight.
+pub const RING_BUFFER_BYTES_WITH_STACKS: u32 = 32 << 20;
+
 /// Sampled allocations tracked until freed (`--live`): the `LIVE` hash map. At the
 /// default 512 KiB rate this covers ~32 GiB of sampled live heap; beyond it new samples
 /// are counted as untracked (`Counter::LiveMapFull`) and reported, never guessed.

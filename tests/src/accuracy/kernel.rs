@@ -82,6 +82,10 @@ pub fn run_coverage_workload() -> Result<KernelCoverage> {
         profile_path.to_str().context("path")?,
         "--raw-samples",
         raw_path.to_str().context("path")?,
+        // ~4,000 samples per burst: frame-pointer stacks (the workload has them) keep
+        // events small enough that the ring buffer never drops one.
+        "--unwind",
+        "fp",
     ])?;
     workload.go()?;
     workload.wait(Duration::from_secs(120))?;

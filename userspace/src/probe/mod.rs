@@ -190,6 +190,14 @@ impl Sampler {
             .override_global(STACK_COPY_BYTES_GLOBAL, &config.stack_copy_bytes, true)
             .map_max_entries("THREAD_SLOTS", slot_mask + 1)
             .map_max_entries("THREADS", tables.overflow.max(1))
+            .map_max_entries(
+                "EVENTS",
+                if config.stack_copy_bytes > 0 {
+                    allocbpf_common::RING_BUFFER_BYTES_WITH_STACKS
+                } else {
+                    allocbpf_common::RING_BUFFER_BYTES
+                },
+            )
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
         // Before anything takes maps out of `ebpf`: relocation needs every map's fd.

@@ -14,6 +14,8 @@
 //!   labels are what pprof readers keep per sample: `go tool pprof -tags` and `-raw`
 //!   show them; they do not change values, so every other view is unaffected.
 //! - the profile comment states the rate, the level, and the total's interval.
+//! - `--no-symbolize`: locations carry addresses only (no lines, no functions) and the
+//!   mappings say so, for a symbolizer that works from build ids.
 
 pub mod proto;
 
@@ -83,10 +85,10 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
             file_offset: 0,
             filename: strings.intern(&module.path.display().to_string()),
             build_id: strings.intern(&module.build_id_hex()),
-            has_functions: true,
-            has_filenames: true,
-            has_line_numbers: true,
-            has_inline_frames: true,
+            has_functions: report.symbolized,
+            has_filenames: report.symbolized,
+            has_line_numbers: report.symbolized,
+            has_inline_frames: report.symbolized,
         })
         .collect();
 
@@ -106,8 +108,13 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
         let mut location_ids = Vec::with_capacity(stack.locations.len());
         for location in &stack.locations {
             let id = *locations.entry(location.frame).or_insert_with(|| {
-                let lines = location
-                    .functions
+                // Unsymbolized profiles: addresses and mappings (with build ids) only.
+                let shown: &[_] = if report.symbolized {
+                    &location.functions
+                } else {
+                    &[]
+                };
+                let lines = shown
                     .iter()
                     .map(|f| {
                         let key = (f.name.clone(), f.file.clone());
