@@ -371,3 +371,32 @@ pub fn go_pprof(args: &[&str], profile: &Path, scratch: &Path) -> String {
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// The GNU build id of an ELF file, as `readelf -n` prints it (lowercase hex).
+pub fn gnu_build_id(binary: &Path) -> String {
+    let output = Command::new("readelf")
+        .arg("-n")
+        .arg(binary)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+        .expect("gcc links a GNU build id")
+}
+
+/// Attaches allocbpf to `workload` at 64 KiB with JSON output to `out` (waits until
+/// its probes are attached).
+pub fn attach_json(workload: &Workload, out: &Path) -> Result<Profiler> {
+    let pid = workload.pid.to_string();
+    Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--rate",
+        "64KiB",
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ])
+}

@@ -4,8 +4,8 @@
 use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
 
 use allocbpf_e2e::{
-    allocbpf_bin, compile_workload, require_root, run_allocbpf, scratch_dir, sites_binary,
-    Profiler, Workload,
+    allocbpf_bin, attach_json, compile_workload, require_root, run_allocbpf, scratch_dir,
+    sites_binary, Workload,
 };
 
 const QUICK: Duration = Duration::from_secs(30);
@@ -164,19 +164,8 @@ fn sigterm_stops_profiling_and_keeps_what_was_collected() {
     let binary = sites_binary();
     let dir = scratch_dir("sigterm");
     let mut workload = Workload::start(&binary, &["forever"]).unwrap();
-    let pid = workload.pid.to_string();
     let out = dir.join("p.json");
-    let profiler = Profiler::attach(&[
-        "--pid",
-        &pid,
-        "--rate",
-        "64KiB",
-        "--format",
-        "json",
-        "--output",
-        out.to_str().unwrap(),
-    ])
-    .unwrap();
+    let profiler = attach_json(&workload, &out).unwrap();
     workload.go().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: plain kill(2) on a child we own.

@@ -2,10 +2,8 @@
 //! name, its estimate against the bound derived in `src/sites.rs`, the exact totals to
 //! the byte, and that `go tool pprof` reads the pprof output.
 
-use std::{path::Path, process::Command};
-
 use allocbpf_e2e::{
-    estimated_bytes, go_pprof, profile_to_completion, require_root, scratch_dir,
+    estimated_bytes, gnu_build_id, go_pprof, profile_to_completion, require_root, scratch_dir,
     sites::{totals, SITES, TEST_RATE},
     sites_binary, stacks_with,
 };
@@ -159,19 +157,6 @@ fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
             .any(|l| l.contains("sites-") && l.contains(&build_id)),
         "no mapping with build id {build_id}:\n{raw}"
     );
-}
-
-/// The GNU build id of an ELF file, as `readelf -n` prints it (lowercase hex).
-fn gnu_build_id(binary: &Path) -> String {
-    let output = Command::new("readelf")
-        .arg("-n")
-        .arg(binary)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
-        .expect("gcc links a GNU build id")
 }
 
 #[test]

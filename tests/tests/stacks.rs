@@ -11,8 +11,8 @@ use std::{
 };
 
 use allocbpf_e2e::{
-    compile_source, go_pprof, profile_workload, require_root, scratch_dir, stacks_with, Profiler,
-    Workload,
+    attach_json, compile_source, gnu_build_id, go_pprof, profile_workload, require_root,
+    scratch_dir, stacks_with, Workload,
 };
 use serde_json::Value;
 
@@ -217,18 +217,7 @@ fn a_deleted_binary_is_still_symbolized() {
     let mut workload = Workload::start(&copy, &[]).unwrap();
     std::fs::remove_file(&copy).unwrap();
     let out = dir.join("profile.json");
-    let pid = workload.pid.to_string();
-    let profiler = Profiler::attach(&[
-        "--pid",
-        &pid,
-        "--rate",
-        "64KiB",
-        "--format",
-        "json",
-        "--output",
-        out.to_str().unwrap(),
-    ])
-    .unwrap();
+    let profiler = attach_json(&workload, &out).unwrap();
     workload.go().unwrap();
     workload.wait(Duration::from_secs(60)).unwrap();
     let finished = profiler.finish(Duration::from_secs(60)).unwrap();
@@ -260,15 +249,7 @@ fn unsymbolized_profiles_carry_addresses_and_build_ids() {
     .unwrap();
     let raw = go_pprof(&["-raw"], &path, &dir);
     assert!(!raw.contains("chain_four"), "symbolized anyway:\n{raw}");
-    let readelf = Command::new("readelf")
-        .arg("-n")
-        .arg(c_binary())
-        .output()
-        .unwrap();
-    let build_id = String::from_utf8_lossy(&readelf.stdout)
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
-        .unwrap();
+    let build_id = gnu_build_id(&c_binary());
     assert!(
         raw.contains(&build_id),
         "no mapping with {build_id}:\n{raw}"
