@@ -21,27 +21,24 @@
 #![no_std]
 #![no_main]
 
+mod emit;
 mod live;
 mod stack_copy;
 
-use core::ptr::{addr_of_mut, read_volatile};
+use core::ptr::read_volatile;
 
 use allocbpf_common::{
     sampler::{self, array_bytes, pvalloc_bytes, Decision},
-    AllocFn, Counter, EventKind, LiveKey, LiveMode, SampleEvent, ThreadState, Totals,
-    ALLOC_FN_COUNT, COUNTER_COUNT, INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS,
-    MAX_PROCESSES, MAX_STACK_DEPTH, RING_BUFFER_BYTES, SAMPLE_FLAG_CERTAIN, THREAD_SLOTS_LEN,
+    AllocFn, Counter, LiveKey, LiveMode, ThreadState, Totals, ALLOC_FN_COUNT, COUNTER_COUNT,
+    INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS, MAX_PROCESSES, RING_BUFFER_BYTES,
+    THREAD_SLOTS_LEN,
 };
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::bpf_get_stack,
-    },
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_probe_read_user},
     macros::{map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
-    EbpfContext,
 };
 use aya_log_ebpf::warn;
 
@@ -234,127 +231,6 @@ fn remember_wrapper(state: &mut ThreadState, kind: AllocFn, entry: &Entry) {
     state.forward_fn = kind as u32;
 }
 
-/// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
-/// was no sample or it was lost (a lost sample is not tracked either).
-#[inline(always)]
-fn emit(
-    ctx: &ProbeContext,
-    kind: AllocFn,
-    pid_tgid: u64,
-    size: u64,
-    decision: Decision,
-    sp: u64,
-) -> u64 {
-    let (offset, next_interval, flags) = match decision {
-        Decision::Skip => return 0,
-        Decision::Sampled {
-            offset,
-            next_interval,
-        } => (offset, next_interval, 0),
-        Decision::Certain => (0, 0, SAMPLE_FLAG_CERTAIN),
-    };
-    bump(Counter::Samples);
-    let timestamp_ns = unsafe { bpf_ktime_get_ns() };
-    // Unique per session without shared state: a thread's timestamps are distinct, an
-    // odd multiplier is a bijection mod 2^64, and the tid separates threads (a collision
-    // between threads has probability ~2^-64 per pair).
-    let sample_id = timestamp_ns.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (pid_tgid as u32 as u64) | 1;
-    let header = Header {
-        sample_id,
-        timestamp_ns,
-        size,
-        offset,
-        next_interval,
-        caller: return_address(sp),
-        pid_tgid,
-        kind,
-        flags,
-    };
-    // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
-    let sent = match unsafe { read_volatile(&STACK_COPY_BYTES) } {
-        0 => emit_fp(ctx, &header),
-        4096 => stack_copy::emit::<4096>(ctx, &header),
-        8192 => stack_copy::emit::<8192>(ctx, &header),
-        32768 => stack_copy::emit::<32768>(ctx, &header),
-        _ => stack_copy::emit::<16384>(ctx, &header),
-    };
-    if !sent {
-        bump(Counter::RingBufferDrops);
-        return 0;
-    }
-    sample_id
-}
-
-/// The fields of a [`SampleEvent`] every mode fills the same way.
-pub(crate) struct Header {
-    sample_id: u64,
-    timestamp_ns: u64,
-    size: u64,
-    offset: u64,
-    next_interval: u64,
-    caller: u64,
-    pid_tgid: u64,
-    kind: AllocFn,
-    flags: u32,
-}
-
-/// Writes `header` into a reserved event (stack fields zeroed).
-///
-/// # Safety
-/// `event` must point at a reserved, exclusively owned ring-buffer record.
-#[inline(always)]
-pub(crate) unsafe fn write_header(event: *mut SampleEvent, h: &Header) {
-    unsafe {
-        addr_of_mut!((*event).kind).write(EventKind::Sample as u32);
-        addr_of_mut!((*event).reserved).write(0);
-        addr_of_mut!((*event).sample_id).write(h.sample_id);
-        addr_of_mut!((*event).timestamp_ns).write(h.timestamp_ns);
-        addr_of_mut!((*event).size).write(h.size);
-        addr_of_mut!((*event).offset).write(h.offset);
-        addr_of_mut!((*event).rate).write(read_volatile(&RATE));
-        addr_of_mut!((*event).next_interval).write(h.next_interval);
-        addr_of_mut!((*event).caller).write(h.caller);
-        addr_of_mut!((*event).pid).write((h.pid_tgid >> 32) as u32);
-        addr_of_mut!((*event).tid).write(h.pid_tgid as u32);
-        addr_of_mut!((*event).alloc_fn).write(h.kind as u32);
-        addr_of_mut!((*event).flags).write(h.flags);
-        addr_of_mut!((*event).stack_len).write(0);
-        addr_of_mut!((*event).stack_error).write(0);
-        addr_of_mut!((*event).user_stack_len).write(0);
-        addr_of_mut!((*event).reserved2).write(0);
-        addr_of_mut!((*event).regs).write([0; 3]);
-    }
-}
-
-/// `--unwind fp`: the kernel walks frame pointers (`bpf_get_stack`).
-#[inline(always)]
-fn emit_fp(ctx: &ProbeContext, header: &Header) -> bool {
-    let Some(mut entry) = EVENTS.reserve::<SampleEvent>(0) else {
-        return false;
-    };
-    let event = entry.as_mut_ptr();
-    // SAFETY: `event` points at a reserved, exclusively owned ring-buffer record of the
-    // right size; every field is written before submit.
-    unsafe {
-        write_header(event, header);
-        let written = bpf_get_stack(
-            ctx.as_ptr(),
-            addr_of_mut!((*event).stack).cast(),
-            (MAX_STACK_DEPTH * 8) as u32,
-            BPF_F_USER_STACK as u64,
-        );
-        if written < 0 {
-            // An error code is never mistaken for a stack: length 0, error kept apart.
-            bump(Counter::StackErrors);
-            addr_of_mut!((*event).stack_error).write(written as i32);
-        } else {
-            addr_of_mut!((*event).stack_len).write((written as u32) / 8);
-        }
-    }
-    entry.submit(0);
-    true
-}
-
 /// Adds to a process's kept totals, creating the entry if needed.
 #[inline(always)]
 fn add_process_totals(pid: u32, calls: u64, bytes: u64) -> bool {
@@ -467,7 +343,7 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32
         if let Some(remaining) = CPU_COUNTDOWN.get_ptr_mut(0) {
             // SAFETY: per-CPU slot.
             let decision = decide(unsafe { &mut *remaining }, size);
-            emit(ctx, kind, pid_tgid, size, decision, entry.sp);
+            emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp);
         }
         return skip_return();
     };
@@ -498,7 +374,7 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32
     state.calls += 1;
     state.bytes += size;
     let decision = decide(&mut state.remaining, size);
-    let sample_id = emit(ctx, kind, pid_tgid, size, decision, entry.sp);
+    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp);
     if !live {
         return skip_return();
     }

@@ -11,7 +11,10 @@ use core::ptr::addr_of_mut;
 use allocbpf_common::SampleEvent;
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext, EbpfContext};
 
-use crate::{write_header, Header, EVENTS};
+use crate::{
+    emit::{write_header, Header},
+    EVENTS,
+};
 
 const PAGE: usize = 4096;
 

@@ -1,0 +1,138 @@
+//! Writing sampled allocations to the `EVENTS` ring buffer, with a frame-pointer stack
+//! walked in the kernel (`--unwind fp`) or a copy of the user stack (`stack_copy.rs`).
+
+use core::ptr::{addr_of_mut, read_volatile};
+
+use allocbpf_common::{
+    sampler::Decision, AllocFn, Counter, EventKind, SampleEvent, MAX_STACK_DEPTH,
+    SAMPLE_FLAG_CERTAIN,
+};
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::{bpf_ktime_get_ns, generated::bpf_get_stack},
+    programs::ProbeContext,
+    EbpfContext,
+};
+
+use crate::{bump, return_address, stack_copy, EVENTS, RATE, STACK_COPY_BYTES};
+
+/// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
+/// was no sample or it was lost (a lost sample is not tracked either).
+#[inline(always)]
+pub(crate) fn emit(
+    ctx: &ProbeContext,
+    kind: AllocFn,
+    pid_tgid: u64,
+    size: u64,
+    decision: Decision,
+    sp: u64,
+) -> u64 {
+    let (offset, next_interval, flags) = match decision {
+        Decision::Skip => return 0,
+        Decision::Sampled {
+            offset,
+            next_interval,
+        } => (offset, next_interval, 0),
+        Decision::Certain => (0, 0, SAMPLE_FLAG_CERTAIN),
+    };
+    bump(Counter::Samples);
+    let timestamp_ns = unsafe { bpf_ktime_get_ns() };
+    // Unique per session without shared state: a thread's timestamps are distinct, an
+    // odd multiplier is a bijection mod 2^64, and the tid separates threads (a collision
+    // between threads has probability ~2^-64 per pair).
+    let sample_id = timestamp_ns.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (pid_tgid as u32 as u64) | 1;
+    let header = Header {
+        sample_id,
+        timestamp_ns,
+        size,
+        offset,
+        next_interval,
+        caller: return_address(sp),
+        pid_tgid,
+        kind,
+        flags,
+    };
+    // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
+    let sent = match unsafe { read_volatile(&STACK_COPY_BYTES) } {
+        0 => emit_fp(ctx, &header),
+        4096 => stack_copy::emit::<4096>(ctx, &header),
+        8192 => stack_copy::emit::<8192>(ctx, &header),
+        32768 => stack_copy::emit::<32768>(ctx, &header),
+        _ => stack_copy::emit::<16384>(ctx, &header),
+    };
+    if !sent {
+        bump(Counter::RingBufferDrops);
+        return 0;
+    }
+    sample_id
+}
+
+/// The fields of a [`SampleEvent`] every mode fills the same way.
+pub(crate) struct Header {
+    pub(crate) sample_id: u64,
+    pub(crate) timestamp_ns: u64,
+    size: u64,
+    offset: u64,
+    next_interval: u64,
+    caller: u64,
+    pid_tgid: u64,
+    kind: AllocFn,
+    flags: u32,
+}
+
+/// Writes `header` into a reserved event (stack fields zeroed).
+///
+/// # Safety
+/// `event` must point at a reserved, exclusively owned ring-buffer record.
+#[inline(always)]
+pub(crate) unsafe fn write_header(event: *mut SampleEvent, h: &Header) {
+    unsafe {
+        addr_of_mut!((*event).kind).write(EventKind::Sample as u32);
+        addr_of_mut!((*event).reserved).write(0);
+        addr_of_mut!((*event).sample_id).write(h.sample_id);
+        addr_of_mut!((*event).timestamp_ns).write(h.timestamp_ns);
+        addr_of_mut!((*event).size).write(h.size);
+        addr_of_mut!((*event).offset).write(h.offset);
+        addr_of_mut!((*event).rate).write(read_volatile(&RATE));
+        addr_of_mut!((*event).next_interval).write(h.next_interval);
+        addr_of_mut!((*event).caller).write(h.caller);
+        addr_of_mut!((*event).pid).write((h.pid_tgid >> 32) as u32);
+        addr_of_mut!((*event).tid).write(h.pid_tgid as u32);
+        addr_of_mut!((*event).alloc_fn).write(h.kind as u32);
+        addr_of_mut!((*event).flags).write(h.flags);
+        addr_of_mut!((*event).stack_len).write(0);
+        addr_of_mut!((*event).stack_error).write(0);
+        addr_of_mut!((*event).user_stack_len).write(0);
+        addr_of_mut!((*event).reserved2).write(0);
+        addr_of_mut!((*event).regs).write([0; 3]);
+    }
+}
+
+/// `--unwind fp`: the kernel walks frame pointers (`bpf_get_stack`).
+#[inline(always)]
+fn emit_fp(ctx: &ProbeContext, header: &Header) -> bool {
+    let Some(mut entry) = EVENTS.reserve::<SampleEvent>(0) else {
+        return false;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at a reserved, exclusively owned ring-buffer record of the
+    // right size; every field is written before submit.
+    unsafe {
+        write_header(event, header);
+        let written = bpf_get_stack(
+            ctx.as_ptr(),
+            addr_of_mut!((*event).stack).cast(),
+            (MAX_STACK_DEPTH * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        );
+        if written < 0 {
+            // An error code is never mistaken for a stack: length 0, error kept apart.
+            bump(Counter::StackErrors);
+            addr_of_mut!((*event).stack_error).write(written as i32);
+        } else {
+            addr_of_mut!((*event).stack_len).write((written as u32) / 8);
+        }
+    }
+    entry.submit(0);
+    true
+}
