@@ -84,6 +84,16 @@ pub fn sample_probability(size: u64, rate: u64) -> f64 {
     }
 }
 
+/// Variance contributed to a byte estimate by ONE allocation of `size` bytes:
+/// `S^2 (1 - p) / p`, 0 for certain allocations (p = 1) and for empty calls.
+pub fn allocation_variance(size: u64, rate: u64) -> f64 {
+    if size == 0 {
+        return 0.0;
+    }
+    let p = sample_probability(size, rate);
+    (size as f64).powi(2) * (1.0 - p) / p
+}
+
 impl Site {
     /// True bytes.
     pub fn bytes(&self) -> u64 {
@@ -99,10 +109,7 @@ impl Site {
     pub fn estimate_sd(&self, rate: u64) -> f64 {
         self.allocations
             .iter()
-            .map(|&(size, n)| {
-                let p = sample_probability(size, rate);
-                n as f64 * (size as f64).powi(2) * (1.0 - p) / p
-            })
+            .map(|&(size, n)| n as f64 * allocation_variance(size, rate))
             .sum::<f64>()
             .sqrt()
     }

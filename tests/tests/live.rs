@@ -9,7 +9,7 @@
 
 use allocbpf_e2e::{
     compile_workload, estimated_bytes, go_pprof, profile_to_completion, require_root, scratch_dir,
-    sites::{sample_probability, totals, TEST_RATE},
+    sites::{allocation_variance, totals, TEST_RATE},
     sites_binary, stacks_with,
 };
 use serde_json::Value;
@@ -90,8 +90,7 @@ fn check_leaks(mechanism: &str, expected_log: &str) {
         let stacks = stacks_with(&json, function);
         let inuse = sum(&stacks, "inuse_bytes");
         let truth = (blocks * size) as f64;
-        let p = sample_probability(size, TEST_RATE);
-        let sd = (blocks as f64 * (size as f64).powi(2) * (1.0 - p) / p).sqrt();
+        let sd = (blocks as f64 * allocation_variance(size, TEST_RATE)).sqrt();
         println!(
             "{function:<14} in use {inuse:>12.0}, truth {truth:>10} ({:+.2} sd)",
             (inuse - truth) / sd

@@ -9,7 +9,11 @@ use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
 use super::{interval_quality_of, stats, IntervalQuality};
-use crate::{compile_workload, scratch_dir, sites::sample_probability, Profiler, Workload};
+use crate::{
+    compile_workload, scratch_dir,
+    sites::{allocation_variance, sample_probability},
+    Profiler, Workload,
+};
 
 /// Mean sampling interval of the run: the workload sizes its sites for it.
 pub const COVERAGE_RATE: u64 = 64 * 1024;
@@ -145,7 +149,6 @@ fn analyse(output: &str, profile: &Value, raw_path: &Path) -> Result<KernelCover
             continue;
         };
         let ci = stack["bytes_ci95"].as_array().context("bytes_ci95")?;
-        let p = sample_probability(size, COVERAGE_RATE);
         results.push(SiteResult {
             size,
             calls,
@@ -156,7 +159,7 @@ fn analyse(output: &str, profile: &Value, raw_path: &Path) -> Result<KernelCover
                 ci[0].as_f64().unwrap_or(f64::NAN),
                 ci[1].as_f64().unwrap_or(f64::NAN),
             ),
-            sd: (calls as f64 * (size as f64).powi(2) * (1.0 - p) / p).sqrt(),
+            sd: (calls as f64 * allocation_variance(size, COVERAGE_RATE)).sqrt(),
         });
     }
     // Left out above: sites split over several stacks (a failed stack walk) and sites

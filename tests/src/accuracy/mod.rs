@@ -18,7 +18,7 @@ use allocbpf::{aggregate::StackStats, estimate::Confidence};
 use self::{stats::*, workloads::SimWorkload};
 use crate::{
     simulate::{Alloc, Simulator},
-    sites::sample_probability,
+    sites::{allocation_variance, sample_probability},
 };
 
 /// Trials per workload: with coverage c = 0.95 the observed coverage has standard
@@ -69,14 +69,10 @@ impl SiteSummary {
 
 /// Predicted variance of a site's estimate, recomputed here from the allocations.
 pub fn predicted_variance(allocations: &[Alloc], site: usize, rate: u64) -> f64 {
-    let threshold = allocbpf::estimate::certain_threshold(rate);
     allocations
         .iter()
-        .filter(|a| a.site == site && a.size > 0 && a.size < threshold)
-        .map(|a| {
-            let p = sample_probability(a.size, rate);
-            (a.size as f64).powi(2) * (1.0 - p) / p
-        })
+        .filter(|a| a.site == site)
+        .map(|a| allocation_variance(a.size, rate))
         .sum()
 }
 
