@@ -15,6 +15,7 @@ pub mod export;
 pub mod normalize;
 pub mod preflight;
 pub mod probe;
+pub mod procfs;
 pub mod report;
 pub mod session;
 pub mod symbolize;

@@ -12,6 +12,8 @@ use std::{
 
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 
+use crate::procfs;
+
 /// An executable or shared object that frames point into.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Module {
@@ -75,22 +77,15 @@ enum ModuleKey {
     Path(PathBuf),
 }
 
-/// Opens the file `pid` maps at `path` the way the process sees it: through
-/// `/proc/PID/map_files/` (works for deleted files), else `/proc/PID/root/`.
+/// Opens the file `pid` maps at `path` the way the process sees it (see [`procfs`]).
 fn open_mapped_file(pid: u32, path: &Path) -> Option<std::fs::File> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let wanted = path.to_string_lossy();
-    let range = maps.lines().find_map(|line| {
-        let name = line.splitn(6, char::is_whitespace).last()?.trim();
-        let name = name.trim_end_matches(" (deleted)");
-        (name == wanted).then(|| line.split_whitespace().next().map(str::to_string))?
-    });
-    range
-        .and_then(|r| std::fs::File::open(format!("/proc/{pid}/map_files/{r}")).ok())
-        .or_else(|| {
-            let rel = path.strip_prefix("/").unwrap_or(path);
-            std::fs::File::open(Path::new(&format!("/proc/{pid}/root")).join(rel)).ok()
-        })
+    match procfs::read_maps(pid)
+        .iter()
+        .find(|e| e.file_path() == Some(path))
+    {
+        Some(entry) => procfs::open_mapped(pid, entry),
+        None => std::fs::File::open(procfs::in_root(pid, path)).ok(),
+    }
 }
 
 impl ModuleTable {

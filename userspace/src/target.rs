@@ -13,6 +13,8 @@ use std::{
 use allocbpf_common::{AllocFn, ALLOC_FN_COUNT};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
+use crate::procfs::{in_root, parse_maps};
+
 /// Errors about the target process or its libc.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
@@ -124,14 +126,10 @@ pub fn comm_of(pid: u32) -> Option<String> {
 
 /// Returns the path of the first executable libc mapping in a `/proc/PID/maps` text.
 pub fn find_libc_in_maps(maps: &str) -> Option<PathBuf> {
-    maps.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let _range = fields.next()?;
-        let perms = fields.next()?;
-        let path = fields.nth(3)?;
-        let name = Path::new(path).file_name()?.to_str()?;
-        (perms.contains('x') && path.starts_with('/') && is_libc_name(name))
-            .then(|| PathBuf::from(path))
+    parse_maps(maps).iter().find_map(|entry| {
+        let path = entry.file_path()?;
+        let name = path.file_name()?.to_str()?;
+        (entry.executable && is_libc_name(name)).then(|| path.to_path_buf())
     })
 }
 
@@ -157,8 +155,7 @@ impl Target {
             return Err(TargetError::NoLibc { pid, comm });
         };
         // Through the target's root, so containers' own libcs are the ones we probe.
-        let host_path = Path::new(&format!("/proc/{pid}/root"))
-            .join(path_in_target.strip_prefix("/").unwrap_or(&path_in_target));
+        let host_path = in_root(pid, &path_in_target);
         let (symbols, missing) = resolve_alloc_symbols(&host_path)?;
         Ok(Target {
             pid,

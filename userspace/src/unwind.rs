@@ -15,8 +15,9 @@
 
 use std::{
     collections::HashMap,
+    io::Read,
     ops::Range,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -26,6 +27,8 @@ use framehop::{
     ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder,
 };
 use object::{Object, ObjectSection, ObjectSegment};
+
+use crate::procfs::{self, MapsEntry};
 
 /// Unwind sections cached at most (distinct files).
 const MAX_CACHED_FILES: usize = 256;
@@ -127,38 +130,6 @@ enum FileKey {
     Path(PathBuf),
 }
 
-/// An executable, file-backed mapping from `/proc/PID/maps`.
-struct Mapping {
-    range: Range<u64>,
-    offset: u64,
-    path: PathBuf,
-}
-
-fn executable_mappings(pid: u32) -> Vec<Mapping> {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-        return Vec::new();
-    };
-    maps.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let range = fields.next()?;
-            let perms = fields.next()?;
-            let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-            let (_dev, _inode) = (fields.next()?, fields.next()?);
-            let path = fields.collect::<Vec<_>>().join(" ");
-            if !perms.contains('x') || !path.starts_with('/') {
-                return None;
-            }
-            let (start, end) = range.split_once('-')?;
-            Some(Mapping {
-                range: u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?,
-                offset,
-                path: PathBuf::from(path.trim_end_matches(" (deleted)")),
-            })
-        })
-        .collect()
-}
-
 /// The GNU build id note of an ELF file, if any.
 fn build_id(data: &[u8]) -> Option<Vec<u8>> {
     let file = object::File::parse(data).ok()?;
@@ -183,20 +154,16 @@ impl StackUnwinder {
         self.refresh(pid);
     }
 
-    fn file(&mut self, pid: u32, mapping: &Mapping) -> Option<Arc<FileSections>> {
+    fn file(&mut self, pid: u32, mapping: &MapsEntry) -> Option<Arc<FileSections>> {
         // The process's own view: works for deleted/replaced files and containers.
-        let via_map_files = PathBuf::from(format!(
-            "/proc/{pid}/map_files/{:x}-{:x}",
-            mapping.range.start, mapping.range.end
-        ));
-        let via_root = Path::new(&format!("/proc/{pid}/root"))
-            .join(mapping.path.strip_prefix("/").unwrap_or(&mapping.path));
-        let data = std::fs::read(&via_map_files)
-            .or_else(|_| std::fs::read(&via_root))
+        let mut data = Vec::new();
+        procfs::open_mapped(pid, mapping)?
+            .read_to_end(&mut data)
             .ok()?;
-        let key = build_id(&data)
-            .map(FileKey::BuildId)
-            .unwrap_or_else(|| FileKey::Path(mapping.path.clone()));
+        let key = match build_id(&data) {
+            Some(id) => FileKey::BuildId(id),
+            None => FileKey::Path(mapping.file_path()?.to_path_buf()),
+        };
         if let Some(sections) = self.files.get(&key) {
             return Some(sections.clone());
         }
@@ -212,7 +179,10 @@ impl StackUnwinder {
     }
 
     fn refresh(&mut self, pid: u32) {
-        let mappings = executable_mappings(pid);
+        let mappings: Vec<MapsEntry> = procfs::read_maps(pid)
+            .into_iter()
+            .filter(|e| e.executable && e.file_path().is_some())
+            .collect();
         if mappings.is_empty() {
             return;
         }
@@ -238,7 +208,7 @@ impl StackUnwinder {
                 ..Default::default()
             };
             unwinder.add_module(Module::new(
-                mapping.path.display().to_string(),
+                mapping.name.clone(),
                 mapping.range.clone(),
                 bias,
                 info,
