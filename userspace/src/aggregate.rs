@@ -121,6 +121,8 @@ pub struct Aggregate {
     pub live_counts: LiveCounts,
     /// Leak groups by stack index, filled by [`Aggregate::finish`] with `--leaks`.
     leaks: Vec<(usize, LeakStats)>,
+    /// The `--min-age` those groups were cut at.
+    leak_min_age: Option<std::time::Duration>,
 }
 
 impl Aggregate {
@@ -159,20 +161,23 @@ impl Aggregate {
 
     /// A tracked block died.
     pub fn freed(&mut self, sample_id: u64) {
-        if let Some(live) = self.live.as_mut() {
-            if live.remove(&sample_id).is_some() {
-                self.live_counts.freed_samples += 1;
-            }
+        if self.retire(sample_id) {
+            self.live_counts.freed_samples += 1;
         }
     }
 
     /// A sample could not be tracked: it is not part of the live heap.
     pub fn untracked(&mut self, sample_id: u64) {
-        if let Some(live) = self.live.as_mut() {
-            if live.remove(&sample_id).is_some() {
-                self.live_counts.untracked_samples += 1;
-            }
+        if self.retire(sample_id) {
+            self.live_counts.untracked_samples += 1;
         }
+    }
+
+    /// Drops a sample from the live set; false if it was not there (a lost sample).
+    fn retire(&mut self, sample_id: u64) -> bool {
+        self.live
+            .as_mut()
+            .is_some_and(|live| live.remove(&sample_id).is_some())
     }
 
     /// Computes in-use figures per stack, and with `min_age` the leak groups: blocks
@@ -196,21 +201,27 @@ impl Aggregate {
             self.totals.inuse_bytes += block.bytes;
             self.totals.inuse_objects += block.objects;
             let age = now_ns.saturating_sub(block.allocated_ns);
-            if let Some(min_age) = min_age {
-                if u128::from(age) >= min_age.as_nanos() {
-                    let leak = leaks.entry(block.stack).or_insert(LeakStats {
-                        min_age_ns: u64::MAX,
-                        ..LeakStats::default()
-                    });
-                    leak.samples += 1;
-                    leak.estimated_bytes += block.bytes;
-                    leak.estimated_objects += block.objects;
-                    leak.min_age_ns = leak.min_age_ns.min(age);
-                    leak.max_age_ns = leak.max_age_ns.max(age);
-                }
+            if min_age.is_some_and(|min_age| u128::from(age) >= min_age.as_nanos()) {
+                let one = LeakStats {
+                    samples: 1,
+                    estimated_bytes: block.bytes,
+                    estimated_objects: block.objects,
+                    min_age_ns: age,
+                    max_age_ns: age,
+                };
+                leaks
+                    .entry(block.stack)
+                    .and_modify(|leak| leak.merge(&one))
+                    .or_insert(one);
             }
         }
         self.leaks = leaks.into_iter().collect();
+        self.leak_min_age = min_age;
+    }
+
+    /// The minimum age [`Aggregate::finish`] cut leaks at (`None`: no leak report).
+    pub fn leak_min_age(&self) -> Option<std::time::Duration> {
+        self.leak_min_age
     }
 
     /// True if blocks are tracked until freed.

@@ -38,6 +38,15 @@ impl StackReport {
     }
 }
 
+/// The `--leaks` report.
+#[derive(Clone, Debug)]
+pub struct Leaks {
+    /// `--min-age`: live blocks at least this old are reported.
+    pub min_age: Duration,
+    /// One group per stack.
+    pub groups: Vec<LeakReport>,
+}
+
 /// Sampled blocks of one stack still live and older than `--min-age` (`--leaks`).
 #[derive(Clone, Debug)]
 pub struct LeakReport {
@@ -125,10 +134,8 @@ pub struct Report {
     pub stacks: Vec<StackReport>,
     /// Live-tracking counts, with `--live`.
     pub live: Option<LiveCounts>,
-    /// Leak groups with `--leaks` (and the minimum age they were cut at).
-    pub leaks: Option<Vec<LeakReport>>,
-    /// `--min-age` of the leak report.
-    pub leak_min_age: Option<Duration>,
+    /// The leak report, with `--leaks`.
+    pub leaks: Option<Leaks>,
     /// False with `--no-symbolize`: frames carry module + offset only.
     pub symbolized: bool,
 }
@@ -142,7 +149,6 @@ impl Report {
         rate: u64,
         confidence: Confidence,
         kernel: KernelFigures,
-        leak_min_age: Option<Duration>,
     ) -> Report {
         let KernelFigures {
             duration,
@@ -162,15 +168,16 @@ impl Report {
             })
             .collect();
         stacks.sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
-        let leaks = leak_min_age.map(|_| {
-            aggregate
+        let leaks = aggregate.leak_min_age().map(|min_age| Leaks {
+            min_age,
+            groups: aggregate
                 .leaks()
                 .map(|(key, stats)| LeakReport {
                     pid: key.pid,
                     locations: locations_of(&key.frames, symbolizer),
                     stats: *stats,
                 })
-                .collect()
+                .collect(),
         });
         Report {
             rate,
@@ -191,7 +198,6 @@ impl Report {
             stacks,
             live: aggregate.tracks_live().then_some(aggregate.live_counts),
             leaks,
-            leak_min_age,
             symbolized: symbolizer.symbolizes(),
         }
     }
@@ -225,7 +231,7 @@ impl Report {
         merge_by_name(
             self.leaks
                 .iter()
-                .flatten()
+                .flat_map(|l| &l.groups)
                 .map(|l| (l.pid, l.function_names(), l.stats)),
             LeakStats::merge,
             |l| l.estimated_bytes,

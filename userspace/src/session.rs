@@ -326,7 +326,6 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
             exact,
             counters,
         },
-        options.live.and_then(|l| l.leaks_min_age),
     );
     tracing::info!(
         "symbolized {} stacks of {} samples in {:.6}s",

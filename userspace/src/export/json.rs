@@ -100,7 +100,7 @@ pub fn to_value(report: &Report) -> Value {
         value["totals"]["inuse_objects"] = json!(t.inuse_objects);
         value["live"] = json!(live);
     }
-    if let Some(min_age) = report.leak_min_age {
+    if let Some(min_age) = report.leaks.as_ref().map(|l| l.min_age) {
         value["leak_min_age_seconds"] = json!(min_age.as_secs_f64());
         value["leaks"] = report
             .leaks_by_name()
@@ -127,8 +127,10 @@ mod tests {
         let mut report = test_report();
         assert!(to_value(&report).get("live").is_none());
         report.live = Some(crate::aggregate::LiveCounts::default());
-        report.leak_min_age = Some(std::time::Duration::from_secs(30));
-        report.leaks = Some(Vec::new());
+        report.leaks = Some(crate::report::Leaks {
+            min_age: std::time::Duration::from_secs(30),
+            groups: Vec::new(),
+        });
         let v = to_value(&report);
         assert!(v["stacks"][0]["inuse_bytes"].is_number());
         assert!(v["totals"]["inuse_objects"].is_number());

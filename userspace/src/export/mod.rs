@@ -118,7 +118,6 @@ pub(crate) fn test_report() -> Report {
         ],
         live: None,
         leaks: None,
-        leak_min_age: None,
         symbolized: true,
     }
 }

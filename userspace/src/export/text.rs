@@ -94,7 +94,7 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
 
 /// The `--leaks` section: live sampled blocks older than the minimum age, by stack.
 fn write_leaks(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
-    let Some(min_age) = report.leak_min_age else {
+    let Some(min_age) = report.leaks.as_ref().map(|l| l.min_age) else {
         return Ok(());
     };
     let leaks = report.leaks_by_name();
