@@ -41,12 +41,15 @@ pub(crate) fn on_entry(
     args: crate::CallArgs,
 ) -> bool {
     let resizes = matches!(kind, AllocFn::Realloc | AllocFn::Reallocarray);
-    let mut old_tracked = resizes && args.old != 0 && is_tracked(pid, args.old);
-    if old_tracked && size == 0 {
-        // glibc's realloc(p, 0) frees p and returns NULL: the block dies now.
-        free_block(pid, args.old);
-        old_tracked = false;
-    }
+    let old_tracked = resizes
+        && args.old != 0
+        && if size == 0 {
+            // glibc's realloc(p, 0) frees p and returns NULL: the block dies now.
+            free_block(pid, args.old);
+            false
+        } else {
+            is_tracked(pid, args.old)
+        };
     if sample_id == 0 && !old_tracked {
         return false;
     }
@@ -91,11 +94,7 @@ pub(crate) fn on_return(state: &mut ThreadState, pid: u32, rax: u64) {
         send(EventKind::Untracked, pid, id);
         return;
     }
-    let key = LiveKey {
-        pid,
-        reserved: 0,
-        address,
-    };
+    let key = live_key(pid, address);
     if let Some(previous) = LIVE.get_ptr(&key) {
         // The address was handed out again, so its previous block was freed by a path
         // we do not probe: retire it rather than leave it live forever.
@@ -111,22 +110,22 @@ pub(crate) fn on_return(state: &mut ThreadState, pid: u32, rax: u64) {
 /// True if `address` is a tracked block of `pid`.
 #[inline(always)]
 fn is_tracked(pid: u32, address: u64) -> bool {
-    let key = LiveKey {
+    LIVE.get_ptr(&live_key(pid, address)).is_some()
+}
+
+#[inline(always)]
+fn live_key(pid: u32, address: u64) -> LiveKey {
+    LiveKey {
         pid,
         reserved: 0,
         address,
-    };
-    LIVE.get_ptr(&key).is_some()
+    }
 }
 
 /// Retires a tracked block, if `address` is one.
 #[inline(always)]
 pub(crate) fn free_block(pid: u32, address: u64) {
-    let key = LiveKey {
-        pid,
-        reserved: 0,
-        address,
-    };
+    let key = live_key(pid, address);
     let Some(id) = LIVE.get_ptr(&key) else {
         return;
     };
