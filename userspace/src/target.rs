@@ -13,7 +13,10 @@ use std::{
 use allocbpf_common::{AllocFn, ALLOC_FN_COUNT};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use crate::procfs::{in_root, parse_maps};
+use crate::{
+    probe::free_offset::{find_free_probe, FreeProbe},
+    procfs::{in_root, parse_maps},
+};
 
 /// Errors about the target process or its libc.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +86,8 @@ pub struct Libc {
     pub symbols: Vec<AllocSymbol>,
     /// Probed functions the libc does not export.
     pub missing: Vec<AllocFn>,
+    /// Where `--live` probes free, decoded from the same file, or why it cannot.
+    pub free_probe: Result<FreeProbe, String>,
 }
 
 impl Libc {
@@ -156,7 +161,7 @@ impl Target {
         };
         // Through the target's root, so containers' own libcs are the ones we probe.
         let host_path = in_root(pid, &path_in_target);
-        let (symbols, missing) = resolve_alloc_symbols(&host_path)?;
+        let (symbols, missing, free_probe) = resolve_alloc_symbols(&host_path)?;
         Ok(Target {
             pid,
             comm,
@@ -165,13 +170,18 @@ impl Target {
                 host_path,
                 symbols,
                 missing,
+                free_probe,
             },
         })
     }
 }
 
-/// Finds the allocation functions in a libc file.
-pub fn resolve_alloc_symbols(path: &Path) -> Result<(Vec<AllocSymbol>, Vec<AllocFn>), TargetError> {
+/// What [`resolve_alloc_symbols`] finds: the functions to probe, those missing, and
+/// where free can be probed.
+pub type AllocSymbols = (Vec<AllocSymbol>, Vec<AllocFn>, Result<FreeProbe, String>);
+
+/// Finds the allocation functions (and free's probe point) in a libc file.
+pub fn resolve_alloc_symbols(path: &Path) -> Result<AllocSymbols, TargetError> {
     let bad = |reason: String| TargetError::BadLibc {
         path: path.to_path_buf(),
         reason,
@@ -221,7 +231,7 @@ pub fn resolve_alloc_symbols(path: &Path) -> Result<(Vec<AllocSymbol>, Vec<Alloc
     if !symbols.iter().any(|s| s.function == AllocFn::Malloc) {
         return Err(bad("it does not export malloc".to_string()));
     }
-    Ok((symbols, missing))
+    Ok((symbols, missing, find_free_probe(&file)))
 }
 
 #[cfg(test)]
@@ -260,7 +270,7 @@ mod tests {
     fn this_machines_libc_has_malloc_and_no_duplicate_addresses() {
         let maps = fs::read_to_string("/proc/self/maps").unwrap();
         let libc = find_libc_in_maps(&maps).expect("tests run on a glibc system");
-        let (symbols, _) = resolve_alloc_symbols(&libc).unwrap();
+        let (symbols, _, _) = resolve_alloc_symbols(&libc).unwrap();
         assert!(symbols.iter().any(|s| s.function == AllocFn::Malloc));
         let mut addresses: Vec<u64> = symbols.iter().map(|s| s.address).collect();
         addresses.sort_unstable();

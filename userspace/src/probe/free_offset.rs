@@ -10,8 +10,6 @@
 //! still reads the pointer from it). `free(NULL)` reaches the probe like any call and is
 //! ignored by the program.
 
-use std::path::Path;
-
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
     OpKind, Register,
@@ -39,10 +37,8 @@ impl FreeProbe {
     }
 }
 
-/// Decodes `free` in the ELF file at `path` and picks the probe point.
-pub fn find_free_probe(path: &Path) -> Result<FreeProbe, String> {
-    let data = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    let file = object::File::parse(&*data).map_err(|e| e.to_string())?;
+/// Decodes `free` in a parsed libc and picks the probe point.
+pub fn find_free_probe(file: &object::File) -> Result<FreeProbe, String> {
     let symbol = file
         .dynamic_symbols()
         .chain(file.symbols())
@@ -151,7 +147,8 @@ mod tests {
     fn this_machines_libc_has_a_probe_point() {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let libc = crate::target::find_libc_in_maps(&maps).expect("tests link glibc");
-        let probe = find_free_probe(&libc).unwrap();
+        let data = std::fs::read(&libc).unwrap();
+        let probe = find_free_probe(&object::File::parse(&*data).unwrap()).unwrap();
         assert!(probe.offset < 64, "{probe:?}");
     }
 }

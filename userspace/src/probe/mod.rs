@@ -22,11 +22,7 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 
-use self::{
-    free_offset::{find_free_probe, FreeProbe},
-    intervals::IntervalTable,
-    session::SessionPrograms,
-};
+use self::{free_offset::FreeProbe, intervals::IntervalTable, session::SessionPrograms};
 use crate::{estimate::certain_threshold, target::Libc};
 
 /// The eBPF object built from `ebpf/allocbpf-ebpf` for this binary.
@@ -252,16 +248,17 @@ impl Sampler {
             exit.load().map_err(load_error)?;
             exit.attach("sched_process_exit").map_err(load_error)?;
         }
-        let free_probe =
-            match self.config.live {
-                Some(_) => Some(find_free_probe(&libc.host_path).map_err(|reason| {
-                    ProbeError::FreeProbe {
+        let free_probe = match self.config.live {
+            Some(_) => Some(
+                libc.free_probe
+                    .clone()
+                    .map_err(|reason| ProbeError::FreeProbe {
                         path: libc.path_in_target.display().to_string(),
                         reason,
-                    }
-                })?),
-                None => None,
-            };
+                    })?,
+            ),
+            None => None,
+        };
         let mut attached = Attached {
             probes: 0,
             live_mode: LiveMode::Off,
