@@ -219,6 +219,44 @@ impl Aggregate {
         self.leak_min_age = min_age;
     }
 
+    /// Starts a new interval (the agent's periodic profiles): allocation figures start
+    /// from zero, blocks still live are kept (they are the next in-use profile), and
+    /// stacks that hold neither are dropped, so memory follows the live heap, not the
+    /// history.
+    pub fn start_interval(&mut self) {
+        let old = std::mem::take(&mut self.stacks);
+        self.index.clear();
+        self.totals = StackStats::default();
+        self.leaks.clear();
+        self.live_counts.freed_samples = 0;
+        self.live_counts.untracked_samples = 0;
+        let Some(live) = self.live.as_mut() else {
+            return;
+        };
+        let mut remap: HashMap<usize, usize> = HashMap::new();
+        for block in live.values_mut() {
+            let next = remap.len();
+            let new = *remap.entry(block.stack).or_insert(next);
+            block.stack = new;
+        }
+        let mut kept: Vec<Option<(StackKey, StackStats)>> = vec![None; remap.len()];
+        for (old_index, (key, _)) in old.into_iter().enumerate() {
+            if let Some(&new) = remap.get(&old_index) {
+                kept[new] = Some((key, StackStats::default()));
+            }
+        }
+        for (new, entry) in kept.into_iter().enumerate() {
+            let (key, stats) = entry.expect("every remapped stack existed");
+            self.index.insert(key.clone(), new);
+            self.stacks.push((key, stats));
+        }
+    }
+
+    /// True if nothing was sampled this interval and no block is live.
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
     /// The minimum age [`Aggregate::finish`] cut leaks at (`None`: no leak report).
     pub fn leak_min_age(&self) -> Option<std::time::Duration> {
         self.leak_min_age
@@ -294,6 +332,34 @@ mod tests {
             (aggregate.totals.estimated_bytes - small.estimated_bytes - (8 << 20) as f64).abs()
                 < 1e-3
         );
+    }
+
+    #[test]
+    fn a_new_interval_keeps_live_blocks_only() {
+        let rate = 4096;
+        let mut aggregate = Aggregate::with_live_tracking();
+        aggregate.add(key(1), &sample(1, 4096, rate, false, 0));
+        aggregate.add(key(2), &sample(2, 4096, rate, false, 0));
+        aggregate.add(key(3), &sample(3, 4096, rate, false, 0));
+        aggregate.freed(2);
+        aggregate.start_interval();
+        // Stacks 1 and 3 hold live blocks: kept with zero allocation figures.
+        assert_eq!(aggregate.stacks().count(), 2);
+        assert!(aggregate.stacks().all(|(_, s)| s.samples == 0));
+        aggregate.add(key(3), &sample(4, 4096, rate, false, 0));
+        aggregate.freed(1);
+        aggregate.finish(0, None);
+        let w = weight(4096, rate, false).bytes;
+        let third = aggregate.stacks().find(|(k, _)| *k == &key(3)).unwrap().1;
+        assert_eq!(third.samples, 1);
+        assert!((third.inuse_bytes - 2.0 * w).abs() < 1e-6);
+        assert!((aggregate.totals.inuse_bytes - 2.0 * w).abs() < 1e-6);
+        aggregate.start_interval();
+        assert_eq!(aggregate.stacks().count(), 1);
+        let mut plain = Aggregate::default();
+        plain.add(key(1), &sample(1, 64, rate, false, 0));
+        plain.start_interval();
+        assert!(plain.is_empty());
     }
 
     #[test]

@@ -16,18 +16,40 @@ pub const MAX_RATE: u64 = 1 << 30;
 /// Longest accepted `--duration` (30 days).
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// allocbpf: sample a running process's heap allocations with eBPF uprobes on libc.
+/// allocbpf: sample heap allocations with eBPF uprobes on libc malloc, in one running
+/// process (--pid) or in every process of the host.
 ///
 /// Each allocated byte is sampled with probability 1/RATE (Poisson sampling, as in
 /// tcmalloc, jemalloc and heapprofd); each sample is unbiased by S/(1-exp(-S/RATE))
 /// before aggregation, so estimated bytes per stack are unbiased. Needs root (or
 /// CAP_BPF + CAP_PERFMON) and a kernel with uprobes and BTF.
 #[derive(Debug, Parser)]
-#[command(name = "allocbpf", version, about, long_about)]
+#[command(
+    name = "allocbpf",
+    version,
+    about,
+    long_about,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
-    /// Process to profile.
+    /// `agent` or `report`; without one, profile now and print the profile.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Process to profile. Without it, every process of the host is profiled
+    /// (system-wide), allocbpf itself excepted.
     #[arg(short, long)]
-    pub pid: u32,
+    pub pid: Option<u32>,
+
+    /// Also probe files defining PREFIXmalloc, PREFIXcalloc, ... (e.g. je_ for a
+    /// prefixed jemalloc). Repeatable. A program's own unprefixed malloc (statically
+    /// linked, or a custom allocator) is always probed.
+    #[arg(long = "allocator-symbol", value_name = "PREFIX")]
+    pub allocator_symbol: Vec<String>,
+
+    /// Selects which processes are profiled (system-wide).
+    #[command(flatten)]
+    pub filter: FilterArgs,
 
     /// Mean sampling interval in bytes: 4096, 512KiB, 1MiB, 1M, 2MB. K/M/G and
     /// KiB/MiB/GiB are powers of 1024; KB/MB/GB are powers of 1000.
@@ -111,6 +133,93 @@ pub struct Cli {
     pub overflow_threads: u32,
 }
 
+/// `--comm`, `--exclude-comm`, `--cgroup`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct FilterArgs {
+    /// Profile only processes whose command name (/proc/PID/comm) matches this regex.
+    #[arg(long, value_name = "REGEX")]
+    pub comm: Option<String>,
+    /// Do not profile processes whose command name matches this regex.
+    #[arg(long, value_name = "REGEX")]
+    pub exclude_comm: Option<String>,
+    /// Profile only processes in this cgroup (v2) or below it: a path relative to the
+    /// cgroup root (/system.slice/nginx.service) or under /sys/fs/cgroup.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+}
+
+/// Subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Run as the fleet node agent: profile every process continuously, cut one
+    /// profile per process every interval, store them locally and optionally push them
+    /// to Grafana Pyroscope. docs/operations.md has the details.
+    Agent(AgentArgs),
+    /// Merge profiles the agent stored into one report.
+    Report(ReportArgs),
+    /// The agent's start-up calibration workload (internal).
+    #[command(name = "__calibrate", hide = true)]
+    Calibrate,
+}
+
+/// `allocbpf agent`. Flags override the config file.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct AgentArgs {
+    /// TOML config file (docs/operations.md lists every key). SIGHUP reloads it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of the local profile store (default /var/lib/allocbpf).
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    /// How often one profile per process is cut (default 60s).
+    #[arg(long, value_parser = parse_interval)]
+    pub interval: Option<Duration>,
+    /// Also push every profile to this Pyroscope server (http:// or https://). The
+    /// credentials come from the config file's credentials_file or the environment
+    /// (ALLOCBPF_PUSH_TOKEN, ALLOCBPF_PUSH_USER + ALLOCBPF_PUSH_PASSWORD), never argv.
+    #[arg(long, value_name = "URL")]
+    pub push: Option<String>,
+    /// Serve Prometheus self-metrics on this address (default 127.0.0.1:9464; "off"
+    /// disables).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_address: Option<String>,
+    /// Mean sampling interval in bytes (default 512KiB).
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<u64>,
+    /// More log output on stderr (-v: info, -vv: debug).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+/// `allocbpf report`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The agent's store directory.
+    #[arg(long, value_name = "DIR")]
+    pub store: PathBuf,
+    /// Only profiles whose interval ended at most this long ago (30m, 1h, 7d).
+    #[arg(long, value_parser = parse_run_duration)]
+    pub since: Option<Duration>,
+    /// Only processes whose command name matches this regex.
+    #[arg(long, value_name = "REGEX")]
+    pub comm: Option<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write the report here instead of stdout.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval =
+        parse_duration(text, MAX_DURATION).map_err(|e| format!("{e} (example: --interval 60s)"))?;
+    if interval < Duration::from_secs(1) {
+        return Err(format!("{text} is shorter than the minimum interval, 1s"));
+    }
+    Ok(interval)
+}
+
 fn parse_rate(text: &str) -> Result<u64, String> {
     parse_size(text, MAX_RATE).map_err(|e| format!("{e} (example: --rate 512KiB)"))
 }
@@ -163,10 +272,25 @@ mod tests {
     #[test]
     fn defaults() {
         let cli = parse(&["--pid", "1"]).unwrap();
+        assert_eq!(cli.pid, Some(1));
+        assert!(cli.command.is_none());
         assert_eq!(cli.rate, 512 * 1024);
         assert_eq!(cli.format, Format::Text);
         assert!(cli.duration.is_none());
         assert_eq!(cli.confidence, Confidence::DEFAULT);
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        let cli = parse(&["agent", "--store", "/tmp/s", "--interval", "5s"]).unwrap();
+        let Some(Command::Agent(agent)) = cli.command else {
+            panic!("not agent");
+        };
+        assert_eq!(agent.interval, Some(Duration::from_secs(5)));
+        let cli = parse(&["report", "--store", "/tmp/s", "--since", "1h"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Report(_))));
+        assert!(parse(&["agent", "--interval", "10ms"]).is_err());
+        assert!(parse(&["--comm", "^nginx$"]).unwrap().pid.is_none());
     }
 
     #[test]

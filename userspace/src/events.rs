@@ -1,7 +1,7 @@
 //! Reading sampled allocations from the eBPF ring buffer.
 
 use allocbpf_common::{
-    AllocFn, EventKind, LiveEvent, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
+    AllocFn, EventKind, LiveEvent, ProcessEvent, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
 };
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
@@ -27,6 +27,16 @@ pub enum Event {
         pid: u32,
         /// The sample's id.
         sample_id: u64,
+    },
+    /// A process called execve (system-wide mode).
+    Exec {
+        /// Process id.
+        pid: u32,
+    },
+    /// A process's main thread exited (system-wide mode).
+    Exit {
+        /// Process id.
+        pid: u32,
     },
 }
 
@@ -69,6 +79,18 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
     let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
     if kind == EventKind::Sample as u32 {
         return decode_sample(bytes).map(Event::Sample);
+    }
+    if kind == EventKind::Exec as u32 || kind == EventKind::Exit as u32 {
+        if bytes.len() < std::mem::size_of::<ProcessEvent>() {
+            return None;
+        }
+        // SAFETY: as below, for the plain-integer ProcessEvent.
+        let event: ProcessEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        return Some(if kind == EventKind::Exec as u32 {
+            Event::Exec { pid: event.pid }
+        } else {
+            Event::Exit { pid: event.pid }
+        });
     }
     if bytes.len() < std::mem::size_of::<LiveEvent>() {
         return None;

@@ -7,18 +7,23 @@
 //! [`report`] → [`export`]. [`session`] runs one profiling session end to end.
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod aggregate;
 pub mod cli;
+pub mod discover;
 pub mod estimate;
 pub mod events;
 pub mod export;
+pub mod image;
 pub mod normalize;
 pub mod preflight;
 pub mod probe;
 pub mod procfs;
 pub mod report;
 pub mod session;
+pub mod stacks;
 pub mod symbolize;
+pub mod system;
 pub mod target;
 pub mod units;
 pub mod unwind;

@@ -3,11 +3,13 @@
 use std::process::ExitCode;
 
 use allocbpf::{
-    cli::Cli,
+    agent,
+    cli::{Cli, Command},
     export,
     preflight::{self, Sink},
     probe::ThreadTables,
     session::{self, LiveOptions, SessionOptions},
+    system::{self, budget::BudgetOptions, filter::ProcessFilter, SystemOptions},
 };
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -26,20 +28,42 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn live_options(cli: &Cli) -> Option<LiveOptions> {
+    (cli.live || cli.leaks).then_some(LiveOptions {
+        mechanism: cli.live_mechanism,
+        leaks_min_age: cli.leaks.then_some(cli.min_age),
+    })
+}
+
 fn run(cli: Cli) -> Result<()> {
+    match &cli.command {
+        Some(Command::Calibrate) => {
+            return system::budget::calibration_child().context("calibration loop")
+        }
+        Some(Command::Report(args)) => return agent::report::run(args),
+        Some(Command::Agent(args)) => return agent::run(args.clone()),
+        None => {}
+    }
     // Output first: an unwritable path must fail before anything is attached.
     let sink = Sink::open(cli.output.as_deref())?;
+    let Some(pid) = cli.pid else {
+        return run_system_wide(&cli, sink);
+    };
     preflight::check_privileges()?;
     preflight::check_kernel()?;
     let options = SessionOptions {
-        pid: cli.pid,
+        pid,
         rate: cli.rate,
         duration: cli.duration,
         empty_probes: cli.empty_probes,
-        live: (cli.live || cli.leaks).then_some(LiveOptions {
-            mechanism: cli.live_mechanism,
-            leaks_min_age: cli.leaks.then_some(cli.min_age),
-        }),
+        live: live_options(&cli),
         unwind: cli.unwind,
         symbolize: !cli.no_symbolize,
         stack_bytes: cli.stack_bytes,
@@ -49,12 +73,9 @@ fn run(cli: Cli) -> Result<()> {
             slots: cli.thread_slots,
             overflow: cli.overflow_threads,
         },
+        allocator_prefixes: cli.allocator_symbol.clone(),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let (report, stop) = runtime.block_on(session::run(&options))?;
+    let (report, stop) = runtime()?.block_on(session::run(&options))?;
     eprintln!(
         "allocbpf: stopped ({stop}) after {:.1}s: {} samples, {} dropped",
         report.duration.as_secs_f64(),
@@ -65,9 +86,49 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
+/// `allocbpf` without `--pid`: every process, one merged report.
+fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
+    let filter = ProcessFilter::new(&cli.filter)?;
+    preflight::check_privileges()?;
+    preflight::check_kernel()?;
+    if cli.leaks {
+        anyhow::bail!("--leaks needs --pid (system-wide mode reports in-use bytes with --live)");
+    }
+    let options = SystemOptions {
+        rate: cli.rate,
+        live: live_options(cli),
+        unwind: cli.unwind,
+        stack_bytes: cli.stack_bytes,
+        symbolize: !cli.no_symbolize,
+        confidence: cli.confidence,
+        filter,
+        allocator_prefixes: cli.allocator_symbol.clone(),
+        budget: Some(BudgetOptions::default()),
+        thread_tables: ThreadTables {
+            slots: cli.thread_slots,
+            overflow: cli.overflow_threads,
+        },
+    };
+    let (report, stop) = runtime()?.block_on(system::oneshot::run(options, cli.duration))?;
+    let Some(report) = report else {
+        eprintln!("allocbpf: stopped ({stop}): no profiled process allocated anything");
+        return Ok(());
+    };
+    eprintln!(
+        "allocbpf: stopped ({stop}): {} samples, {} dropped",
+        report.totals.samples, report.totals.drops
+    );
+    sink.write_with(|out| export::write(&report, cli.format, out))?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    let verbose = match &cli.command {
+        Some(Command::Agent(args)) => args.verbose.max(1),
+        _ => cli.verbose,
+    };
+    init_logging(verbose);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -173,6 +173,17 @@ impl AddressNormalizer {
         let _ = self.normalize_once(pid, &[0]);
     }
 
+    /// Drops the cached maps of every process (blazesym caches per process and cannot
+    /// forget one): called when a process exits or execs, at most once per
+    /// [`MAPS_REFRESH_LIMIT`], so the cache of a long-running agent stays bounded. The
+    /// module table (what frames refer to) is kept.
+    pub fn forget(&mut self, _pid: u32) {
+        if self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT {
+            self.normalizer = Self::caching_normalizer();
+            self.refreshed = Instant::now();
+        }
+    }
+
     /// Normalizes `addrs` of process `pid`; addresses no mapping covers (or of a
     /// process never seen alive) come back as [`Frame::Unknown`].
     pub fn normalize(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {

@@ -20,6 +20,10 @@ pub struct MapsEntry {
     pub executable: bool,
     /// File offset of the range's start.
     pub offset: u64,
+    /// Device of the mapped file (major << 32 | minor); 0 for anonymous mappings.
+    pub device: u64,
+    /// Inode of the mapped file; 0 for anonymous mappings.
+    pub inode: u64,
     /// The path field as printed (may end in " (deleted)"; `[heap]` etc. for anonymous
     /// mappings; empty when there is none).
     pub name: String,
@@ -43,11 +47,16 @@ pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
             let (start, end) = fields.next()?.split_once('-')?;
             let perms = fields.next()?;
             let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-            let (_dev, _inode) = (fields.next()?, fields.next()?);
+            let (major, minor) = fields.next()?.split_once(':')?;
+            let device =
+                u64::from_str_radix(major, 16).ok()? << 32 | u64::from_str_radix(minor, 16).ok()?;
+            let inode = fields.next()?.parse().ok()?;
             Some(MapsEntry {
                 range: u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?,
                 executable: perms.contains('x'),
                 offset,
+                device,
+                inode,
                 name: fields.next().unwrap_or("").trim().to_string(),
             })
         })
@@ -95,6 +104,8 @@ garbage
         assert!(!entries[0].executable);
         assert_eq!(entries[1].range, 0x7f0000028000..0x7f000019d000);
         assert_eq!(entries[1].offset, 0x28000);
+        assert_eq!(entries[1].device, 0xfe << 32 | 1);
+        assert_eq!(entries[1].inode, 456);
         assert!(entries[1].executable);
         assert_eq!(
             entries[1].file_path(),

@@ -202,6 +202,41 @@ impl Report {
         }
     }
 
+    /// One report of several processes' reports (system-wide mode), which share their
+    /// module table: stacks side by side (each keeps its pid), totals summed. `None`
+    /// for no reports.
+    pub fn merge(reports: Vec<Report>) -> Option<Report> {
+        let mut reports = reports.into_iter();
+        let mut merged = reports.next()?;
+        for report in reports {
+            let totals = &mut merged.totals;
+            totals.exact_bytes += report.totals.exact_bytes;
+            totals.exact_calls += report.totals.exact_calls;
+            totals.estimated_bytes += report.totals.estimated_bytes;
+            totals.samples += report.totals.samples;
+            totals.interval_inputs.merge(&report.totals.interval_inputs);
+            totals.inuse_bytes += report.totals.inuse_bytes;
+            totals.inuse_objects += report.totals.inuse_objects;
+            if report.modules.len() > merged.modules.len() {
+                merged.modules = report.modules;
+            }
+            merged.stacks.extend(report.stacks);
+            if let (Some(a), Some(b)) = (merged.live.as_mut(), report.live) {
+                a.live_samples += b.live_samples;
+                a.freed_samples += b.freed_samples;
+                a.untracked_samples += b.untracked_samples;
+            }
+            if let (Some(a), Some(b)) = (merged.leaks.as_mut(), report.leaks) {
+                a.groups.extend(b.groups);
+            }
+            merged.duration = merged.duration.max(report.duration);
+        }
+        merged
+            .stacks
+            .sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
+        Some(merged)
+    }
+
     /// The interval on a stack's estimated bytes at the report's level.
     pub fn interval(&self, stats: &StackStats) -> Interval {
         stats.bytes_interval(self.rate, self.confidence)

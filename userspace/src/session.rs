@@ -30,12 +30,11 @@ use crate::{
     estimate::Confidence,
     events::{Event, EventReader, RawSample},
     export::raw_samples::RawSampleLog,
-    normalize::AddressNormalizer,
     probe::{intervals::REFRESH_INTERVAL, LiveMechanism, Sampler, SamplerConfig, ThreadTables},
     report::{KernelFigures, Report},
+    stacks::StackResolver,
     symbolize::FrameSymbolizer,
     target::Target,
-    unwind::{Fallback, StackUnwinder},
 };
 
 /// What to profile and how.
@@ -63,6 +62,8 @@ pub struct SessionOptions {
     pub raw_samples: Option<PathBuf>,
     /// Thread table sizes.
     pub thread_tables: ThreadTables,
+    /// `--allocator-symbol` prefixes (`je_`): also probe files defining `PREFIXmalloc`.
+    pub allocator_prefixes: Vec<String>,
 }
 
 /// `--live` and `--leaks`.
@@ -75,7 +76,7 @@ pub struct LiveOptions {
 }
 
 /// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns()`.
-fn monotonic_now_ns() -> u64 {
+pub fn monotonic_now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -118,9 +119,7 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 
 /// Samples normalized and aggregated as they arrive.
 struct Collector {
-    normalizer: AddressNormalizer,
-    /// Unwinds copied stacks (auto/dwarf); `None` with frame pointers.
-    unwinder: Option<StackUnwinder>,
+    stacks: StackResolver,
     aggregate: Aggregate,
     raw_samples: Option<RawSampleLog>,
 }
@@ -132,6 +131,7 @@ impl Collector {
                 Event::Sample(sample) => self.add_sample(&sample),
                 Event::Freed { sample_id, .. } => self.aggregate.freed(sample_id),
                 Event::Untracked { sample_id, .. } => self.aggregate.untracked(sample_id),
+                Event::Exec { .. } | Event::Exit { .. } => {}
             }
         }
     }
@@ -140,20 +140,7 @@ impl Collector {
         if let Some(log) = self.raw_samples.as_mut() {
             log.write(sample);
         }
-        let unwound;
-        let stack = match self.unwinder.as_mut() {
-            Some(unwinder) if !sample.user_stack.is_empty() => {
-                unwound = unwinder.unwind(sample.pid, sample.regs, &sample.user_stack);
-                if unwound.is_empty() {
-                    // Nothing unwound: keep the immediate caller read at [sp].
-                    &sample.stack
-                } else {
-                    &unwound
-                }
-            }
-            _ => &sample.stack,
-        };
-        let frames = self.normalizer.normalize(sample.pid, stack);
+        let frames = self.stacks.resolve(sample);
         let key = StackKey {
             pid: sample.pid,
             frames,
@@ -164,7 +151,7 @@ impl Collector {
 
 /// Runs a session to completion and returns its report.
 pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
-    let target = Target::resolve(options.pid)?;
+    let target = Target::resolve(options.pid, &options.allocator_prefixes)?;
     let raw_samples = options
         .raw_samples
         .as_deref()
@@ -181,7 +168,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
             UnwindMode::Auto | UnwindMode::Dwarf => options.stack_bytes,
         },
     };
-    let mut sampler = Sampler::load(config, &target.libc)?;
+    let mut sampler = Sampler::load(config)?;
     let mut reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;
     // Watch for exit before attaching, so an exit during attach is not missed.
     let exit_fd = pidfd_open(target.pid)
@@ -189,17 +176,26 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         .map(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) })
         .transpose()
         .context("pidfd")?;
-    let attached = sampler.attach(&target.libc)?;
+    let mut attached = Vec::new();
+    for image in &target.images {
+        attached.push(sampler.attach(image)?);
+    }
     let started = Instant::now();
+    let paths: Vec<String> = target
+        .images
+        .iter()
+        .map(|image| image.path_in_target.display().to_string())
+        .collect();
     eprintln!(
         "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {} bytes",
         target.pid,
         target.comm,
-        target.libc.path_in_target.display(),
-        attached.probes,
+        paths.join(", "),
+        attached.iter().map(|a| a.links.len()).sum::<usize>(),
         options.rate
     );
-    if let Some(free) = &attached.free_probe {
+    if let Some(attached) = attached.first().filter(|a| a.free_probe.is_some()) {
+        let free = attached.free_probe.as_ref().unwrap();
         let how = match attached.live_mode {
             LiveMode::Session => "uprobe session links (only sampled calls pay for the return)",
             LiveMode::Uretprobe => "uretprobes on every allocation call (no session links)",
@@ -210,20 +206,16 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
             free.offset, free.instruction
         );
     }
-    if !target.libc.missing.is_empty() {
+    for image in target.images.iter().filter(|i| !i.missing.is_empty()) {
         tracing::info!(
-            "libc does not export {:?}; those functions are not probed",
-            target.libc.missing
+            "{} does not define {:?}; those functions are not probed",
+            image.path_in_target.display(),
+            image.missing
         );
     }
 
     let mut collector = Collector {
-        normalizer: AddressNormalizer::new(),
-        unwinder: match options.unwind {
-            UnwindMode::Fp => None,
-            UnwindMode::Auto => Some(StackUnwinder::new(Fallback::FramePointers)),
-            UnwindMode::Dwarf => Some(StackUnwinder::new(Fallback::Stop)),
-        },
+        stacks: StackResolver::new(options.unwind),
         aggregate: if options.live.is_some() {
             Aggregate::with_live_tracking()
         } else {
@@ -233,10 +225,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     };
     // Cache the target's maps while it surely lives: its last samples may be read
     // after it exits.
-    collector.normalizer.prime(target.pid);
-    if let Some(unwinder) = collector.unwinder.as_mut() {
-        unwinder.prime(target.pid);
-    }
+    collector.stacks.prime(target.pid);
     let mut batch = Vec::new();
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut refresh = tokio::time::interval(REFRESH_INTERVAL);
@@ -299,7 +288,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     if let Some(log) = collector.raw_samples.as_mut() {
         log.finish();
     }
-    if let Some(unwinder) = &collector.unwinder {
+    if let Some(unwinder) = &collector.stacks.unwinder {
         tracing::info!(
             "unwound {} stacks in {:.6}s",
             unwinder.unwound,
@@ -317,7 +306,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     let symbolizing = Instant::now();
     let report = Report::build(
         &collector.aggregate,
-        &collector.normalizer.modules,
+        &collector.stacks.normalizer.modules,
         &mut symbolizer,
         options.rate,
         options.confidence,

@@ -116,6 +116,8 @@ pub struct StackUnwinder {
     fallback: Fallback,
     cache: CacheX86_64,
     files: HashMap<FileKey, Arc<FileSections>>,
+    /// The same sections by device and inode: a file seen before is not read again.
+    by_inode: HashMap<(u64, u64), Arc<FileSections>>,
     processes: HashMap<u32, ProcessModules>,
     /// Stacks unwound, and time spent (for `-v` logs and the benchmark figures).
     pub unwound: u64,
@@ -143,6 +145,7 @@ impl StackUnwinder {
             fallback,
             cache: CacheX86_64::new(),
             files: HashMap::new(),
+            by_inode: HashMap::new(),
             processes: HashMap::new(),
             unwound: 0,
             elapsed: Duration::ZERO,
@@ -155,6 +158,10 @@ impl StackUnwinder {
     }
 
     fn file(&mut self, pid: u32, mapping: &MapsEntry) -> Option<Arc<FileSections>> {
+        let inode = (mapping.device, mapping.inode);
+        if let Some(sections) = self.by_inode.get(&inode) {
+            return Some(sections.clone());
+        }
         // The process's own view: works for deleted/replaced files and containers.
         let mut data = Vec::new();
         procfs::open_mapped(pid, mapping)?
@@ -164,18 +171,30 @@ impl StackUnwinder {
             Some(id) => FileKey::BuildId(id),
             None => FileKey::Path(mapping.file_path()?.to_path_buf()),
         };
-        if let Some(sections) = self.files.get(&key) {
-            return Some(sections.clone());
-        }
-        let sections = Arc::new(FileSections::read(&data)?);
-        if self.files.len() >= MAX_CACHED_FILES {
-            // Bounded: drop an arbitrary entry; processes keep their own Arc.
-            if let Some(victim) = self.files.keys().next().cloned() {
-                self.files.remove(&victim);
+        let sections = match self.files.get(&key) {
+            Some(sections) => sections.clone(),
+            None => {
+                let sections = Arc::new(FileSections::read(&data)?);
+                if self.files.len() >= MAX_CACHED_FILES {
+                    // Bounded: drop an arbitrary entry; processes keep their own Arc.
+                    if let Some(victim) = self.files.keys().next().cloned() {
+                        self.files.remove(&victim);
+                    }
+                }
+                self.files.insert(key, sections.clone());
+                sections
             }
+        };
+        if self.by_inode.len() >= MAX_CACHED_FILES {
+            self.by_inode.clear();
         }
-        self.files.insert(key, sections.clone());
+        self.by_inode.insert(inode, sections.clone());
         Some(sections)
+    }
+
+    /// Drops `pid`'s modules (it exited or exec'd).
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
     }
 
     fn refresh(&mut self, pid: u32) {

@@ -45,8 +45,8 @@ pub const MAX_LIVE_SAMPLES: u32 = 1 << 16;
 
 /// The libc allocation entry points allocbpf probes.
 ///
-/// The discriminant is the index used in the [`FN_SIZES_GLOBAL`] array and in
-/// [`SampleEvent::alloc_fn`].
+/// The discriminant is what [`SampleEvent::alloc_fn`] carries. Each probe's attach
+/// cookie is the function's code size in the probed image (see `remember_wrapper`).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocFn {
@@ -138,7 +138,53 @@ pub enum EventKind {
     /// A [`LiveEvent`]: a sampled allocation could not be tracked (the call failed, or
     /// the `LIVE` map was full); it is not part of the live heap.
     Untracked = 3,
+    /// A [`ProcessEvent`]: a process called execve (system-wide mode): it may map a
+    /// libc image not probed yet.
+    Exec = 4,
+    /// A [`ProcessEvent`]: a process's main thread exited (system-wide mode).
+    Exit = 5,
 }
+
+/// A process starting a new program or ending, as written to the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessEvent {
+    /// [`EventKind::Exec`] or [`EventKind::Exit`].
+    pub kind: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// `bpf_ktime_get_ns()` at the event.
+    pub timestamp_ns: u64,
+}
+
+/// Value of the `PROCESS_GATES` map (system-wide mode), keyed by tgid, one per CPU:
+/// probe hits counted in the kernel for the overhead budget, and whether the process
+/// is sampled at all.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessGate {
+    /// Probe hits (traps into the kernel) by this process on this CPU.
+    pub hits: u64,
+    /// A [`GateState`] discriminant, written by userspace.
+    pub state: u32,
+    /// Reserved; keeps the layout free of implicit padding.
+    pub reserved: u32,
+}
+
+/// Whether a process's probe hits are sampled ([`ProcessGate::state`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateState {
+    /// Sampled (the default for a new process).
+    Open = 0,
+    /// Never sampled: allocbpf itself, or filtered out by `--comm`/`--cgroup`.
+    Excluded = 1,
+    /// Over its overhead budget: hits are counted, nothing else is done.
+    Paused = 2,
+}
+
+/// Processes whose gates are kept (an LRU map: the least recently active go first).
+pub const MAX_GATED_PROCESSES: u32 = 16_384;
 
 /// A change in a sampled allocation's life (`--live`), as written to the ring buffer.
 #[repr(C)]
@@ -311,8 +357,6 @@ pub const TARGET_PID_GLOBAL: &str = "TARGET_PID";
 pub const RATE_GLOBAL: &str = "RATE";
 /// `.rodata` global: allocations of at least this many bytes are always recorded.
 pub const CERTAIN_THRESHOLD_GLOBAL: &str = "CERTAIN_THRESHOLD";
-/// `.rodata` global: `[u64; ALLOC_FN_COUNT]` code sizes of the probed functions.
-pub const FN_SIZES_GLOBAL: &str = "FN_SIZES";
 /// `.rodata` global: `THREAD_SLOTS` length minus one (the length is a power of two).
 pub const THREAD_SLOT_MASK_GLOBAL: &str = "THREAD_SLOT_MASK";
 /// `.rodata` global: a [`LiveMode`] discriminant.
@@ -332,4 +376,5 @@ mod pod {
     unsafe impl aya::Pod for super::ThreadState {}
     unsafe impl aya::Pod for super::Totals {}
     unsafe impl aya::Pod for super::LiveKey {}
+    unsafe impl aya::Pod for super::ProcessGate {}
 }

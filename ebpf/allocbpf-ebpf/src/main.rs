@@ -23,23 +23,28 @@
 
 mod emit;
 mod live;
+mod process;
 mod stack_copy;
 
 use core::ptr::read_volatile;
 
 use allocbpf_common::{
     sampler::{self, array_bytes, pvalloc_bytes, Decision},
-    AllocFn, Counter, LiveKey, LiveMode, ThreadState, Totals, ALLOC_FN_COUNT, COUNTER_COUNT,
+    AllocFn, Counter, LiveKey, LiveMode, ThreadState, Totals, COUNTER_COUNT,
     INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS, MAX_PROCESSES, RING_BUFFER_BYTES,
     THREAD_SLOTS_LEN,
 };
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_probe_read_user},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_probe_read_user,
+        generated::bpf_get_attach_cookie,
+    },
     macros::{map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
+use aya_ebpf::EbpfContext;
 use aya_log_ebpf::warn;
 
 /// Only this tgid is profiled; 0 means every process. Set by the loader.
@@ -53,11 +58,6 @@ static RATE: u64 = 512 * 1024;
 /// Allocations of at least this many bytes are recorded with probability 1.
 #[no_mangle]
 static CERTAIN_THRESHOLD: u64 = u64::MAX;
-
-/// Code size of each probed function in the target's libc, indexed by `AllocFn`; used
-/// to recognise a call made from inside a probed wrapper.
-#[no_mangle]
-static FN_SIZES: [u64; ALLOC_FN_COUNT] = [0; ALLOC_FN_COUNT];
 
 /// `THREAD_SLOTS` length minus one; the loader may shrink the table (tests do).
 #[no_mangle]
@@ -222,8 +222,11 @@ fn is_return_trampoline(ret: u64) -> bool {
 
 /// Records that `kind` (a wrapper that may call another probed function) is running.
 #[inline(always)]
-fn remember_wrapper(state: &mut ThreadState, kind: AllocFn, entry: &Entry) {
-    let size = unsafe { read_volatile(&FN_SIZES[kind as usize]) };
+fn remember_wrapper(ctx: &ProbeContext, state: &mut ThreadState, kind: AllocFn, entry: &Entry) {
+    // The attach cookie is the function's code size in the image this probe is on:
+    // one program serves every libc image of the host, each with its own sizes.
+    // SAFETY: `ctx` is this program run's context.
+    let size = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     state.forward_sp = entry.sp;
     state.forward_return = return_address(entry.sp);
     state.forward_lo = entry.ip;
@@ -327,6 +330,9 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32
     if target != 0 && pid != target {
         return skip_return();
     }
+    if !process::admit(pid) {
+        return skip_return();
+    }
     let entry = entry_of(ctx);
     let wrapper = kind as u32 != AllocFn::Malloc as u32;
     let live = unsafe { read_volatile(&LIVE_MODE) } != LiveMode::Off as u32;
@@ -363,13 +369,13 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32
             // A forwarded wrapper may forward again (reallocarray -> realloc -> malloc):
             // it becomes the pending record.
             if wrapper {
-                remember_wrapper(state, kind, &entry);
+                remember_wrapper(ctx, state, kind, &entry);
             }
             return skip_return();
         }
     }
     if wrapper {
-        remember_wrapper(state, kind, &entry);
+        remember_wrapper(ctx, state, kind, &entry);
     }
     state.calls += 1;
     state.bytes += size;
@@ -505,6 +511,9 @@ pub fn probe_free(ctx: ProbeContext) -> u32 {
     if target != 0 && pid != target {
         return 0;
     }
+    if !process::admit(pid) {
+        return 0;
+    }
     let address = arg(&ctx, 0);
     if address != 0 {
         live::free_block(pid, address);
@@ -523,6 +532,8 @@ pub fn probe_return(ctx: RetProbeContext) -> u32 {
     if target != 0 && pid != target {
         return 0;
     }
+    // Counted for the overhead budget: this is a second trap per call.
+    process::admit(pid);
     let Some(state) = existing_thread_state(pid_tgid as u32) else {
         return 0;
     };
@@ -553,7 +564,9 @@ pub fn probe_empty(_ctx: ProbeContext) -> u32 {
 /// overflow entry, so both hold live threads only.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    process::on_thread_exit((pid_tgid >> 32) as u32, tid);
     if let Some(slot) = slot_of(tid) {
         if slot.tid == tid {
             add_process_totals(slot.pid, slot.calls, slot.bytes);

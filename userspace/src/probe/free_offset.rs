@@ -37,13 +37,14 @@ impl FreeProbe {
     }
 }
 
-/// Decodes `free` in a parsed libc and picks the probe point.
-pub fn find_free_probe(file: &object::File) -> Result<FreeProbe, String> {
+/// Decodes `{prefix}free` in a parsed allocator image and picks the probe point.
+pub fn find_free_probe(file: &object::File, prefix: &str) -> Result<FreeProbe, String> {
+    let name = format!("{prefix}free");
     let symbol = file
         .dynamic_symbols()
         .chain(file.symbols())
-        .find(|s| s.is_definition() && s.name() == Ok("free"))
-        .ok_or("the library does not export free")?;
+        .find(|s| s.is_definition() && s.name() == Ok(name.as_str()))
+        .ok_or_else(|| format!("the file does not define {name}"))?;
     let section = symbol
         .section_index()
         .and_then(|i| file.section_by_index(i).ok())
@@ -146,9 +147,9 @@ mod tests {
     #[test]
     fn this_machines_libc_has_a_probe_point() {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let libc = crate::target::find_libc_in_maps(&maps).expect("tests link glibc");
+        let libc = crate::image::find_libc_in_maps(&maps).expect("tests link glibc");
         let data = std::fs::read(&libc).unwrap();
-        let probe = find_free_probe(&object::File::parse(&*data).unwrap()).unwrap();
+        let probe = find_free_probe(&object::File::parse(&*data).unwrap(), "").unwrap();
         assert!(probe.offset < 64, "{probe:?}");
     }
 }

@@ -3,6 +3,7 @@
 //! The compiled eBPF object is embedded in the binary by `build.rs`.
 
 pub mod free_offset;
+mod gates;
 pub mod intervals;
 pub mod session;
 
@@ -12,18 +13,21 @@ use std::os::fd::OwnedFd;
 
 use allocbpf_common::{
     Counter, LiveMode, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT,
-    FN_SIZES_GLOBAL, LIVE_MODE_GLOBAL, RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL,
+    LIVE_MODE_GLOBAL, RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL,
     THREAD_SLOT_MASK_GLOBAL,
 };
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{uprobe::UProbeScope, RawTracePoint, UProbe},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        RawTracePoint, UProbe,
+    },
     Btf, Ebpf, EbpfLoader,
 };
 use aya_log::EbpfLogger;
 
 use self::{free_offset::FreeProbe, intervals::IntervalTable, session::SessionPrograms};
-use crate::{estimate::certain_threshold, target::Libc};
+use crate::{estimate::certain_threshold, image::AllocatorImage};
 
 /// The eBPF object built from `ebpf/allocbpf-ebpf` for this binary.
 static EBPF_OBJECT: &[u8] =
@@ -38,9 +42,9 @@ pub enum ProbeError {
     /// A uprobe could not be attached.
     #[error("cannot attach a uprobe to {symbol} in {path}")]
     Attach {
-        /// The libc symbol.
+        /// The function.
         symbol: &'static str,
-        /// The libc file.
+        /// The image file.
         path: String,
         /// The cause.
         source: aya::programs::ProgramError,
@@ -97,15 +101,36 @@ pub enum LiveMechanism {
     Uretprobe,
 }
 
-/// What [`Sampler::attach`] attached.
-#[derive(Clone, Debug)]
+/// What [`Sampler::attach`] attached to one image.
+#[derive(Debug)]
 pub struct Attached {
-    /// Uprobes and uretprobes attached (links).
-    pub probes: usize,
     /// With `--live`: how returns are observed...
     pub live_mode: LiveMode,
     /// ...and where free is probed.
     pub free_probe: Option<FreeProbe>,
+    /// The links, for [`Sampler::detach`].
+    pub links: ImageLinks,
+}
+
+/// The probes attached to one image.
+#[derive(Debug, Default)]
+pub struct ImageLinks {
+    /// aya-managed uprobes: (program name, link).
+    uprobes: Vec<(&'static str, UProbeLinkId)>,
+    /// Session links (closing the fd detaches).
+    sessions: Vec<OwnedFd>,
+}
+
+impl ImageLinks {
+    /// Number of probes (links) attached.
+    pub fn len(&self) -> usize {
+        self.uprobes.len() + self.sessions.len()
+    }
+
+    /// True if nothing is attached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Sizes of the per-thread state tables (docs/design.md, "Per-thread countdown"); the
@@ -150,17 +175,14 @@ pub struct Sampler {
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
     /// Programs relocated for session links (`--live` on kernels that have them).
     session_programs: Option<SessionPrograms>,
-    /// Session links: detached when dropped.
-    session_links: Vec<OwnedFd>,
 }
 
 impl Sampler {
     /// Loads the sampler for `libc` with its globals set; nothing is attached yet.
-    pub fn load(config: SamplerConfig, libc: &Libc) -> Result<Sampler, ProbeError> {
+    pub fn load(config: SamplerConfig) -> Result<Sampler, ProbeError> {
         let btf = Btf::from_sys_fs().ok();
         let target_pid = config.pid.unwrap_or(0);
         let threshold = certain_threshold(config.rate);
-        let sizes = libc.function_sizes();
         let tables = config.thread_tables;
         let slot_mask = tables.slots.next_power_of_two() - 1;
         let live_mode = match config.live {
@@ -180,7 +202,6 @@ impl Sampler {
             .override_global(TARGET_PID_GLOBAL, &target_pid, true)
             .override_global(RATE_GLOBAL, &config.rate, true)
             .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
-            .override_global(FN_SIZES_GLOBAL, &sizes, true)
             .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
             .override_global(LIVE_MODE_GLOBAL, &live_mode_value, true)
             .override_global(STACK_COPY_BYTES_GLOBAL, &config.stack_copy_bytes, true)
@@ -215,9 +236,11 @@ impl Sampler {
             table: IntervalTable::new(config.rate),
             logger,
             session_programs,
-            session_links: Vec::new(),
         };
         sampler.refresh_intervals()?;
+        if !config.empty_probes {
+            sampler.attach_tracepoints()?;
+        }
         Ok(sampler)
     }
 
@@ -235,101 +258,136 @@ impl Sampler {
         Ok(())
     }
 
-    /// Attaches the thread-exit tracepoint and one probe per allocation function, and
-    /// with `--live` the probe on free and the return mechanism.
-    pub fn attach(&mut self, libc: &Libc) -> Result<Attached, ProbeError> {
-        if !self.config.empty_probes {
-            let exit: &mut RawTracePoint = self
+    /// Attaches the thread-exit tracepoint and, system-wide, the exec tracepoint.
+    fn attach_tracepoints(&mut self) -> Result<(), ProbeError> {
+        let mut names = vec![("thread_exit", "sched_process_exit")];
+        if self.config.pid.is_none() {
+            names.push(("process_exec", "sched_process_exec"));
+        }
+        for (name, tracepoint) in names {
+            let program: &mut RawTracePoint = self
                 .ebpf
-                .program_mut("thread_exit")
-                .ok_or_else(|| load_error(missing("thread_exit")))?
+                .program_mut(name)
+                .ok_or_else(|| load_error(missing(name)))?
                 .try_into()
                 .map_err(load_error)?;
-            exit.load().map_err(load_error)?;
-            exit.attach("sched_process_exit").map_err(load_error)?;
+            program.load().map_err(load_error)?;
+            program.attach(tracepoint).map_err(load_error)?;
         }
+        Ok(())
+    }
+
+    /// Attaches one probe per allocation function of `image`, and with `--live` the
+    /// probe on free and the return mechanism. Dropping the sampler detaches
+    /// everything; [`Sampler::detach`] detaches one image earlier.
+    pub fn attach(&mut self, image: &AllocatorImage) -> Result<Attached, ProbeError> {
         let free_probe = match self.config.live {
             Some(_) => Some(
-                libc.free_probe
+                image
+                    .free_probe
                     .clone()
                     .map_err(|reason| ProbeError::FreeProbe {
-                        path: libc.path_in_target.display().to_string(),
+                        path: image.path_in_target.display().to_string(),
                         reason,
                     })?,
             ),
             None => None,
         };
         let mut attached = Attached {
-            probes: 0,
             live_mode: LiveMode::Off,
             free_probe: free_probe.clone(),
+            links: ImageLinks::default(),
         };
-        if let Some(free) = &free_probe {
-            let name = if self.config.empty_probes {
-                "probe_empty"
-            } else {
-                "probe_free"
-            };
-            self.attach_uprobe(name, free.file_offset(), libc, "free")?;
-            attached.probes += 1;
-        }
-        if self.config.live.is_some() && !self.config.empty_probes {
-            if self.session_programs.is_some() {
-                self.attach_sessions(libc)?;
-                attached.live_mode = LiveMode::Session;
-                attached.probes += self.session_links.len();
-                return Ok(attached);
-            }
-            attached.live_mode = LiveMode::Uretprobe;
-            for symbol in &libc.symbols {
-                self.attach_uprobe(
-                    "probe_return",
-                    symbol.file_offset,
-                    libc,
-                    symbol.function.symbol(),
-                )?;
-                attached.probes += 1;
-            }
-        }
-        for symbol in &libc.symbols {
-            let name = if self.config.empty_probes {
-                "probe_empty"
-            } else {
-                symbol.function.program()
-            };
-            self.attach_uprobe(name, symbol.file_offset, libc, symbol.function.symbol())?;
-            attached.probes += 1;
+        // On failure, what this image attached so far is detached again.
+        let result = self.attach_all(image, free_probe.as_ref(), &mut attached);
+        if let Err(error) = result {
+            self.detach(std::mem::take(&mut attached.links));
+            return Err(error);
         }
         Ok(attached)
     }
 
-    /// Attaches every allocation function through a session link.
-    fn attach_sessions(&mut self, libc: &Libc) -> Result<(), ProbeError> {
-        let Some(programs) = self.session_programs.as_mut() else {
-            return Ok(());
-        };
-        for symbol in &libc.symbols {
-            let link = programs
-                .attach(
-                    symbol.function.program(),
-                    &libc.host_path,
+    fn attach_all(
+        &mut self,
+        image: &AllocatorImage,
+        free_probe: Option<&FreeProbe>,
+        attached: &mut Attached,
+    ) -> Result<(), ProbeError> {
+        let empty = self.config.empty_probes;
+        if let Some(free) = free_probe {
+            let name = if empty { "probe_empty" } else { "probe_free" };
+            let link = self.attach_uprobe(name, free.file_offset(), 0, image, "free")?;
+            attached.links.uprobes.push(link);
+        }
+        if self.config.live.is_some() && !empty {
+            if self.session_programs.is_some() {
+                attached.live_mode = LiveMode::Session;
+                return self.attach_sessions(image, &mut attached.links);
+            }
+            attached.live_mode = LiveMode::Uretprobe;
+            for symbol in &image.symbols {
+                let link = self.attach_uprobe(
+                    "probe_return",
                     symbol.file_offset,
-                    self.config.pid,
-                )
-                .map_err(load_error)?;
-            self.session_links.push(link);
+                    symbol.size,
+                    image,
+                    symbol.function.symbol(),
+                )?;
+                attached.links.uprobes.push(link);
+            }
+        }
+        for symbol in &image.symbols {
+            let name = if empty {
+                "probe_empty"
+            } else {
+                symbol.function.program()
+            };
+            let link = self.attach_uprobe(
+                name,
+                symbol.file_offset,
+                symbol.size,
+                image,
+                symbol.function.symbol(),
+            )?;
+            attached.links.uprobes.push(link);
         }
         Ok(())
     }
 
-    /// Loads (once) and attaches aya program `name` at `file_offset` of the libc.
+    /// Attaches every allocation function of `image` through a session link.
+    fn attach_sessions(
+        &mut self,
+        image: &AllocatorImage,
+        links: &mut ImageLinks,
+    ) -> Result<(), ProbeError> {
+        let Some(programs) = self.session_programs.as_mut() else {
+            return Ok(());
+        };
+        for symbol in &image.symbols {
+            let link = programs
+                .attach(
+                    symbol.function.program(),
+                    &image.host_path,
+                    symbol.file_offset,
+                    symbol.size,
+                    self.config.pid,
+                )
+                .map_err(load_error)?;
+            links.sessions.push(link);
+        }
+        Ok(())
+    }
+
+    /// Loads (once) and attaches aya program `name` at `file_offset` of the image, with
+    /// `cookie` (the function's code size) for the program to read.
     fn attach_uprobe(
         &mut self,
-        name: &str,
+        name: &'static str,
         file_offset: u64,
-        libc: &Libc,
+        cookie: u64,
+        image: &AllocatorImage,
         symbol: &'static str,
-    ) -> Result<(), ProbeError> {
+    ) -> Result<(&'static str, UProbeLinkId), ProbeError> {
         let scope = match self.config.pid.and_then(NonZeroU32::new) {
             Some(pid) => UProbeScope::OneProcess(pid),
             None => UProbeScope::AllProcesses,
@@ -343,14 +401,34 @@ impl Sampler {
         if program.fd().is_err() {
             program.load().map_err(load_error)?;
         }
-        program
-            .attach(file_offset, &libc.host_path, scope)
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(file_offset),
+            cookie: Some(cookie),
+        };
+        let link = program
+            .attach(point, &image.host_path, scope)
             .map_err(|source| ProbeError::Attach {
                 symbol,
-                path: libc.path_in_target.display().to_string(),
+                path: image.path_in_target.display().to_string(),
                 source,
             })?;
-        Ok(())
+        Ok((name, link))
+    }
+
+    /// Detaches the probes of one image (system-wide mode: a budget back-off, or an
+    /// image no process maps any more).
+    pub fn detach(&mut self, links: ImageLinks) {
+        for (name, link) in links.uprobes {
+            let program: Option<&mut UProbe> =
+                self.ebpf.program_mut(name).and_then(|p| p.try_into().ok());
+            if let Some(program) = program {
+                if let Err(error) = program.detach(link) {
+                    tracing::warn!("detaching {name}: {error}");
+                }
+            }
+        }
+        // Session links are file descriptors: closing them detaches.
+        drop(links.sessions);
     }
 
     /// Takes the sample ring buffer (once).

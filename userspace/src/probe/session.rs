@@ -279,6 +279,7 @@ impl SessionPrograms {
         name: &str,
         path: &Path,
         offset: u64,
+        cookie: u64,
         pid: Option<u32>,
     ) -> Result<OwnedFd, SessionError> {
         let prog_fd = self.load(name)?;
@@ -289,11 +290,13 @@ impl SessionPrograms {
             }
         })?;
         let offsets = [offset];
+        let cookies = [cookie];
         let mut attr = LinkCreateAttr {
             prog_fd: prog_fd as u32,
             attach_type: BPF_TRACE_UPROBE_SESSION,
             path: c_path.as_ptr() as u64,
             offsets: offsets.as_ptr() as u64,
+            cookies: cookies.as_ptr() as u64,
             cnt: 1,
             pid: pid.unwrap_or(0),
             ..Default::default()

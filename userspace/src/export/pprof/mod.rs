@@ -25,7 +25,7 @@ use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
 use self::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
-use crate::{normalize::Frame, report::Report};
+use crate::{estimate::IntervalInputs, normalize::Frame, report::Report};
 
 /// Address-space size reserved per module in the synthetic layout.
 const MODULE_SPAN: u64 = 1 << 40;
@@ -53,6 +53,25 @@ impl Strings {
         self.index.insert(value.to_string(), i);
         i
     }
+}
+
+/// Numeric labels carrying each stack's confidence-interval inputs, so profiles read
+/// back from the agent's store (`allocbpf report`) merge with exact intervals.
+pub const INTERVAL_INPUT_LABELS: [&str; 4] = [
+    "ci_counted_samples",
+    "ci_untried_bytes",
+    "ci_sampled_bytes",
+    "ci_certain_bytes",
+];
+
+/// The values of [`INTERVAL_INPUT_LABELS`], in order.
+pub fn interval_input_values(inputs: &IntervalInputs) -> [u64; 4] {
+    [
+        inputs.counted_samples,
+        inputs.untried_bytes,
+        inputs.sampled_bytes,
+        inputs.certain_bytes,
+    ]
 }
 
 /// Converts a report to a `Profile` message.
@@ -102,6 +121,7 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
     let ci_low_key = strings.intern(&format!("bytes_ci{level}_low"));
     let ci_high_key = strings.intern(&format!("bytes_ci{level}_high"));
     let bytes_unit = strings.intern("bytes");
+    let input_keys = INTERVAL_INPUT_LABELS.map(|name| strings.intern(name));
 
     let mut samples = Vec::with_capacity(report.stacks.len());
     for stack in &report.stacks {
@@ -191,7 +211,19 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
                 },
                 bytes_label(ci_low_key, interval.lo),
                 bytes_label(ci_high_key, interval.hi),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                input_keys
+                    .iter()
+                    .zip(interval_input_values(&stack.stats.interval_inputs))
+                    .map(|(&key, num)| Label {
+                        key,
+                        num: num as i64,
+                        ..Label::default()
+                    }),
+            )
+            .collect(),
         });
     }
 
@@ -225,6 +257,52 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
         comment,
         default_sample_type,
     }
+}
+
+/// Adds string labels to every sample and as `key=value` comments: the process labels
+/// of the agent's per-process profiles (hostname, pid, comm, exe, build ids, cgroup).
+pub fn add_labels(profile: &mut Profile, labels: &[(&str, String)]) {
+    let mut intern = |value: &str| -> i64 {
+        match profile.string_table.iter().position(|s| s == value) {
+            Some(i) => i as i64,
+            None => {
+                profile.string_table.push(value.to_string());
+                profile.string_table.len() as i64 - 1
+            }
+        }
+    };
+    let pairs: Vec<(i64, i64)> = labels
+        .iter()
+        // The numeric pid label is already there.
+        .filter(|(key, value)| *key != "pid" && !value.is_empty())
+        .map(|(key, value)| (intern(key), intern(value)))
+        .collect();
+    let comments: Vec<i64> = labels
+        .iter()
+        .map(|(key, value)| intern(&format!("{key}={value}")))
+        .collect();
+    for sample in &mut profile.sample {
+        sample.label.extend(pairs.iter().map(|&(key, str)| Label {
+            key,
+            str,
+            ..Default::default()
+        }));
+    }
+    profile.comment.extend(comments);
+}
+
+/// Adds one comment line to a profile.
+pub fn add_comment(profile: &mut Profile, text: &str) {
+    profile.string_table.push(text.to_string());
+    profile.comment.push(profile.string_table.len() as i64 - 1);
+}
+
+/// Gzips an encoded profile.
+pub fn gzip(profile: &Profile) -> Vec<u8> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(&profile.encode_to_vec())
+        .expect("writing to a Vec cannot fail");
+    gz.finish().expect("writing to a Vec cannot fail")
 }
 
 /// Writes the report as a gzipped profile.proto.

@@ -1,0 +1,87 @@
+//! System-wide mode (`TARGET_PID` 0): per-process gates and process lifecycle events.
+//!
+//! Every probe hit of a process is counted in its `PROCESS_GATES` entry (per CPU, so
+//! without atomics); userspace turns the counts into an estimated CPU cost for the
+//! overhead budget, and closes the gate of processes it must not sample (itself, those
+//! filtered out, those over budget). Exec and exit events tell userspace when to look
+//! for new libc images and when a process's profile is complete.
+
+use core::ptr::read_volatile;
+
+use allocbpf_common::{EventKind, GateState, ProcessEvent, ProcessGate, MAX_GATED_PROCESSES};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{map, raw_tracepoint},
+    maps::LruPerCpuHashMap,
+    programs::RawTracePointContext,
+};
+
+use crate::{EVENTS, TARGET_PID};
+
+/// Probe hits and sampling state per process (system-wide mode). LRU: on a host with
+/// more processes than entries, the least recently allocating lose their counts (and a
+/// closed gate, which userspace closes again at the next sample it drops).
+#[map]
+static PROCESS_GATES: LruPerCpuHashMap<u32, ProcessGate> =
+    LruPerCpuHashMap::with_max_entries(MAX_GATED_PROCESSES, 0);
+
+/// True when the loader set no target pid: every process is probed.
+#[inline(always)]
+pub(crate) fn system_wide() -> bool {
+    // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
+    unsafe { read_volatile(&TARGET_PID) == 0 }
+}
+
+/// Counts one probe hit of `pid` and says whether the hit may be sampled. In
+/// single-process mode the verifier drops this whole path (`TARGET_PID` is constant).
+#[inline(always)]
+pub(crate) fn admit(pid: u32) -> bool {
+    if !system_wide() {
+        return true;
+    }
+    if PROCESS_GATES.get_ptr_mut(&pid).is_none() {
+        // A racing creator on another CPU wins; the entry exists either way.
+        let _ = PROCESS_GATES.insert(&pid, &ProcessGate::default(), BPF_NOEXIST as u64);
+    }
+    let Some(gate) = PROCESS_GATES.get_ptr_mut(&pid) else {
+        // Cannot happen with an LRU map; sample rather than lose data.
+        return true;
+    };
+    // SAFETY: this CPU's copy of a live map value; programs do not migrate while running.
+    unsafe {
+        (*gate).hits += 1;
+        (*gate).state == GateState::Open as u32
+    }
+}
+
+/// Sends an exec or exit event for `pid` (best effort: a full ring only delays the
+/// discovery of a new image until userspace's periodic scan).
+#[inline(always)]
+fn emit_process_event(kind: EventKind, pid: u32) {
+    let event = ProcessEvent {
+        kind: kind as u32,
+        pid,
+        // SAFETY: helper without arguments.
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+    };
+    let _ = EVENTS.output::<ProcessEvent>(&event, 0);
+}
+
+/// A process replaced its program: its new libc may be an image no probe covers yet.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
+    if system_wide() {
+        emit_process_event(EventKind::Exec, (bpf_get_current_pid_tgid() >> 32) as u32);
+    }
+    0
+}
+
+/// Called from the thread-exit tracepoint: the main thread's exit ends the process's
+/// profile (its other threads are gone or going; their samples are already queued).
+#[inline(always)]
+pub(crate) fn on_thread_exit(pid: u32, tid: u32) {
+    if system_wide() && pid == tid {
+        emit_process_event(EventKind::Exit, pid);
+    }
+}

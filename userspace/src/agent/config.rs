@@ -1,0 +1,341 @@
+//! The agent's configuration: a TOML file (every key optional), overridden by flags.
+//! docs/operations.md is the reference for every key.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::{
+    cli::{AgentArgs, FilterArgs, UnwindMode, MAX_DURATION, MAX_RATE},
+    system::budget::BudgetOptions,
+    units::{parse_duration, parse_size},
+};
+
+/// The config file as written (strings for sizes and durations: "512KiB", "60s").
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    store: Option<PathBuf>,
+    interval: Option<String>,
+    rate: Option<String>,
+    live: Option<bool>,
+    unwind: Option<String>,
+    allocator_symbols: Option<Vec<String>>,
+    comm: Option<String>,
+    exclude_comm: Option<String>,
+    cgroup: Option<String>,
+    metrics_address: Option<String>,
+    retention: Option<RetentionFile>,
+    push: Option<PushFile>,
+    budget: Option<BudgetFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetentionFile {
+    max_age: Option<String>,
+    max_bytes: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PushFile {
+    url: Option<String>,
+    application: Option<String>,
+    credentials_file: Option<PathBuf>,
+    tenant: Option<String>,
+    timeout: Option<String>,
+    spool_max_bytes: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetFile {
+    enabled: Option<bool>,
+    cpu_percent: Option<f64>,
+    detach_cpu_percent: Option<f64>,
+    check_interval: Option<String>,
+    backoff_initial: Option<String>,
+    backoff_max: Option<String>,
+}
+
+/// Retention of the local store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Profiles older than this are deleted.
+    pub max_age: Duration,
+    /// The oldest profiles are deleted while the store is larger than this.
+    pub max_bytes: u64,
+}
+
+/// Where and how profiles are pushed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PushConfig {
+    /// Base URL of the Pyroscope server (`/ingest` is appended).
+    pub url: String,
+    /// Application name: the metric name in Pyroscope (`allocbpf`).
+    pub application: String,
+    /// File holding `Bearer TOKEN` or `USER:PASSWORD` (else the environment).
+    pub credentials_file: Option<PathBuf>,
+    /// `X-Scope-OrgID` for multi-tenant servers.
+    pub tenant: Option<String>,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// Bound of the on-disk spool of undelivered profiles.
+    pub spool_max_bytes: u64,
+}
+
+/// The agent's effective configuration.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Local store directory.
+    pub store: PathBuf,
+    /// Profile interval.
+    pub interval: Duration,
+    /// Mean sampling interval in bytes.
+    pub rate: u64,
+    /// Track live blocks (inuse profiles).
+    pub live: bool,
+    /// Stack unwinding.
+    pub unwind: UnwindMode,
+    /// `--allocator-symbol` prefixes.
+    pub allocator_symbols: Vec<String>,
+    /// Process filters.
+    pub filter: FilterArgs,
+    /// Prometheus endpoint (`None`: off).
+    pub metrics_address: Option<SocketAddr>,
+    /// Store retention.
+    pub retention: Retention,
+    /// Pyroscope push, if configured.
+    pub push: Option<PushConfig>,
+    /// The overhead budget (`None`: disabled).
+    pub budget: Option<BudgetOptions>,
+}
+
+fn duration(key: &str, text: Option<&str>, default: Duration) -> Result<Duration> {
+    match text {
+        None => Ok(default),
+        Some(t) => parse_duration(t, MAX_DURATION).with_context(|| format!("config key {key}")),
+    }
+}
+
+fn size(key: &str, text: Option<&str>, default: u64, max: u64) -> Result<u64> {
+    match text {
+        None => Ok(default),
+        Some(t) => parse_size(t, max).with_context(|| format!("config key {key}")),
+    }
+}
+
+impl AgentConfig {
+    /// Reads the config file (if any) and applies the flags over it.
+    pub fn load(args: &AgentArgs) -> Result<AgentConfig> {
+        let file: File = match &args.config {
+            None => File::default(),
+            Some(path) => parse_file(path)?,
+        };
+        let retention = file.retention.unwrap_or_default();
+        let budget = file.budget.unwrap_or_default();
+        let defaults = BudgetOptions::default();
+        let push_file = file.push.unwrap_or_default();
+        let push_url = args.push.clone().or(push_file.url);
+        let push = match push_url {
+            None => None,
+            Some(url) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    bail!("push URL {url:?} must start with http:// or https://");
+                }
+                Some(PushConfig {
+                    url: url.trim_end_matches('/').to_string(),
+                    application: push_file.application.unwrap_or_else(|| "allocbpf".into()),
+                    credentials_file: push_file.credentials_file,
+                    tenant: push_file.tenant,
+                    timeout: duration(
+                        "push.timeout",
+                        push_file.timeout.as_deref(),
+                        Duration::from_secs(10),
+                    )?,
+                    spool_max_bytes: size(
+                        "push.spool_max_bytes",
+                        push_file.spool_max_bytes.as_deref(),
+                        256 << 20,
+                        1 << 40,
+                    )?,
+                })
+            }
+        };
+        let metrics = args
+            .metrics_address
+            .clone()
+            .or(file.metrics_address)
+            .unwrap_or_else(|| "127.0.0.1:9464".into());
+        let metrics_address =
+            match metrics.as_str() {
+                "off" | "" => None,
+                addr => Some(addr.parse().with_context(|| {
+                    format!("metrics address {addr:?} (example: 127.0.0.1:9464)")
+                })?),
+            };
+        let unwind = match file.unwind.as_deref() {
+            None | Some("auto") => UnwindMode::Auto,
+            Some("dwarf") => UnwindMode::Dwarf,
+            Some("fp") => UnwindMode::Fp,
+            Some(other) => bail!("config key unwind: {other:?} is not auto, dwarf or fp"),
+        };
+        let percent = |key: &str, value: Option<f64>, default: f64| -> Result<f64> {
+            match value {
+                None => Ok(default / 100.0),
+                Some(p) if p > 0.0 && p <= 100.0 => Ok(p / 100.0),
+                Some(p) => bail!("config key budget.{key}: {p} is not in (0, 100]"),
+            }
+        };
+        let config = AgentConfig {
+            store: args
+                .store
+                .clone()
+                .or(file.store)
+                .unwrap_or_else(|| PathBuf::from("/var/lib/allocbpf")),
+            interval: match args.interval {
+                Some(i) => i,
+                None => duration(
+                    "interval",
+                    file.interval.as_deref(),
+                    Duration::from_secs(60),
+                )?,
+            },
+            rate: match args.rate {
+                Some(r) => r,
+                None => size("rate", file.rate.as_deref(), 512 << 10, MAX_RATE)?,
+            },
+            live: file.live.unwrap_or(true),
+            unwind,
+            allocator_symbols: file.allocator_symbols.unwrap_or_default(),
+            filter: FilterArgs {
+                comm: file.comm,
+                exclude_comm: file.exclude_comm,
+                cgroup: file.cgroup,
+            },
+            metrics_address,
+            retention: Retention {
+                max_age: duration(
+                    "retention.max_age",
+                    retention.max_age.as_deref(),
+                    Duration::from_secs(7 * 24 * 3600),
+                )?,
+                max_bytes: size(
+                    "retention.max_bytes",
+                    retention.max_bytes.as_deref(),
+                    1 << 30,
+                    1 << 50,
+                )?,
+            },
+            push,
+            budget: if budget.enabled.unwrap_or(true) {
+                Some(BudgetOptions {
+                    cpu_fraction: percent(
+                        "cpu_percent",
+                        budget.cpu_percent,
+                        defaults.cpu_fraction * 100.0,
+                    )?,
+                    detach_fraction: percent(
+                        "detach_cpu_percent",
+                        budget.detach_cpu_percent,
+                        defaults.detach_fraction * 100.0,
+                    )?,
+                    check_every: duration(
+                        "budget.check_interval",
+                        budget.check_interval.as_deref(),
+                        defaults.check_every,
+                    )?,
+                    backoff_initial: duration(
+                        "budget.backoff_initial",
+                        budget.backoff_initial.as_deref(),
+                        defaults.backoff_initial,
+                    )?,
+                    backoff_max: duration(
+                        "budget.backoff_max",
+                        budget.backoff_max.as_deref(),
+                        defaults.backoff_max,
+                    )?,
+                })
+            } else {
+                None
+            },
+        };
+        if config.interval < Duration::from_secs(1) {
+            bail!("interval must be at least 1s");
+        }
+        Ok(config)
+    }
+}
+
+fn parse_file(path: &Path) -> Result<File> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing the config file {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_defaults_fill_the_rest() {
+        let dir = std::env::temp_dir().join(format!("allocbpf-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agent.toml");
+        std::fs::write(
+            &path,
+            r#"
+store = "/srv/profiles"
+interval = "30s"
+rate = "1MiB"
+comm = "^nginx"
+[retention]
+max_bytes = "10MiB"
+[push]
+url = "http://pyroscope:4040/"
+[budget]
+cpu_percent = 2.5
+"#,
+        )
+        .unwrap();
+        let args = AgentArgs {
+            config: Some(path.clone()),
+            interval: Some(Duration::from_secs(5)),
+            ..AgentArgs::default()
+        };
+        let config = AgentConfig::load(&args).unwrap();
+        assert_eq!(config.store, PathBuf::from("/srv/profiles"));
+        assert_eq!(config.interval, Duration::from_secs(5));
+        assert_eq!(config.rate, 1 << 20);
+        assert_eq!(config.retention.max_bytes, 10 << 20);
+        assert_eq!(config.retention.max_age, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(config.push.unwrap().url, "http://pyroscope:4040");
+        assert_eq!(config.budget.unwrap().cpu_fraction, 0.025);
+        assert_eq!(config.filter.comm.as_deref(), Some("^nginx"));
+        assert!(config.live);
+
+        std::fs::write(&path, "rate = \"lots\"\n").unwrap();
+        let error = format!("{:#}", AgentConfig::load(&args).unwrap_err());
+        assert!(error.contains("config key rate"), "{error}");
+        std::fs::write(&path, "colour = \"blue\"\n").unwrap();
+        let error = format!("{:#}", AgentConfig::load(&args).unwrap_err());
+        assert!(error.contains("unknown field"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn no_flags_no_file_just_works() {
+        let config = AgentConfig::load(&AgentArgs::default()).unwrap();
+        assert_eq!(config.store, PathBuf::from("/var/lib/allocbpf"));
+        assert_eq!(config.interval, Duration::from_secs(60));
+        assert!(config.push.is_none());
+        let budget = config.budget.unwrap();
+        assert_eq!(budget, BudgetOptions::default());
+    }
+}

@@ -1,0 +1,240 @@
+//! The agent's self-metrics, served in the Prometheus text format.
+
+use std::{
+    net::SocketAddr,
+    sync::{atomic::AtomicU64, atomic::Ordering, Arc, Mutex},
+};
+
+use anyhow::{Context, Result};
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, gauge::Gauge},
+    registry::Registry,
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+use super::push::PushStats;
+use crate::{probe::Counters, system::SystemStats};
+
+/// Every metric, registered once.
+pub struct Metrics {
+    registry: Registry,
+    counters: Vec<(&'static str, Counter)>,
+    gauges: Vec<(&'static str, Gauge)>,
+    cpu_seconds: Gauge<f64, AtomicU64>,
+}
+
+const COUNTERS: &[(&str, &str)] = &[
+    ("samples", "Samples aggregated"),
+    (
+        "ring_buffer_drops",
+        "Samples lost because the ring buffer was full",
+    ),
+    (
+        "filtered_samples",
+        "Samples dropped because their process is filtered out",
+    ),
+    (
+        "attach_failures",
+        "Allocator images that could not be attached",
+    ),
+    ("exec_events", "Exec events received"),
+    ("exit_events", "Process exits received"),
+    ("profiles_written", "Profiles written to the local store"),
+    (
+        "store_errors",
+        "Profiles that could not be written to the local store",
+    ),
+    ("store_deleted", "Profiles deleted by retention"),
+    ("push_delivered", "Profiles delivered to the profile store"),
+    ("export_errors", "Failed push attempts"),
+    (
+        "push_dropped",
+        "Profiles dropped because the push spool was full",
+    ),
+    (
+        "budget_backoffs",
+        "Processes backed off for exceeding their overhead budget",
+    ),
+    (
+        "budget_detachments",
+        "Image detachments for the overhead budget",
+    ),
+];
+
+const GAUGES: &[(&str, &str)] = &[
+    ("attached_images", "Allocator images with probes attached"),
+    ("tracked_processes", "Processes followed"),
+    ("budget_paused_processes", "Processes backed off now"),
+    ("spool_bytes", "Bytes of profiles waiting in the push spool"),
+    ("spool_profiles", "Profiles waiting in the push spool"),
+    ("store_bytes", "Bytes in the local store"),
+    ("resident_memory_bytes", "Agent resident set size"),
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `allocbpf_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("allocbpf");
+        let counters = COUNTERS
+            .iter()
+            .map(|&(name, help)| {
+                let counter = Counter::default();
+                registry.register(name, help, counter.clone());
+                (name, counter)
+            })
+            .collect();
+        let gauges = GAUGES
+            .iter()
+            .map(|&(name, help)| {
+                let gauge = Gauge::default();
+                registry.register(name, help, gauge.clone());
+                (name, gauge)
+            })
+            .collect();
+        let cpu_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "cpu_seconds",
+            "Agent CPU time (user + system), seconds",
+            cpu_seconds.clone(),
+        );
+        Self {
+            registry,
+            counters,
+            gauges,
+            cpu_seconds,
+        }
+    }
+
+    /// Sets counter `name` to the running total `value`.
+    pub fn total(&self, name: &str, value: u64) {
+        if let Some((_, counter)) = self.counters.iter().find(|(n, _)| *n == name) {
+            let current = counter.get();
+            if value > current {
+                counter.inc_by(value - current);
+            }
+        }
+    }
+
+    /// Sets gauge `name`.
+    pub fn gauge(&self, name: &str, value: u64) {
+        if let Some((_, gauge)) = self.gauges.iter().find(|(n, _)| *n == name) {
+            gauge.set(value as i64);
+        }
+    }
+
+    /// Updates everything from the profiler, the kernel and the exporters.
+    pub fn update(&self, system: &SystemStats, kernel: &Counters, push: &PushStats) {
+        self.total("samples", system.samples);
+        self.total("ring_buffer_drops", kernel.ring_buffer_drops);
+        self.total("filtered_samples", system.filtered_samples);
+        self.total("attach_failures", system.attach_failures);
+        self.total("exec_events", system.exec_events);
+        self.total("exit_events", system.exit_events);
+        self.total("budget_backoffs", system.budget_backoffs);
+        self.total("budget_detachments", system.budget_detachments);
+        self.total("push_delivered", push.delivered.load(Ordering::Relaxed));
+        self.total("export_errors", push.errors.load(Ordering::Relaxed));
+        self.total("push_dropped", push.dropped.load(Ordering::Relaxed));
+        self.gauge("attached_images", system.images_attached);
+        self.gauge("tracked_processes", system.processes_tracked);
+        self.gauge("budget_paused_processes", system.budget_paused);
+        self.gauge("spool_bytes", push.spool_bytes.load(Ordering::Relaxed));
+        self.gauge("spool_profiles", push.spool_files.load(Ordering::Relaxed));
+        let (cpu, rss) = own_cpu_and_rss();
+        self.cpu_seconds.set(cpu);
+        self.gauge("resident_memory_bytes", rss);
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// This process's CPU seconds and resident bytes, from `/proc/self`.
+pub fn own_cpu_and_rss() -> (f64, u64) {
+    // SAFETY: sysconf has no preconditions.
+    let (ticks, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK) as f64,
+            libc::sysconf(libc::_SC_PAGESIZE) as u64,
+        )
+    };
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name (which may contain spaces).
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<&str> = rest.split(' ').collect();
+            let user: f64 = fields.get(11)?.parse().ok()?;
+            let system: f64 = fields.get(12)?.parse().ok()?;
+            Some((user + system) / ticks)
+        })
+        .unwrap_or(0.0);
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split(' ').nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page);
+    (cpu, rss)
+}
+
+/// Serves `metrics` on `address` until the task is dropped: any GET gets the text.
+pub async fn serve(address: SocketAddr, metrics: Arc<Mutex<Metrics>>) -> Result<()> {
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding the metrics endpoint {address}"))?;
+    tracing::info!("metrics on http://{address}/metrics");
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let body = metrics.lock().expect("metrics lock").render();
+        tokio::spawn(async move {
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request).await;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_with_totals() {
+        let metrics = Metrics::new();
+        metrics.total("samples", 42);
+        metrics.total("samples", 40); // never goes back
+        metrics.gauge("attached_images", 3);
+        metrics.update(
+            &SystemStats {
+                samples: 50,
+                ..Default::default()
+            },
+            &Counters::default(),
+            &PushStats::default(),
+        );
+        let text = metrics.render();
+        assert!(text.contains("allocbpf_samples_total 50"), "{text}");
+        assert!(text.contains("allocbpf_attached_images 0"), "{text}");
+        assert!(text.contains("allocbpf_resident_memory_bytes"), "{text}");
+        assert!(own_cpu_and_rss().1 > 0);
+    }
+}

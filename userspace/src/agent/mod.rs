@@ -1,0 +1,324 @@
+//! `allocbpf agent`: the fleet node agent.
+//!
+//! It profiles every process of the host ([`crate::system`]) continuously, and every
+//! interval cuts one profile per process that allocated (alloc and, with live tracking,
+//! inuse sample types), labelled with hostname, pid, comm, exe, build id and cgroup /
+//! container id. Profiles go to the local [`store`] (always) and, when configured, to
+//! Pyroscope through the bounded spool of [`push`]. Sampling never waits for either:
+//! the store write is a small local file, and pushing runs on its own thread.
+//!
+//! Signals: SIGTERM (and Ctrl-C) cut the current, partial interval, store it, try to
+//! deliver the spool for up to the push timeout, and exit; SIGHUP reloads the config
+//! file. docs/operations.md is the operator's guide.
+
+pub mod config;
+pub mod metrics;
+pub mod push;
+pub mod report;
+pub mod store;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+use tokio::signal::unix::{signal, SignalKind};
+
+use self::{
+    config::AgentConfig,
+    metrics::Metrics,
+    push::{PushMeta, PushStats, Pusher},
+    store::ProfileStore,
+};
+use crate::{
+    cli::AgentArgs,
+    estimate::Confidence,
+    export::pprof,
+    preflight,
+    probe::{LiveMechanism, ThreadTables},
+    session::LiveOptions,
+    system::{
+        filter::ProcessFilter, oneshot::HOUSEKEEPING_TICK, process::hostname, ProcessProfile,
+        SystemOptions, SystemProfiler,
+    },
+};
+
+/// How often metrics are refreshed from the kernel and the profiler.
+const METRICS_REFRESH: Duration = Duration::from_secs(1);
+
+/// Runs the agent until SIGTERM.
+pub fn run(args: AgentArgs) -> Result<()> {
+    let config = AgentConfig::load(&args)?;
+    let filter = ProcessFilter::new(&config.filter)?;
+    // An unusable store fails before anything is attached.
+    let store = ProfileStore::open(&config.store, config.retention)?;
+    preflight::check_privileges()?;
+    preflight::check_kernel()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(Agent::new(args, config, store)?.run(filter))
+}
+
+fn system_options(config: &AgentConfig, filter: ProcessFilter) -> SystemOptions {
+    SystemOptions {
+        rate: config.rate,
+        live: config.live.then_some(LiveOptions {
+            mechanism: LiveMechanism::Auto,
+            leaks_min_age: None,
+        }),
+        unwind: config.unwind,
+        stack_bytes: 16 << 10,
+        symbolize: true,
+        confidence: Confidence::DEFAULT,
+        filter,
+        allocator_prefixes: config.allocator_symbols.clone(),
+        budget: config.budget,
+        thread_tables: ThreadTables {
+            slots: allocbpf_common::THREAD_SLOTS_LEN,
+            overflow: allocbpf_common::MAX_OVERFLOW_THREADS,
+        },
+    }
+}
+
+struct Agent {
+    args: AgentArgs,
+    config: AgentConfig,
+    store: ProfileStore,
+    hostname: String,
+    push_stats: Arc<PushStats>,
+    pusher: Option<Pusher>,
+    metrics: Arc<Mutex<Metrics>>,
+    profiles_written: u64,
+    store_errors: u64,
+}
+
+impl Agent {
+    fn new(args: AgentArgs, config: AgentConfig, store: ProfileStore) -> Result<Agent> {
+        let push_stats = Arc::new(PushStats::default());
+        let pusher = config
+            .push
+            .clone()
+            .map(|push| Pusher::start(push, &config.store, push_stats.clone()))
+            .transpose()?;
+        Ok(Agent {
+            args,
+            config,
+            store,
+            hostname: hostname(),
+            push_stats,
+            pusher,
+            metrics: Arc::new(Mutex::new(Metrics::new())),
+            profiles_written: 0,
+            store_errors: 0,
+        })
+    }
+
+    async fn run(mut self, filter: ProcessFilter) -> Result<()> {
+        let metrics_task = self
+            .config
+            .metrics_address
+            .map(|address| tokio::spawn(metrics::serve(address, self.metrics.clone())));
+        let mut profiler = SystemProfiler::start(system_options(&self.config, filter))?;
+        tracing::info!(
+            "agent started: {} image(s) attached, interval {}s, store {}{}",
+            profiler.stats.images_attached,
+            self.config.interval.as_secs(),
+            self.config.store.display(),
+            match &self.config.push {
+                Some(push) => format!(", pushing to {}", push.url),
+                None => String::new(),
+            }
+        );
+        let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
+        let mut metrics_tick = tokio::time::interval(METRICS_REFRESH);
+        let mut cut = new_cut_timer(self.config.interval);
+        loop {
+            tokio::select! {
+                read = profiler.read() => {
+                    if let Err(error) = read {
+                        tracing::error!("reading the ring buffer failed: {error}; stopping");
+                        break;
+                    }
+                }
+                _ = tick.tick() => profiler.housekeeping(),
+                _ = metrics_tick.tick() => self.update_metrics(&mut profiler),
+                _ = cut.tick() => {
+                    let profiles = profiler.cut();
+                    self.export(profiles);
+                }
+                _ = sighup.recv() => {
+                    if let Some(interval) = self.reload(&mut profiler) {
+                        cut = new_cut_timer(interval);
+                    }
+                }
+                _ = sigterm.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        // Flush: the current, partial interval is stored and pushed before exit.
+        tracing::info!("stopping: flushing the current interval");
+        let profiles = profiler.stop();
+        let flushed = profiles.len();
+        self.export(profiles);
+        if let Some(pusher) = self.pusher.take() {
+            let timeout = self
+                .config
+                .push
+                .as_ref()
+                .map_or(Duration::ZERO, |p| p.timeout);
+            pusher.flush(timeout);
+        }
+        if let Some(task) = metrics_task {
+            task.abort();
+        }
+        eprintln!(
+            "allocbpf agent: stopped; {flushed} profile(s) flushed, {} written in all, {} spooled for push",
+            self.profiles_written,
+            self.push_stats
+                .spool_files
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+        Ok(())
+    }
+
+    /// Stores (and spools for push) one profile per process.
+    fn export(&mut self, profiles: Vec<ProcessProfile>) {
+        for profile in profiles {
+            let labels = profile.info.labels(&self.hostname);
+            let start_ns = profile
+                .started
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64);
+            let mut message = pprof::to_profile(&profile.report, start_ns);
+            pprof::add_labels(&mut message, &labels);
+            pprof::add_comment(
+                &mut message,
+                &format!("exact_bytes={}", profile.report.totals.exact_bytes),
+            );
+            pprof::add_comment(
+                &mut message,
+                &format!("exact_calls={}", profile.report.totals.exact_calls),
+            );
+            let gzipped = pprof::gzip(&message);
+            match self.store.write(
+                profile.started,
+                profile.ended,
+                profile.info.pid,
+                &profile.info.comm,
+                &gzipped,
+            ) {
+                Ok(_) => self.profiles_written += 1,
+                Err(error) => {
+                    // Counted and logged; the push below still gets the profile.
+                    self.store_errors += 1;
+                    tracing::warn!("cannot store a profile: {error:#}");
+                }
+            }
+            if let Some(pusher) = &self.pusher {
+                let seconds =
+                    |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                let meta = PushMeta {
+                    labels: labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.clone()))
+                        .collect(),
+                    from: seconds(profile.started),
+                    until: seconds(profile.ended).max(seconds(profile.started) + 1),
+                };
+                pusher.enqueue(&meta, &gzipped);
+            }
+        }
+        let deleted = self.store.enforce_retention(SystemTime::now());
+        if deleted > 0 {
+            tracing::info!("retention: {deleted} old profile(s) deleted");
+        }
+    }
+
+    fn update_metrics(&mut self, profiler: &mut SystemProfiler) {
+        let kernel = profiler.counters();
+        let metrics = self.metrics.lock().expect("metrics lock");
+        metrics.update(&profiler.stats, &kernel, &self.push_stats);
+        metrics.total("profiles_written", self.profiles_written);
+        metrics.total("store_errors", self.store_errors);
+        metrics.total("store_deleted", self.store.deleted);
+        metrics.gauge("store_bytes", self.store.total_bytes());
+    }
+
+    /// SIGHUP: re-reads the config; applies filters, interval, retention and push.
+    /// Returns the new interval if it changed.
+    fn reload(&mut self, profiler: &mut SystemProfiler) -> Option<Duration> {
+        let config = match AgentConfig::load(&self.args) {
+            Ok(config) => config,
+            Err(error) => {
+                tracing::error!("SIGHUP: config not reloaded: {error:#}");
+                return None;
+            }
+        };
+        let filter = match ProcessFilter::new(&config.filter) {
+            Ok(filter) => filter,
+            Err(error) => {
+                tracing::error!("SIGHUP: config not reloaded: {error}");
+                return None;
+            }
+        };
+        profiler.set_filter(filter);
+        self.store.set_retention(config.retention);
+        if config.push != self.config.push {
+            // The spool stays on disk: nothing undelivered is lost by the switch.
+            self.pusher = None;
+            self.pusher = match config.push.clone() {
+                Some(push) => match Pusher::start(push, &config.store, self.push_stats.clone()) {
+                    Ok(pusher) => Some(pusher),
+                    Err(error) => {
+                        tracing::error!("SIGHUP: push not restarted: {error:#}");
+                        None
+                    }
+                },
+                None => None,
+            };
+        }
+        for (what, changed) in [
+            ("rate", config.rate != self.config.rate),
+            ("live", config.live != self.config.live),
+            ("unwind", config.unwind != self.config.unwind),
+            ("store", config.store != self.config.store),
+            (
+                "metrics_address",
+                config.metrics_address != self.config.metrics_address,
+            ),
+            (
+                "allocator_symbols",
+                config.allocator_symbols != self.config.allocator_symbols,
+            ),
+            ("budget", config.budget != self.config.budget),
+        ] {
+            if changed {
+                tracing::warn!("SIGHUP: {what} changes take effect at the next restart");
+            }
+        }
+        let interval = (config.interval != self.config.interval).then_some(config.interval);
+        tracing::info!("SIGHUP: config reloaded");
+        self.config = AgentConfig {
+            rate: self.config.rate,
+            live: self.config.live,
+            unwind: self.config.unwind,
+            store: self.config.store.clone(),
+            metrics_address: self.config.metrics_address,
+            allocator_symbols: self.config.allocator_symbols.clone(),
+            budget: self.config.budget,
+            ..config
+        };
+        interval
+    }
+}
+
+fn new_cut_timer(interval: Duration) -> tokio::time::Interval {
+    let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    timer
+}

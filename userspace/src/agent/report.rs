@@ -1,0 +1,277 @@
+//! `allocbpf report --store DIR`: merges profiles the agent stored into one report.
+//!
+//! Each stored profile is decoded (gzipped pprof), filtered by age and command name,
+//! and turned back into stacks: frames become locations named by their functions, and
+//! each stack keeps its raw sample count and confidence-interval inputs (numeric
+//! labels the agent writes), so the merged report's intervals are exact, not summed.
+
+use std::{collections::HashMap, io::Read, time::SystemTime};
+
+use anyhow::{Context, Result};
+use prost::Message;
+use regex::Regex;
+
+use super::store::{age, list};
+use crate::{
+    aggregate::{LiveCounts, StackStats},
+    cli::ReportArgs,
+    estimate::{Confidence, IntervalInputs},
+    export::{
+        self,
+        pprof::{proto::Profile, INTERVAL_INPUT_LABELS},
+    },
+    normalize::Frame,
+    preflight::Sink,
+    report::{Location, Report, StackReport, Totals},
+    symbolize::FunctionFrame,
+};
+
+/// Runs `allocbpf report`.
+pub fn run(args: &ReportArgs) -> Result<()> {
+    let sink = Sink::open(args.output.as_deref())?;
+    let comm = args
+        .comm
+        .as_deref()
+        .map(Regex::new)
+        .transpose()
+        .context("--comm is not a valid regex")?;
+    if !args.store.is_dir() {
+        anyhow::bail!(
+            "--store {}: no such directory (the agent's --store, /var/lib/allocbpf by default)",
+            args.store.display()
+        );
+    }
+    let now = SystemTime::now();
+    let mut merger = Merger::default();
+    let mut read = 0;
+    for stored in list(&args.store)? {
+        if args.since.is_some_and(|since| age(&stored, now) > since) {
+            continue;
+        }
+        let profile = match decode(&stored.path) {
+            Ok(profile) => profile,
+            Err(error) => {
+                eprintln!("allocbpf: skipping {}: {error:#}", stored.path.display());
+                continue;
+            }
+        };
+        let profile_comm = comment(&profile, "comm").unwrap_or_else(|| stored.comm.clone());
+        if comm.as_ref().is_some_and(|re| !re.is_match(&profile_comm)) {
+            continue;
+        }
+        merger.add(&profile);
+        read += 1;
+    }
+    eprintln!(
+        "allocbpf: merged {read} stored profile(s) from {}",
+        args.store.display()
+    );
+    let report = merger.finish();
+    sink.write_with(|out| export::write(&report, args.format, out))?;
+    Ok(())
+}
+
+/// Reads one stored profile.
+pub fn decode(path: &std::path::Path) -> Result<Profile> {
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut bytes)
+        .context("not gzip")?;
+    Profile::decode(&*bytes).context("not a pprof profile")
+}
+
+/// The value of a `key=value` comment.
+pub fn comment(profile: &Profile, key: &str) -> Option<String> {
+    profile.comment.iter().find_map(|&i| {
+        profile
+            .string_table
+            .get(i as usize)?
+            .strip_prefix(key)?
+            .strip_prefix('=')
+            .map(str::to_string)
+    })
+}
+
+/// A function of a location: name, file, line.
+type FunctionKey = (String, Option<String>, Option<u32>);
+
+/// Accumulates stored profiles into one report.
+#[derive(Default)]
+struct Merger {
+    stacks: Vec<StackReport>,
+    /// Locations by their function chain, so equal frames share one `Frame`.
+    locations: HashMap<Vec<FunctionKey>, Location>,
+    rate: u64,
+    live: bool,
+    exact_bytes: u64,
+    exact_calls: u64,
+    first_ns: Option<i64>,
+    last_ns: i64,
+    /// Stacks of each process's latest profile: in-use bytes are a snapshot, so only
+    /// the latest counts (profiles arrive oldest first).
+    latest: HashMap<u32, Vec<usize>>,
+}
+
+impl Merger {
+    fn add(&mut self, profile: &Profile) {
+        let s = |i: i64| {
+            profile
+                .string_table
+                .get(i as usize)
+                .map_or("", String::as_str)
+        };
+        let types: Vec<&str> = profile.sample_type.iter().map(|t| s(t.r#type)).collect();
+        let column = |name: &str| types.iter().position(|t| *t == name);
+        let (alloc_objects, alloc_space) = (column("alloc_objects"), column("alloc_space"));
+        let (inuse_objects, inuse_space) = (column("inuse_objects"), column("inuse_space"));
+        self.live |= inuse_space.is_some();
+        self.rate = self.rate.max(profile.period as u64);
+        self.exact_bytes += comment(profile, "exact_bytes")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        self.exact_calls += comment(profile, "exact_calls")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        self.first_ns = Some(
+            self.first_ns
+                .map_or(profile.time_nanos, |t| t.min(profile.time_nanos)),
+        );
+        self.last_ns = self
+            .last_ns
+            .max(profile.time_nanos + profile.duration_nanos);
+
+        let functions: HashMap<u64, (String, Option<String>)> = profile
+            .function
+            .iter()
+            .map(|f| {
+                let file = s(f.filename);
+                (
+                    f.id,
+                    (
+                        s(f.name).to_string(),
+                        (!file.is_empty()).then(|| file.to_string()),
+                    ),
+                )
+            })
+            .collect();
+        let location_by_id: HashMap<u64, &crate::export::pprof::proto::Location> =
+            profile.location.iter().map(|l| (l.id, l)).collect();
+        let mut this_profile: Vec<usize> = Vec::new();
+        let mut pid_of_profile = None;
+        for sample in &profile.sample {
+            let value = |column: Option<usize>| {
+                column
+                    .and_then(|c| sample.value.get(c))
+                    .copied()
+                    .unwrap_or(0) as f64
+            };
+            let label = |name: &str| {
+                sample
+                    .label
+                    .iter()
+                    .find(|l| s(l.key) == name)
+                    .map_or(0, |l| l.num.max(0) as u64)
+            };
+            let [counted, untried, sampled, certain] = INTERVAL_INPUT_LABELS.map(label);
+            let stats = StackStats {
+                samples: label("samples"),
+                estimated_bytes: value(alloc_space),
+                estimated_objects: value(alloc_objects),
+                interval_inputs: IntervalInputs {
+                    counted_samples: counted,
+                    untried_bytes: untried,
+                    sampled_bytes: sampled,
+                    certain_bytes: certain,
+                },
+                inuse_bytes: value(inuse_space),
+                inuse_objects: value(inuse_objects),
+            };
+            let locations = sample
+                .location_id
+                .iter()
+                .filter_map(|id| location_by_id.get(id))
+                .map(|location| self.location(location, &functions))
+                .collect();
+            let pid = label("pid") as u32;
+            pid_of_profile = Some(pid);
+            this_profile.push(self.stacks.len());
+            self.stacks.push(StackReport {
+                pid,
+                locations,
+                stats,
+            });
+        }
+        if let Some(pid) = pid_of_profile {
+            for old in self.latest.insert(pid, this_profile).unwrap_or_default() {
+                self.stacks[old].stats.inuse_bytes = 0.0;
+                self.stacks[old].stats.inuse_objects = 0.0;
+            }
+        }
+    }
+
+    fn location(
+        &mut self,
+        location: &crate::export::pprof::proto::Location,
+        functions: &HashMap<u64, (String, Option<String>)>,
+    ) -> Location {
+        let chain: Vec<FunctionKey> = location
+            .line
+            .iter()
+            .map(|line| {
+                let (name, file) = functions
+                    .get(&line.function_id)
+                    .cloned()
+                    .unwrap_or_else(|| (format!("0x{:x}", location.address), None));
+                (name, file, (line.line > 0).then_some(line.line as u32))
+            })
+            .collect();
+        let chain = if chain.is_empty() {
+            vec![(format!("0x{:x}", location.address), None, None)]
+        } else {
+            chain
+        };
+        let next = self.locations.len() as u64;
+        self.locations
+            .entry(chain.clone())
+            .or_insert_with(|| Location {
+                frame: Frame::Unknown(next),
+                functions: chain
+                    .into_iter()
+                    .map(|(name, file, line)| FunctionFrame { name, file, line })
+                    .collect::<Vec<_>>()
+                    .into(),
+            })
+            .clone()
+    }
+
+    fn finish(mut self) -> Report {
+        let mut totals = Totals {
+            exact_bytes: self.exact_bytes,
+            exact_calls: self.exact_calls,
+            ..Totals::default()
+        };
+        for stack in &self.stacks {
+            totals.estimated_bytes += stack.stats.estimated_bytes;
+            totals.samples += stack.stats.samples;
+            totals.interval_inputs.merge(&stack.stats.interval_inputs);
+            totals.inuse_bytes += stack.stats.inuse_bytes;
+            totals.inuse_objects += stack.stats.inuse_objects;
+        }
+        self.stacks
+            .sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
+        let span = self.last_ns - self.first_ns.unwrap_or(self.last_ns);
+        Report {
+            rate: self.rate.max(1),
+            confidence: Confidence::DEFAULT,
+            duration: std::time::Duration::from_nanos(span.max(0) as u64),
+            totals,
+            counters: Default::default(),
+            modules: Vec::new(),
+            stacks: self.stacks,
+            live: self.live.then(LiveCounts::default),
+            leaks: None,
+            symbolized: true,
+        }
+    }
+}

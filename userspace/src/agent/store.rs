@@ -1,0 +1,288 @@
+//! The embedded default profile store: a local directory of gzipped pprof files.
+//!
+//! Layout (docs/operations.md):
+//!
+//! ```text
+//! STORE/profiles/YYYY-MM-DD/START_MS-END_MS-PID-COMM.pb.gz
+//! ```
+//!
+//! one file per process per interval; START/END are the interval's Unix times in
+//! milliseconds (UTC), COMM the command name with `/` and non-printable characters
+//! replaced by `_`. Every profile also carries its labels as `key=value` comments.
+//! Retention deletes profiles older than `max_age`, then the oldest while the store is
+//! larger than `max_bytes`. Files are written to a temporary name and renamed, so a
+//! reader never sees a partial profile.
+
+use std::{
+    collections::VecDeque,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+
+use super::config::Retention;
+
+/// One stored profile, as its file name describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredProfile {
+    /// The file.
+    pub path: PathBuf,
+    /// Interval start, Unix ms.
+    pub start_ms: u64,
+    /// Interval end, Unix ms.
+    pub end_ms: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Command name (sanitized).
+    pub comm: String,
+    /// File size.
+    pub bytes: u64,
+}
+
+/// The store, with an index of its files (oldest first) for retention.
+#[derive(Debug)]
+pub struct ProfileStore {
+    root: PathBuf,
+    retention: Retention,
+    index: VecDeque<StoredProfile>,
+    total_bytes: u64,
+    /// Profiles deleted by retention so far.
+    pub deleted: u64,
+}
+
+/// Unix milliseconds of a wall-clock time.
+pub fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `YYYY-MM-DD` (UTC) of a Unix time in ms (Howard Hinnant's civil-from-days).
+fn day_of(ms: u64) -> String {
+    let days = (ms / 86_400_000) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+fn sanitize(comm: &str) -> String {
+    let s: String = comm
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._+".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() {
+        "_".into()
+    } else {
+        s
+    }
+}
+
+/// Parses a stored file's name; `None` for anything else.
+fn parse_name(path: &Path, bytes: u64) -> Option<StoredProfile> {
+    let name = path.file_name()?.to_str()?.strip_suffix(".pb.gz")?;
+    let mut parts = name.splitn(4, '-');
+    Some(StoredProfile {
+        start_ms: parts.next()?.parse().ok()?,
+        end_ms: parts.next()?.parse().ok()?,
+        pid: parts.next()?.parse().ok()?,
+        comm: parts.next()?.to_string(),
+        path: path.to_path_buf(),
+        bytes,
+    })
+}
+
+/// Every stored profile under `root`, oldest (by end time) first.
+pub fn list(root: &Path) -> Result<Vec<StoredProfile>> {
+    let profiles = root.join("profiles");
+    let mut out = Vec::new();
+    let days = match std::fs::read_dir(&profiles) {
+        Ok(days) => days,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", profiles.display())),
+    };
+    for day in days.flatten() {
+        let Ok(files) = std::fs::read_dir(day.path()) else {
+            continue;
+        };
+        for file in files.flatten() {
+            let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+            if let Some(profile) = parse_name(&file.path(), bytes) {
+                out.push(profile);
+            }
+        }
+    }
+    out.sort_by_key(|p| (p.end_ms, p.pid));
+    Ok(out)
+}
+
+impl ProfileStore {
+    /// Opens (creating it if needed) the store at `root`; fails early and clearly when
+    /// the directory cannot be written.
+    pub fn open(root: &Path, retention: Retention) -> Result<ProfileStore> {
+        let profiles = root.join("profiles");
+        std::fs::create_dir_all(&profiles)
+            .with_context(|| format!("creating the store directory {}", profiles.display()))?;
+        let probe = profiles.join(".write-test");
+        std::fs::write(&probe, b"").with_context(|| {
+            format!("the store directory {} is not writable", profiles.display())
+        })?;
+        let _ = std::fs::remove_file(probe);
+        let index: VecDeque<StoredProfile> = list(root)?.into();
+        let total_bytes = index.iter().map(|p| p.bytes).sum();
+        Ok(ProfileStore {
+            root: root.to_path_buf(),
+            retention,
+            index,
+            total_bytes,
+            deleted: 0,
+        })
+    }
+
+    /// Changes the retention (SIGHUP).
+    pub fn set_retention(&mut self, retention: Retention) {
+        self.retention = retention;
+    }
+
+    /// Bytes stored.
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    /// Profiles stored.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// True if nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Stores one profile (gzipped pprof bytes).
+    pub fn write(
+        &mut self,
+        start: SystemTime,
+        end: SystemTime,
+        pid: u32,
+        comm: &str,
+        gzipped: &[u8],
+    ) -> Result<PathBuf> {
+        let (start_ms, end_ms) = (unix_ms(start), unix_ms(end));
+        let dir = self.root.join("profiles").join(day_of(end_ms));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let comm = sanitize(comm);
+        let path = dir.join(format!("{start_ms}-{end_ms}-{pid}-{comm}.pb.gz"));
+        let temp = dir.join(format!(".{start_ms}-{pid}.tmp"));
+        std::fs::write(&temp, gzipped).with_context(|| format!("writing {}", temp.display()))?;
+        std::fs::rename(&temp, &path).with_context(|| format!("renaming to {}", path.display()))?;
+        self.total_bytes += gzipped.len() as u64;
+        self.index.push_back(StoredProfile {
+            path: path.clone(),
+            start_ms,
+            end_ms,
+            pid,
+            comm,
+            bytes: gzipped.len() as u64,
+        });
+        Ok(path)
+    }
+
+    /// Applies the retention bounds at `now`; returns how many profiles were deleted.
+    pub fn enforce_retention(&mut self, now: SystemTime) -> usize {
+        let oldest_allowed = unix_ms(now).saturating_sub(self.retention.max_age.as_millis() as u64);
+        let mut deleted = 0;
+        // The index is sorted by end time at open and appended in time order.
+        while let Some(front) = self.index.front() {
+            let too_old = front.end_ms < oldest_allowed;
+            let too_big = self.total_bytes > self.retention.max_bytes;
+            if !too_old && !too_big {
+                break;
+            }
+            let front = self.index.pop_front().expect("front exists");
+            if let Err(error) = std::fs::remove_file(&front.path) {
+                if error.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!("retention: cannot delete {}: {error}", front.path.display());
+                }
+            }
+            if let Some(day) = front.path.parent() {
+                // Removes the day directory once it is empty (fails harmlessly before).
+                let _ = std::fs::remove_dir(day);
+            }
+            self.total_bytes -= front.bytes;
+            deleted += 1;
+        }
+        self.deleted += deleted as u64;
+        deleted
+    }
+}
+
+/// How long ago a stored profile ended, relative to `now`.
+pub fn age(profile: &StoredProfile, now: SystemTime) -> Duration {
+    Duration::from_millis(unix_ms(now).saturating_sub(profile.end_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(day_of(0), "1970-01-01");
+        assert_eq!(day_of(951_782_400_000), "2000-02-29");
+        assert_eq!(day_of(1_795_305_600_000), "2026-11-22");
+    }
+
+    #[test]
+    fn write_list_and_retention_by_size_and_age() {
+        let root = std::env::temp_dir().join(format!("allocbpf-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut store = ProfileStore::open(
+            &root,
+            Retention {
+                max_age: Duration::from_secs(3600),
+                max_bytes: 250,
+            },
+        )
+        .unwrap();
+        let now = SystemTime::now();
+        for i in 0..5u64 {
+            let end = now - Duration::from_secs(7200) + Duration::from_secs(1800 * i);
+            store
+                .write(
+                    end - Duration::from_secs(60),
+                    end,
+                    10 + i as u32,
+                    "a/b c",
+                    &[0u8; 100],
+                )
+                .unwrap();
+        }
+        let listed = list(&root).unwrap();
+        assert_eq!(listed.len(), 5);
+        assert_eq!(listed[0].comm, "a_b_c");
+        assert_eq!(listed[0].pid, 10);
+        // Ends at -2h, -1.5h, -1h, -0.5h, 0: two are older than 1h; 300 bytes > 250.
+        let deleted = store.enforce_retention(now);
+        assert_eq!(deleted, 3);
+        assert_eq!(store.len(), 2);
+        assert!(store.total_bytes() <= 250);
+        assert_eq!(list(&root).unwrap().len(), 2);
+        // Reopening rebuilds the same index.
+        let reopened = ProfileStore::open(&root, store.retention).unwrap();
+        assert_eq!(reopened.len(), 2);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

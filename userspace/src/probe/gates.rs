@@ -1,0 +1,98 @@
+//! The kernel's per-process gates (system-wide mode): probe hits per process, and
+//! which processes are not sampled. See `ebpf/allocbpf-ebpf/src/process.rs`.
+
+use std::collections::{HashMap, HashSet};
+
+use allocbpf_common::{GateState, LiveKey, ProcessGate, Totals};
+use aya::maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues};
+
+use super::{map_error, ProbeError, Sampler};
+
+impl Sampler {
+    /// Sets `pid`'s gate, keeping the hits counted so far.
+    pub fn set_gate(&mut self, pid: u32, state: GateState) -> Result<(), ProbeError> {
+        let map = self
+            .ebpf
+            .map_mut("PROCESS_GATES")
+            .ok_or_else(|| super::load_error(super::missing("PROCESS_GATES")))?;
+        let mut gates = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map)
+            .map_err(map_error("PROCESS_GATES"))?;
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| super::load_error(e))?;
+        // A racing increment on another CPU between this read and the write is lost: a
+        // hit or two in the budget estimate, never a sample.
+        let values: Vec<ProcessGate> = match gates.get(&pid, 0) {
+            Ok(current) => current
+                .iter()
+                .map(|gate| ProcessGate {
+                    state: state as u32,
+                    ..*gate
+                })
+                .collect(),
+            Err(_) => vec![
+                ProcessGate {
+                    state: state as u32,
+                    ..Default::default()
+                };
+                cpus
+            ],
+        };
+        let values = PerCpuValues::try_from(values).map_err(super::load_error)?;
+        gates
+            .insert(pid, values, 0)
+            .map_err(map_error("PROCESS_GATES"))
+    }
+
+    /// Probe hits per process counted in the kernel since it was first seen (summed
+    /// over CPUs), with its gate state.
+    pub fn gate_hits(&self) -> Result<HashMap<u32, (u64, u32)>, ProbeError> {
+        let map = self
+            .ebpf
+            .map("PROCESS_GATES")
+            .ok_or_else(|| super::load_error(super::missing("PROCESS_GATES")))?;
+        let gates = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map)
+            .map_err(map_error("PROCESS_GATES"))?;
+        Ok(gates
+            .iter()
+            .flatten()
+            .map(|(pid, values)| {
+                let hits = values.iter().map(|g| g.hits).sum();
+                let state = values.iter().map(|g| g.state).max().unwrap_or(0);
+                (pid, (hits, state))
+            })
+            .collect())
+    }
+
+    /// Forgets processes that exited: their kept totals, gates and tracked live blocks,
+    /// so the bounded maps hold running processes only (system-wide mode).
+    pub fn forget_processes(&mut self, pids: &HashSet<u32>) {
+        if pids.is_empty() {
+            return;
+        }
+        if let Some(map) = self.ebpf.map_mut("PROCESS_TOTALS") {
+            if let Ok(mut totals) = PerCpuHashMap::<_, u32, Totals>::try_from(map) {
+                for pid in pids {
+                    let _ = totals.remove(pid);
+                }
+            }
+        }
+        if let Some(map) = self.ebpf.map_mut("PROCESS_GATES") {
+            if let Ok(mut gates) = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map) {
+                for pid in pids {
+                    let _ = gates.remove(pid);
+                }
+            }
+        }
+        if let Some(map) = self.ebpf.map_mut("LIVE") {
+            if let Ok(mut live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) {
+                let stale: Vec<LiveKey> = live
+                    .keys()
+                    .flatten()
+                    .filter(|key| pids.contains(&key.pid))
+                    .collect();
+                for key in stale {
+                    let _ = live.remove(&key);
+                }
+            }
+        }
+    }
+}

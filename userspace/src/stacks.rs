@@ -1,0 +1,66 @@
+//! From a sample's raw stack to normalized frames: unwind the copied stack (auto and
+//! dwarf modes) or take the kernel's frame-pointer walk, then normalize each address to
+//! module + offset while the process's maps are still readable.
+
+use crate::{
+    cli::UnwindMode,
+    events::RawSample,
+    normalize::{AddressNormalizer, Frame},
+    unwind::{Fallback, StackUnwinder},
+};
+
+/// Unwinds and normalizes samples of any number of processes.
+pub struct StackResolver {
+    /// Normalizes addresses; its module table is what frames refer to.
+    pub normalizer: AddressNormalizer,
+    /// Unwinds copied stacks (auto/dwarf); `None` with frame pointers.
+    pub unwinder: Option<StackUnwinder>,
+}
+
+impl StackResolver {
+    /// A resolver for `mode`.
+    pub fn new(mode: UnwindMode) -> Self {
+        Self {
+            normalizer: AddressNormalizer::new(),
+            unwinder: match mode {
+                UnwindMode::Fp => None,
+                UnwindMode::Auto => Some(StackUnwinder::new(Fallback::FramePointers)),
+                UnwindMode::Dwarf => Some(StackUnwinder::new(Fallback::Stop)),
+            },
+        }
+    }
+
+    /// Reads and caches `pid`'s maps now, while it surely lives.
+    pub fn prime(&mut self, pid: u32) {
+        self.normalizer.prime(pid);
+        if let Some(unwinder) = self.unwinder.as_mut() {
+            unwinder.prime(pid);
+        }
+    }
+
+    /// Drops what is cached about `pid` (it exited, or it exec'd a new program).
+    pub fn forget(&mut self, pid: u32) {
+        self.normalizer.forget(pid);
+        if let Some(unwinder) = self.unwinder.as_mut() {
+            unwinder.forget(pid);
+        }
+    }
+
+    /// The sample's frames, innermost first.
+    pub fn resolve(&mut self, sample: &RawSample) -> Vec<Frame> {
+        let unwound;
+        let stack = match self.unwinder.as_mut() {
+            Some(unwinder) if !sample.user_stack.is_empty() => {
+                unwound = unwinder.unwind(sample.pid, sample.regs, &sample.user_stack);
+                if unwound.is_empty() {
+                    // Nothing unwound: keep the immediate caller read at [sp].
+                    &sample.stack
+                } else {
+                    &unwound
+                }
+            }
+            _ => &sample.stack,
+        };
+        self.normalizer.normalize(sample.pid, stack)
+    }
+}

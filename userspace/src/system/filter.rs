@@ -1,0 +1,154 @@
+//! Which processes system-wide mode profiles: `--comm`, `--exclude-comm`, `--cgroup`.
+
+use regex::Regex;
+
+use super::process::ProcessInfo;
+use crate::cli::FilterArgs;
+
+/// A filter on processes, built from the command line or the agent's config.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessFilter {
+    comm: Option<Regex>,
+    exclude_comm: Option<Regex>,
+    /// A cgroup path relative to the cgroup v2 root, without a trailing slash.
+    cgroup: Option<String>,
+}
+
+/// A bad filter.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    /// A regex that does not compile.
+    #[error("--{flag} {pattern:?} is not a valid regex: {source}")]
+    Regex {
+        /// Which flag.
+        flag: &'static str,
+        /// The pattern.
+        pattern: String,
+        /// The parse error.
+        source: regex::Error,
+    },
+    /// A cgroup that does not exist.
+    #[error("--cgroup {0}: no such cgroup (looked for /sys/fs/cgroup{1})")]
+    NoSuchCgroup(String, String),
+}
+
+fn compile(flag: &'static str, pattern: Option<&str>) -> Result<Option<Regex>, FilterError> {
+    pattern
+        .map(|p| {
+            Regex::new(p).map_err(|source| FilterError::Regex {
+                flag,
+                pattern: p.to_string(),
+                source,
+            })
+        })
+        .transpose()
+}
+
+impl ProcessFilter {
+    /// Compiles the filter; a cgroup must exist.
+    pub fn new(args: &FilterArgs) -> Result<ProcessFilter, FilterError> {
+        let cgroup = match args.cgroup.as_deref() {
+            None => None,
+            Some(path) => {
+                let relative = path
+                    .strip_prefix("/sys/fs/cgroup")
+                    .unwrap_or(path)
+                    .trim_end_matches('/');
+                let relative = if relative.starts_with('/') {
+                    relative.to_string()
+                } else {
+                    format!("/{relative}")
+                };
+                if !std::path::Path::new(&format!("/sys/fs/cgroup{relative}")).is_dir() {
+                    return Err(FilterError::NoSuchCgroup(path.to_string(), relative));
+                }
+                Some(relative)
+            }
+        };
+        Ok(ProcessFilter {
+            comm: compile("comm", args.comm.as_deref())?,
+            exclude_comm: compile("exclude-comm", args.exclude_comm.as_deref())?,
+            cgroup,
+        })
+    }
+
+    /// True if `process` is to be profiled.
+    pub fn admits(&self, process: &ProcessInfo) -> bool {
+        if self
+            .comm
+            .as_ref()
+            .is_some_and(|re| !re.is_match(&process.comm))
+        {
+            return false;
+        }
+        if self
+            .exclude_comm
+            .as_ref()
+            .is_some_and(|re| re.is_match(&process.comm))
+        {
+            return false;
+        }
+        match &self.cgroup {
+            None => true,
+            Some(root) if root == "/" || root.is_empty() => true,
+            Some(root) => {
+                process.cgroup == *root
+                    || process
+                        .cgroup
+                        .strip_prefix(root.as_str())
+                        .is_some_and(|rest| rest.starts_with('/'))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(comm: &str, cgroup: &str) -> ProcessInfo {
+        ProcessInfo {
+            comm: comm.into(),
+            cgroup: cgroup.into(),
+            ..ProcessInfo::default()
+        }
+    }
+
+    #[test]
+    fn comm_and_cgroup_filters() {
+        let filter = ProcessFilter::new(&FilterArgs {
+            comm: Some("^(nginx|redis)".into()),
+            exclude_comm: Some("redis-cli".into()),
+            cgroup: Some("/sys/fs/cgroup/".into()),
+        })
+        .unwrap();
+        assert!(filter.admits(&process("nginx", "/a")));
+        assert!(filter.admits(&process("redis-server", "/a")));
+        assert!(!filter.admits(&process("redis-cli", "/a")));
+        assert!(!filter.admits(&process("bash", "/a")));
+
+        let filter = ProcessFilter {
+            cgroup: Some("/system.slice/x.service".into()),
+            ..ProcessFilter::default()
+        };
+        assert!(filter.admits(&process("a", "/system.slice/x.service")));
+        assert!(filter.admits(&process("a", "/system.slice/x.service/child")));
+        assert!(!filter.admits(&process("a", "/system.slice/x.services")));
+    }
+
+    #[test]
+    fn bad_filters_say_why() {
+        let error = ProcessFilter::new(&FilterArgs {
+            comm: Some("(".into()),
+            ..FilterArgs::default()
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("not a valid regex"));
+        let error = ProcessFilter::new(&FilterArgs {
+            cgroup: Some("/no/such/group".into()),
+            ..FilterArgs::default()
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("no such cgroup"));
+    }
+}

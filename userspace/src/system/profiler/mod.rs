@@ -1,0 +1,557 @@
+//! The system-wide profiler: attach, follow processes and images, collect per process.
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    path::Path,
+    time::{Duration, Instant, SystemTime},
+};
+
+use allocbpf_common::{GateState, Totals};
+use anyhow::{bail, Context, Result};
+
+mod overhead;
+
+use super::{
+    budget::{Budget, BudgetOptions},
+    filter::ProcessFilter,
+    process::{BuildIdCache, ProcessInfo},
+    RESCAN_INTERVAL,
+};
+use crate::{
+    aggregate::{Aggregate, StackKey},
+    cli::UnwindMode,
+    discover::ImageCache,
+    estimate::Confidence,
+    events::{Event, EventReader},
+    image::{AllocatorImage, ImageKey},
+    probe::{
+        intervals::REFRESH_INTERVAL, Counters, ImageLinks, Sampler, SamplerConfig, ThreadTables,
+    },
+    procfs,
+    report::{KernelFigures, Report},
+    session::LiveOptions,
+    stacks::StackResolver,
+    symbolize::FrameSymbolizer,
+};
+
+/// What system-wide profiling samples and how.
+#[derive(Clone, Debug)]
+pub struct SystemOptions {
+    /// Mean sampling interval in bytes.
+    pub rate: u64,
+    /// Track sampled blocks until freed (inuse profiles).
+    pub live: Option<LiveOptions>,
+    /// How user stacks are unwound.
+    pub unwind: UnwindMode,
+    /// Bytes of user stack copied per sample (auto/dwarf).
+    pub stack_bytes: u32,
+    /// Symbolize frames.
+    pub symbolize: bool,
+    /// Level of the confidence intervals.
+    pub confidence: Confidence,
+    /// Which processes are profiled.
+    pub filter: ProcessFilter,
+    /// `--allocator-symbol` prefixes.
+    pub allocator_prefixes: Vec<String>,
+    /// The overhead budget (`None`: no budget).
+    pub budget: Option<BudgetOptions>,
+    /// Thread table sizes.
+    pub thread_tables: ThreadTables,
+}
+
+/// One process's profile for one interval.
+#[derive(Clone, Debug)]
+pub struct ProcessProfile {
+    /// The process and its labels.
+    pub info: ProcessInfo,
+    /// Its profile.
+    pub report: Report,
+    /// Start of the interval (wall clock).
+    pub started: SystemTime,
+    /// End of the interval.
+    pub ended: SystemTime,
+    /// True if the process exited during the interval (its last profile).
+    pub exited: bool,
+}
+
+/// Running counts, for logs and the agent's metrics.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct SystemStats {
+    /// Samples aggregated.
+    pub samples: u64,
+    /// Samples dropped because their process is filtered out (before its gate closed).
+    pub filtered_samples: u64,
+    /// Images with probes attached now.
+    pub images_attached: u64,
+    /// Images that could not be attached.
+    pub attach_failures: u64,
+    /// Processes seen so far.
+    pub processes_seen: u64,
+    /// Processes followed now.
+    pub processes_tracked: u64,
+    /// Exec events received.
+    pub exec_events: u64,
+    /// Exit events received.
+    pub exit_events: u64,
+    /// Processes backed off for their overhead budget (total).
+    pub budget_backoffs: u64,
+    /// Image detachments for the budget (total).
+    pub budget_detachments: u64,
+    /// Processes backed off now.
+    pub budget_paused: u64,
+}
+
+struct Tracked {
+    info: ProcessInfo,
+    admitted: bool,
+    aggregate: Aggregate,
+    exited: bool,
+    /// Images this process maps (for budget detachments).
+    images: Vec<ImageKey>,
+    /// Kernel totals at the start of the interval.
+    exact_base: Totals,
+}
+
+struct ImageState {
+    image: AllocatorImage,
+    /// `None` while detached by the budget (or after a failed attach).
+    links: Option<ImageLinks>,
+    detached_until: Option<Instant>,
+}
+
+/// Exec events waiting for the loader to map the new program's libraries.
+const EXEC_QUEUE_LIMIT: usize = 4096;
+/// When an exec'd process is looked at: soon, and again for slow loaders.
+const EXEC_DELAYS: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(500)];
+
+/// Profiles every process of the host. See the module docs of [`crate::system`].
+pub struct SystemProfiler {
+    options: SystemOptions,
+    sampler: Option<Sampler>,
+    reader: EventReader,
+    stacks: StackResolver,
+    processes: HashMap<u32, Tracked>,
+    images: HashMap<ImageKey, ImageState>,
+    cache: ImageCache,
+    build_ids: BuildIdCache,
+    exec_queue: VecDeque<(Instant, u32, usize)>,
+    last_scan: Instant,
+    last_refresh: Instant,
+    budget: Option<Budget>,
+    last_budget_check: Instant,
+    /// Never profiled: allocbpf itself and its calibration children.
+    ignored: HashSet<u32>,
+    interval_started: SystemTime,
+    interval_started_at: Instant,
+    batch: Vec<Event>,
+    /// Running counts.
+    pub stats: SystemStats,
+}
+
+impl SystemProfiler {
+    /// Loads the sampler, attaches every image in use and (with a budget) measures the
+    /// cost of a probe hit.
+    pub fn start(options: SystemOptions) -> Result<SystemProfiler> {
+        let config = SamplerConfig {
+            pid: None,
+            rate: options.rate,
+            empty_probes: false,
+            thread_tables: options.thread_tables,
+            live: options.live.map(|l| l.mechanism),
+            stack_copy_bytes: match options.unwind {
+                UnwindMode::Fp => 0,
+                UnwindMode::Auto | UnwindMode::Dwarf => options.stack_bytes,
+            },
+        };
+        let mut sampler = Sampler::load(config)?;
+        let reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;
+        let me = std::process::id();
+        sampler.set_gate(me, GateState::Excluded)?;
+        let now = Instant::now();
+        let mut profiler = SystemProfiler {
+            stacks: StackResolver::new(options.unwind),
+            options,
+            sampler: Some(sampler),
+            reader,
+            processes: HashMap::new(),
+            images: HashMap::new(),
+            cache: ImageCache::default(),
+            build_ids: BuildIdCache::default(),
+            exec_queue: VecDeque::new(),
+            last_scan: now,
+            last_refresh: now,
+            budget: None,
+            last_budget_check: now,
+            ignored: HashSet::from([me]),
+            interval_started: SystemTime::now(),
+            interval_started_at: now,
+            batch: Vec::new(),
+            stats: SystemStats::default(),
+        };
+        // The unprobed cost of the calibration loop, before anything is attached.
+        let baseline = match profiler.options.budget {
+            Some(_) => {
+                let mut runs = Vec::new();
+                for _ in 0..3 {
+                    runs.push(profiler.calibration_run(GateState::Open)?);
+                }
+                runs.sort_by(f64::total_cmp);
+                runs[1]
+            }
+            None => 0.0,
+        };
+        // Our own libc is the host's: attach it whatever the filters say, so the
+        // calibration below measures a real probe.
+        profiler.attach_images_of(me);
+        profiler.scan_all();
+        if profiler.stats.images_attached == 0 {
+            bail!("no allocator image could be attached (see the warnings above)");
+        }
+        if let Some(options) = profiler.options.budget {
+            let cost = profiler.calibrate(baseline)?;
+            tracing::info!(
+                "overhead budget: {:.1}% of a CPU per process; a probe hit costs {:.0} ns sampled, {:.0} ns paused",
+                options.cpu_fraction * 100.0,
+                cost.sampled_ns,
+                cost.paused_ns
+            );
+            profiler.budget = Some(Budget::new(options, cost));
+        }
+        Ok(profiler)
+    }
+
+    fn sampler(&mut self) -> &mut Sampler {
+        self.sampler.as_mut().expect("the sampler lives until stop")
+    }
+
+    /// Looks at every process in `/proc`.
+    fn scan_all(&mut self) {
+        self.last_scan = Instant::now();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        let pids: Vec<u32> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        for pid in pids {
+            if !self.processes.contains_key(&pid) {
+                self.observe(pid);
+            }
+        }
+    }
+
+    /// (Re)reads `pid`'s identity, applies the filters and attaches its images.
+    fn observe(&mut self, pid: u32) {
+        if self.ignored.contains(&pid) {
+            return;
+        }
+        let Some(info) = ProcessInfo::read(pid, &mut self.build_ids) else {
+            return;
+        };
+        let admitted = self.options.filter.admits(&info);
+        let paused = self.budget.as_ref().is_some_and(|b| b.is_backed_off(pid));
+        let gate = match (admitted, paused) {
+            (false, _) => GateState::Excluded,
+            (true, true) => GateState::Paused,
+            (true, false) => GateState::Open,
+        };
+        if let Err(error) = self.sampler().set_gate(pid, gate) {
+            tracing::warn!("pid {pid}: cannot set its gate: {error}");
+        }
+        let live = self.options.live.is_some();
+        match self.processes.get_mut(&pid) {
+            Some(tracked) => {
+                tracked.info = info;
+                tracked.admitted = admitted;
+            }
+            None => {
+                self.stats.processes_seen += 1;
+                self.processes.insert(
+                    pid,
+                    Tracked {
+                        info,
+                        admitted,
+                        aggregate: if live {
+                            Aggregate::with_live_tracking()
+                        } else {
+                            Aggregate::default()
+                        },
+                        exited: false,
+                        images: Vec::new(),
+                        exact_base: Totals::default(),
+                    },
+                );
+            }
+        }
+        if admitted {
+            self.attach_images_of(pid);
+        }
+    }
+
+    /// Attaches the images `pid` maps that are not attached yet.
+    fn attach_images_of(&mut self, pid: u32) {
+        let maps = procfs::read_maps(pid);
+        let found = self
+            .cache
+            .discover(pid, &maps, &self.options.allocator_prefixes);
+        let keys: Vec<ImageKey> = found.iter().map(|i| i.key).collect();
+        for image in found {
+            if self.images.contains_key(&image.key) {
+                continue;
+            }
+            let links = match self.sampler().attach(&image) {
+                Ok(attached) => {
+                    self.stats.images_attached += 1;
+                    tracing::info!(
+                        "attached {} probes to {} ({}) for pid {pid}",
+                        attached.links.len(),
+                        image.path_in_target.display(),
+                        image.key
+                    );
+                    Some(attached.links)
+                }
+                Err(error) => {
+                    self.stats.attach_failures += 1;
+                    tracing::warn!(
+                        "cannot attach to {} ({}): {:#}",
+                        image.path_in_target.display(),
+                        image.key,
+                        anyhow::Error::from(error)
+                    );
+                    None
+                }
+            };
+            self.images.insert(
+                image.key,
+                ImageState {
+                    image,
+                    links,
+                    detached_until: None,
+                },
+            );
+        }
+        if let Some(tracked) = self.processes.get_mut(&pid) {
+            tracked.images = keys;
+        }
+    }
+
+    /// Reads the next batch of ring-buffer records and handles them.
+    pub async fn read(&mut self) -> std::io::Result<()> {
+        let mut batch = std::mem::take(&mut self.batch);
+        let result = self.reader.read_batch(&mut batch).await;
+        self.handle(&mut batch);
+        self.batch = batch;
+        result
+    }
+
+    fn handle(&mut self, batch: &mut Vec<Event>) {
+        for event in batch.drain(..) {
+            match event {
+                Event::Sample(sample) => {
+                    let pid = sample.pid;
+                    if self.ignored.contains(&pid) {
+                        continue;
+                    }
+                    // After stop (no sampler) only processes already known count.
+                    if !self.processes.contains_key(&pid) && self.sampler.is_some() {
+                        self.observe(pid);
+                    }
+                    match self.processes.get(&pid) {
+                        Some(tracked) if tracked.admitted => {}
+                        Some(_) => {
+                            // Sampled before its gate closed (or after the LRU map
+                            // forgot it): dropped here, and the gate closed again.
+                            self.stats.filtered_samples += 1;
+                            if let Some(sampler) = self.sampler.as_mut() {
+                                let _ = sampler.set_gate(pid, GateState::Excluded);
+                            }
+                            continue;
+                        }
+                        // Gone before we could read its identity.
+                        None => continue,
+                    }
+                    let frames = self.stacks.resolve(&sample);
+                    let tracked = self.processes.get_mut(&pid).expect("checked above");
+                    tracked.aggregate.add(StackKey { pid, frames }, &sample);
+                    self.stats.samples += 1;
+                }
+                Event::Freed { pid, sample_id, .. } => {
+                    if let Some(tracked) = self.processes.get_mut(&pid) {
+                        tracked.aggregate.freed(sample_id);
+                    }
+                }
+                Event::Untracked { pid, sample_id } => {
+                    if let Some(tracked) = self.processes.get_mut(&pid) {
+                        tracked.aggregate.untracked(sample_id);
+                    }
+                }
+                Event::Exec { pid } => {
+                    self.stats.exec_events += 1;
+                    self.stacks.forget(pid);
+                    if self.sampler.is_some() && self.exec_queue.len() < EXEC_QUEUE_LIMIT {
+                        self.exec_queue
+                            .push_back((Instant::now() + EXEC_DELAYS[0], pid, 0));
+                    }
+                }
+                Event::Exit { pid } => {
+                    self.stats.exit_events += 1;
+                    if let Some(tracked) = self.processes.get_mut(&pid) {
+                        tracked.exited = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Periodic work, to call every ~100 ms: exec'd processes, rescans, the interval
+    /// table, the budget, kernel logs.
+    pub fn housekeeping(&mut self) {
+        let now = Instant::now();
+        while let Some(&(due, pid, step)) = self.exec_queue.front() {
+            if due > now {
+                break;
+            }
+            self.exec_queue.pop_front();
+            self.observe(pid);
+            if let Some(delay) = EXEC_DELAYS.get(step + 1) {
+                self.exec_queue.push_back((now + *delay, pid, step + 1));
+            }
+        }
+        if now.duration_since(self.last_scan) >= RESCAN_INTERVAL {
+            self.scan_all();
+        }
+        if now.duration_since(self.last_refresh) >= REFRESH_INTERVAL {
+            self.last_refresh = now;
+            if let Err(error) = self.sampler().refresh_intervals() {
+                tracing::warn!("interval table not refreshed: {error}");
+            }
+        }
+        if let Some(check_every) = self.budget.as_ref().map(|b| b.options.check_every) {
+            if now.duration_since(self.last_budget_check) >= check_every {
+                self.last_budget_check = now;
+                self.check_budget(now);
+            }
+        }
+        self.reattach_due(now);
+        self.sampler().flush_logs();
+    }
+
+    /// Exact kernel totals and counters, read before a cut.
+    fn kernel_figures(&mut self) -> (Counters, HashMap<u32, Totals>) {
+        let sampler = self.sampler();
+        let counters = sampler.counters().unwrap_or_else(|error| {
+            tracing::warn!("kernel counters unavailable: {error}");
+            Counters::default()
+        });
+        let totals = sampler.totals().unwrap_or_else(|error| {
+            tracing::warn!("exact totals unavailable: {error}");
+            HashMap::new()
+        });
+        (counters, totals)
+    }
+
+    /// Cuts one profile per profiled process for the interval that ends now, and starts
+    /// the next; processes that exited are forgotten after their last profile.
+    pub fn cut(&mut self) -> Vec<ProcessProfile> {
+        let figures = self.kernel_figures();
+        self.cut_with(figures)
+    }
+
+    fn cut_with(
+        &mut self,
+        (counters, totals): (Counters, HashMap<u32, Totals>),
+    ) -> Vec<ProcessProfile> {
+        let ended = SystemTime::now();
+        let duration = self.interval_started_at.elapsed();
+        let now_ns = crate::session::monotonic_now_ns();
+        let mut symbolizer = if self.options.symbolize {
+            FrameSymbolizer::new()
+        } else {
+            FrameSymbolizer::unsymbolized()
+        };
+        let mut profiles = Vec::new();
+        let mut gone = HashSet::new();
+        for (&pid, tracked) in &mut self.processes {
+            if !tracked.exited && !Path::new(&format!("/proc/{pid}")).exists() {
+                // Its exit event was lost (full ring): same outcome.
+                tracked.exited = true;
+            }
+            let total = totals.get(&pid).copied().unwrap_or_default();
+            let exact = Totals {
+                calls: total.calls.saturating_sub(tracked.exact_base.calls),
+                bytes: total.bytes.saturating_sub(tracked.exact_base.bytes),
+            };
+            tracked.exact_base = total;
+            if tracked.admitted && (!tracked.aggregate.is_empty() || exact.calls > 0) {
+                tracked.aggregate.finish(now_ns, None);
+                let report = Report::build(
+                    &tracked.aggregate,
+                    &self.stacks.normalizer.modules,
+                    &mut symbolizer,
+                    self.options.rate,
+                    self.options.confidence,
+                    KernelFigures {
+                        duration,
+                        exact,
+                        counters,
+                    },
+                );
+                profiles.push(ProcessProfile {
+                    info: tracked.info.clone(),
+                    report,
+                    started: self.interval_started,
+                    ended,
+                    exited: tracked.exited,
+                });
+            }
+            tracked.aggregate.start_interval();
+            if tracked.exited {
+                gone.insert(pid);
+            }
+        }
+        for pid in &gone {
+            self.processes.remove(pid);
+            self.stacks.forget(*pid);
+        }
+        if let Some(sampler) = self.sampler.as_mut() {
+            sampler.forget_processes(&gone);
+        }
+        self.stats.processes_tracked = self.processes.len() as u64;
+        self.interval_started = ended;
+        self.interval_started_at = Instant::now();
+        profiles
+    }
+
+    /// Detaches everything, reads what is still in the ring buffer and cuts the last
+    /// profiles: nothing collected is lost.
+    pub fn stop(mut self) -> Vec<ProcessProfile> {
+        let figures = self.kernel_figures();
+        if let Some(mut sampler) = self.sampler.take() {
+            sampler.flush_logs();
+        }
+        let mut batch = Vec::new();
+        self.reader.drain(&mut batch);
+        self.handle(&mut batch);
+        self.cut_with(figures)
+    }
+
+    /// The kernel's counters now (zero if they cannot be read).
+    pub fn counters(&mut self) -> Counters {
+        self.sampler().counters().unwrap_or_default()
+    }
+
+    /// Replaces the process filter (SIGHUP) and applies it to every known process.
+    pub fn set_filter(&mut self, filter: ProcessFilter) {
+        self.options.filter = filter;
+        let pids: Vec<u32> = self.processes.keys().copied().collect();
+        for pid in pids {
+            self.observe(pid);
+        }
+    }
+
+    /// Images known (attached or not), for logs.
+    pub fn images(&self) -> impl Iterator<Item = (&AllocatorImage, bool)> {
+        self.images.values().map(|s| (&s.image, s.links.is_some()))
+    }
+}

@@ -1,0 +1,187 @@
+//! The overhead budget's side of the profiler: start-up calibration of the cost of a
+//! probe hit, and applying back-offs (gates, image detachments, re-attachments).
+
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader, Write},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use allocbpf_common::GateState;
+use anyhow::{Context, Result};
+
+use super::{ImageKey, SystemProfiler};
+use crate::system::budget::{BudgetAction, HitCost};
+
+impl SystemProfiler {
+    pub(super) fn check_budget(&mut self, now: Instant) {
+        let hits = match self.sampler().gate_hits() {
+            Ok(hits) => hits,
+            Err(error) => {
+                tracing::warn!("probe hits unavailable: {error}");
+                return;
+            }
+        };
+        let hits: HashMap<u32, u64> = hits
+            .into_iter()
+            .filter(|(pid, _)| !self.ignored.contains(pid))
+            .map(|(pid, (hits, _))| (pid, hits))
+            .collect();
+        let Some(budget) = self.budget.as_mut() else {
+            return;
+        };
+        let actions = budget.check(&hits, now);
+        self.stats.budget_backoffs = budget.backoffs;
+        self.stats.budget_detachments = budget.detachments;
+        self.stats.budget_paused = budget.paused() as u64;
+        for action in actions {
+            self.apply(action, now);
+        }
+    }
+
+    fn apply(&mut self, action: BudgetAction, now: Instant) {
+        let comm = |this: &Self, pid: u32| {
+            this.processes
+                .get(&pid)
+                .map(|t| t.info.comm.clone())
+                .unwrap_or_default()
+        };
+        match action {
+            BudgetAction::Pause {
+                pid,
+                fraction,
+                backoff,
+            } => {
+                tracing::warn!(
+                    "pid {pid} ({}) is over its overhead budget: ~{:.1}% of a CPU in probes; sampling paused for {}s",
+                    comm(self, pid),
+                    fraction * 100.0,
+                    backoff.as_secs()
+                );
+                let _ = self.sampler().set_gate(pid, GateState::Paused);
+            }
+            BudgetAction::DetachImages {
+                pid,
+                fraction,
+                backoff,
+            } => {
+                let keys = self
+                    .processes
+                    .get(&pid)
+                    .map(|t| t.images.clone())
+                    .unwrap_or_default();
+                tracing::warn!(
+                    "pid {pid} ({}) still spends ~{:.1}% of a CPU in probe traps while paused: detaching {} image(s) it uses, for every process, for {}s",
+                    comm(self, pid),
+                    fraction * 100.0,
+                    keys.len(),
+                    backoff.as_secs()
+                );
+                for key in keys {
+                    let links = self.images.get_mut(&key).and_then(|s| {
+                        s.detached_until = Some(now + backoff);
+                        s.links.take()
+                    });
+                    if let Some(links) = links {
+                        self.sampler().detach(links);
+                        self.stats.images_attached -= 1;
+                    }
+                }
+            }
+            BudgetAction::Resume { pid } => {
+                let admitted = self.processes.get(&pid).is_some_and(|t| t.admitted);
+                tracing::info!("pid {pid} ({}): back-off over", comm(self, pid));
+                if admitted {
+                    let _ = self.sampler().set_gate(pid, GateState::Open);
+                }
+            }
+        }
+    }
+
+    pub(super) fn reattach_due(&mut self, now: Instant) {
+        let due: Vec<ImageKey> = self
+            .images
+            .iter()
+            .filter(|(_, s)| s.links.is_none() && s.detached_until.is_some_and(|t| t <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            let image = self.images[&key].image.clone();
+            let result = self.sampler().attach(&image);
+            let state = self.images.get_mut(&key).expect("listed above");
+            state.detached_until = None;
+            match result {
+                Ok(attached) => {
+                    state.links = Some(attached.links);
+                    self.stats.images_attached += 1;
+                    tracing::info!("re-attached {}", image.path_in_target.display());
+                }
+                Err(error) => {
+                    self.stats.attach_failures += 1;
+                    tracing::warn!(
+                        "cannot re-attach {}: {error}",
+                        image.path_in_target.display()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Measures what a probe hit costs: a child process times malloc/free pairs with
+    /// its gate open (sampled) and paused, three times each; `baseline` is the same loop
+    /// timed before any probe was attached. Medians, because this machine is noisy.
+    pub(super) fn calibrate(&mut self, baseline: f64) -> Result<HitCost> {
+        let hits_per_pair = if self.options.live.is_some() {
+            2.0
+        } else {
+            1.0
+        };
+        let mut sampled = Vec::new();
+        let mut paused = Vec::new();
+        for _ in 0..3 {
+            sampled.push(self.calibration_run(GateState::Open)?);
+            paused.push(self.calibration_run(GateState::Paused)?);
+        }
+        let per_hit = |ns: f64| ((ns - baseline) / hits_per_pair).max(1.0);
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        Ok(HitCost {
+            sampled_ns: per_hit(median(&mut sampled)),
+            paused_ns: per_hit(median(&mut paused)),
+        })
+    }
+
+    pub(super) fn calibration_run(&mut self, gate: GateState) -> Result<f64> {
+        let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
+        let mut child = Command::new(exe)
+            .arg("__calibrate")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the calibration child")?;
+        let pid = child.id();
+        self.ignored.insert(pid);
+        self.sampler().set_gate(pid, gate)?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(b"go\n")
+            .context("starting the calibration loop")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .context("reading the calibration result")?;
+        let status = child.wait()?;
+        self.ignored.remove(&pid);
+        let ns: f64 = line
+            .trim()
+            .parse()
+            .with_context(|| format!("calibration child printed {line:?} ({status})"))?;
+        Ok(ns)
+    }
+}
