@@ -5,6 +5,7 @@
 //! it first). The tests need root: without it they fail, they never skip.
 
 pub mod accuracy;
+pub mod agent;
 pub mod simulate;
 pub mod sites;
 

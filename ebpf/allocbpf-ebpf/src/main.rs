@@ -30,10 +30,10 @@ use core::ptr::read_volatile;
 
 use allocbpf_common::{
     sampler::{self, array_bytes, pvalloc_bytes, Decision},
-    AllocFn, Counter, LiveKey, LiveMode, ThreadState, Totals, COUNTER_COUNT,
-    INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS, MAX_PROCESSES, RING_BUFFER_BYTES,
-    THREAD_SLOTS_LEN,
+    AllocFn, Counter, LiveKey, LiveMode, ThreadState, Totals, COUNTER_COUNT, INTERVAL_TABLE_LEN,
+    MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS, MAX_PROCESSES, RING_BUFFER_BYTES, THREAD_SLOTS_LEN,
 };
+use aya_ebpf::EbpfContext;
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
@@ -44,7 +44,6 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
-use aya_ebpf::EbpfContext;
 use aya_log_ebpf::warn;
 
 /// Only this tgid is profiled; 0 means every process. Set by the loader.

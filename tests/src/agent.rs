@@ -1,0 +1,287 @@
+//! Running `allocbpf agent` in tests and the soak bench, and reading what it produced.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+
+use crate::{allocbpf_bin, Lines};
+
+/// A running agent.
+pub struct AgentProcess {
+    /// The process.
+    pub child: Child,
+    /// Its stderr (logs), line by line.
+    pub stderr: Lines,
+}
+
+impl AgentProcess {
+    /// Starts `allocbpf agent` with `args` (and `config` written to `store/../agent.toml`
+    /// if given); waits for "agent started".
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> Result<AgentProcess> {
+        let mut child = Command::new(allocbpf_bin())
+            .arg("agent")
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting allocbpf agent")?;
+        let mut stderr = Lines::spawn(child.stderr.take().unwrap());
+        if let Err(error) = stderr.wait_for("agent started", Duration::from_secs(60)) {
+            let _ = child.kill();
+            return Err(error);
+        }
+        Ok(AgentProcess { child, stderr })
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns all of stderr.
+    pub fn terminate(mut self, timeout: Duration) -> Result<String> {
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let rest = self.stderr.rest(timeout);
+        let status = self.child.wait()?;
+        anyhow::ensure!(status.success(), "agent exited with {status}: {rest}");
+        Ok(rest)
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes an agent config file into `dir` and returns its path.
+pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("agent.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The stored profiles under `store` (`profiles/DAY/START-END-PID-COMM.pb.gz`).
+pub fn stored_profiles(store: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(days) = std::fs::read_dir(store.join("profiles")) else {
+        return out;
+    };
+    for day in days.flatten() {
+        for file in std::fs::read_dir(day.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if file.path().to_string_lossy().ends_with(".pb.gz") {
+                out.push(file.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// (start_ms, end_ms, pid, comm) from a stored profile's file name.
+pub fn parse_stored_name(path: &Path) -> (u64, u64, u32, String) {
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let name = name.strip_suffix(".pb.gz").unwrap();
+    let parts: Vec<&str> = name.splitn(4, '-').collect();
+    (
+        parts[0].parse().unwrap(),
+        parts[1].parse().unwrap(),
+        parts[2].parse().unwrap(),
+        parts[3].to_string(),
+    )
+}
+
+/// One request a [`Receiver`] got.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// The request line's target (path and query).
+    pub target: String,
+    /// The headers, lowercased names.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    /// A query parameter, percent-decoded.
+    pub fn query(&self, key: &str) -> Option<String> {
+        let query = self.target.split_once('?')?.1;
+        query.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            (k == key).then(|| percent_decode(v))
+        })
+    }
+
+    /// The `profile` part of a multipart/form-data body.
+    pub fn profile_part(&self) -> Option<Vec<u8>> {
+        let content_type = self
+            .headers
+            .iter()
+            .find(|(k, _)| k == "content-type")?
+            .1
+            .clone();
+        let boundary = content_type.split("boundary=").nth(1)?.trim();
+        let delimiter = format!("--{boundary}");
+        let body = &self.body;
+        let start = find(body, delimiter.as_bytes())?;
+        let after = &body[start..];
+        if !String::from_utf8_lossy(&after[..after.len().min(300)]).contains("name=\"profile\"") {
+            return None;
+        }
+        let data_start = find(after, b"\r\n\r\n")? + 4;
+        let data = &after[data_start..];
+        let end = find(data, format!("\r\n{delimiter}").as_bytes())?;
+        Some(data[..end].to_vec())
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("00");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A minimal HTTP/1.1 server standing in for Pyroscope: answers every request 200 and
+/// keeps it. Dropping it closes the port (the "store is down").
+pub struct Receiver {
+    /// Requests received so far.
+    pub received: Arc<Mutex<Vec<Received>>>,
+    stop: Arc<Mutex<bool>>,
+    port: u16,
+}
+
+impl Receiver {
+    /// Listens on `port` (0: any free port).
+    pub fn start(port: u16) -> Result<Receiver> {
+        let listener = TcpListener::bind(("127.0.0.1", port))?;
+        listener.set_nonblocking(true)?;
+        let port = listener.local_addr()?.port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(Mutex::new(false));
+        {
+            let received = received.clone();
+            let stop = stop.clone();
+            thread::spawn(move || loop {
+                if *stop.lock().unwrap() {
+                    return;
+                }
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        if let Ok(request) = read_request(stream) {
+                            received.lock().unwrap().push(request);
+                        }
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(20)),
+                }
+            });
+        }
+        Ok(Receiver {
+            received,
+            stop,
+            port,
+        })
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        *self.stop.lock().unwrap() = true;
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn read_request(mut stream: TcpStream) -> Result<Received> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut data = Vec::new();
+    let mut buf = [0u8; 65536];
+    let header_end = loop {
+        let n = stream.read(&mut buf)?;
+        anyhow::ensure!(n > 0, "connection closed in headers");
+        data.extend_from_slice(&buf[..n]);
+        if let Some(end) = find(&data, b"\r\n\r\n") {
+            break end;
+        }
+    };
+    let head = String::from_utf8_lossy(&data[..header_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let target = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .unwrap_or("")
+        .to_string();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_string()))
+        .collect();
+    let length: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = data[header_end + 4..].to_vec();
+    while body.len() < length {
+        let n = stream.read(&mut buf)?;
+        anyhow::ensure!(n > 0, "connection closed in body");
+        body.extend_from_slice(&buf[..n]);
+    }
+    stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    Ok(Received {
+        target,
+        headers,
+        body,
+    })
+}
+
+/// `GET http://addr/metrics`.
+pub fn scrape(address: &str) -> Result<String> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// The value of an unlabelled metric in a Prometheus text exposition.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

@@ -1,0 +1,370 @@
+//! End to end, as root: `allocbpf agent` against real processes through real probes.
+//!
+//! The agent is system-wide, so these tests run one at a time (a lock) and filter on
+//! the workloads' command name to keep other processes' profiles out of the way.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use allocbpf_e2e::{
+    agent::{
+        metric, parse_stored_name, scrape, stored_profiles, write_config, AgentProcess, Receiver,
+    },
+    compile_workload, go_pprof, require_root, scratch_dir, Workload,
+};
+
+static ONE_AGENT_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn workload() -> PathBuf {
+    compile_workload("agentwl", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap()
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `go tool pprof -raw` of a gzipped profile.
+fn raw(profile: &Path, scratch: &Path) -> String {
+    go_pprof(&["-raw"], profile, scratch)
+}
+
+/// The libc the test itself uses.
+fn host_libc() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libc.so.6"))
+        .map(PathBuf::from)
+        .expect("glibc")
+}
+
+#[test]
+fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
+    require_root();
+    let _one = ONE_AGENT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    // Canonical: the maps show the real path, not `tests/../target`.
+    let scratch = std::fs::canonicalize(scratch_dir("agent-two")).unwrap();
+    let store = scratch.join("store");
+    let binary = workload();
+    // Started BEFORE the agent: found by the start-up scan.
+    let mut before = Workload::start(&binary, &["12"]).unwrap();
+    let config = write_config(&scratch, "comm = \"^agentwl\"\n");
+    let agent = AgentProcess::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--interval",
+            "2s",
+            "--rate",
+            "64KiB",
+            "--metrics-address",
+            "127.0.0.1:19464",
+        ],
+        &[],
+    )
+    .unwrap();
+    // Started AFTER the agent, in its own mount namespace, with a copy of libc at a path
+    // only that namespace has (a tmpfs: another device and inode).
+    let private = scratch.join("private-lib");
+    std::fs::create_dir_all(&private).unwrap();
+    let script = format!(
+        "mount -t tmpfs none {dir} && cp {libc} {dir}/libc.so.6 && \
+         LD_LIBRARY_PATH={dir} exec {bin} 8",
+        dir = private.display(),
+        libc = host_libc().display(),
+        bin = binary.display()
+    );
+    let mut inside = Workload::start(
+        Path::new("unshare"),
+        &["--mount", "--propagation", "private", "sh", "-c", &script],
+    )
+    .unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", inside.pid)).unwrap();
+    assert!(
+        maps.contains(&format!("{}/libc.so.6", private.display())),
+        "the namespaced workload does not use the copy: {maps}"
+    );
+    assert!(
+        !private.join("libc.so.6").exists(),
+        "the copy must be invisible from the host namespace"
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    let metrics = scrape("127.0.0.1:19464").unwrap();
+    inside.wait(Duration::from_secs(30)).unwrap();
+    before.wait(Duration::from_secs(30)).unwrap();
+    let log = agent.terminate(Duration::from_secs(60)).unwrap();
+
+    // Two images attached: the host libc and the namespace's copy.
+    let attached: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("attached") && l.contains("libc.so.6"))
+        .collect();
+    assert!(
+        attached
+            .iter()
+            .any(|l| l.contains(&format!("{}/libc.so.6", private.display()))),
+        "the namespace's libc was not attached: {log}"
+    );
+    assert!(attached.len() >= 2, "{attached:?}");
+    assert!(
+        metric(&metrics, "allocbpf_attached_images").unwrap() >= 2.0,
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "allocbpf_samples_total").unwrap() > 0.0,
+        "{metrics}"
+    );
+
+    let profiles = stored_profiles(&store);
+    for (workload, started_after) in [(&before, false), (&inside, true)] {
+        let mine: Vec<&PathBuf> = profiles
+            .iter()
+            .filter(|p| parse_stored_name(p).2 == workload.pid)
+            .collect();
+        assert!(
+            !mine.is_empty(),
+            "no profile of pid {} (started after the agent: {started_after}); store has {profiles:?}",
+            workload.pid
+        );
+        let text = raw(mine[mine.len() / 2], &scratch);
+        assert!(text.contains("agentwl_alloc_site"), "{text}");
+        let exe = std::fs::canonicalize(&binary).unwrap();
+        for label in [
+            "comm:[agentwl".to_string(),
+            format!("exe:[{}]", exe.display()),
+            format!("pid:[{}]", workload.pid),
+            "hostname:[".to_string(),
+            "exe_build_id:[".to_string(),
+            "cgroup:[".to_string(),
+        ] {
+            assert!(text.contains(&label), "missing {label} in {text}");
+        }
+        // Only our workloads pass the filter.
+        assert!(profiles
+            .iter()
+            .all(|p| parse_stored_name(p).3.starts_with("agentwl")));
+    }
+}
+
+#[test]
+fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
+    require_root();
+    let _one = ONE_AGENT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let scratch = scratch_dir("agent-push");
+    let store = scratch.join("store");
+    let binary = workload();
+    // Reserve a port, then close it: the receiver is down when the agent starts.
+    let port = Receiver::start(0).unwrap().port();
+    std::thread::sleep(Duration::from_millis(100));
+    let config = write_config(
+        &scratch,
+        &format!(
+            "comm = \"^agentwl\"\nmetrics_address = \"off\"\n[push]\nurl = \"http://127.0.0.1:{port}\"\napplication = \"allocbpf-test\"\ntimeout = \"2s\"\n"
+        ),
+    );
+    let test_started_ms = unix_ms();
+    let agent = AgentProcess::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--interval",
+            "1s",
+            "--rate",
+            "64KiB",
+        ],
+        &[("ALLOCBPF_PUSH_TOKEN", "s3cret")],
+    )
+    .unwrap();
+    let mut work = Workload::start(&binary, &["14"]).unwrap();
+    // Down for ~5 intervals: profiles pile up in the spool.
+    std::thread::sleep(Duration::from_secs(5));
+    let spooled = std::fs::read_dir(store.join("spool")).unwrap().count();
+    assert!(spooled >= 2, "nothing spooled while the receiver was down");
+    let up_ms = unix_ms();
+    let receiver = Receiver::start(port).unwrap();
+    work.wait(Duration::from_secs(30)).unwrap();
+    // The back-off is at most 60 s; here it is 8 s or less after 5 s down.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let got = receiver.received.lock().unwrap().len();
+        let left = std::fs::read_dir(store.join("spool")).unwrap().count();
+        if got > spooled && left == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = agent.terminate(Duration::from_secs(60)).unwrap();
+    let received = receiver.received.lock().unwrap().clone();
+    assert!(!received.is_empty(), "nothing received; agent log: {log}");
+    let left: Vec<_> = std::fs::read_dir(store.join("spool")).unwrap().collect();
+    assert!(left.is_empty(), "spool not drained: {left:?}");
+
+    let mut from_outage = 0;
+    let mut with_site = 0;
+    for (i, request) in received.iter().enumerate() {
+        assert!(request.target.starts_with("/ingest?"), "{}", request.target);
+        assert_eq!(request.query("format").as_deref(), Some("pprof"));
+        let name = request.query("name").unwrap();
+        assert!(name.starts_with("allocbpf-test{"), "{name}");
+        assert!(name.contains(&format!("pid={}", work.pid)), "{name}");
+        assert!(name.contains("comm=agentwl"), "{name}");
+        assert!(name.contains("hostname="), "{name}");
+        let from: u64 = request.query("from").unwrap().parse().unwrap();
+        let until: u64 = request.query("until").unwrap().parse().unwrap();
+        assert!(from < until, "{from} {until}");
+        assert!(
+            from * 1000 + 1000 >= test_started_ms,
+            "{from} vs {test_started_ms}"
+        );
+        assert!(until * 1000 <= unix_ms() + 1000);
+        if until * 1000 < up_ms {
+            from_outage += 1;
+        }
+        let auth = request
+            .headers
+            .iter()
+            .find(|(k, _)| k == "authorization")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(auth, Some("Bearer s3cret"));
+        let profile = request.profile_part().expect("multipart profile part");
+        let path = scratch.join(format!("received-{i}.pb.gz"));
+        std::fs::write(&path, profile).unwrap();
+        let text = raw(&path, &scratch);
+        assert!(text.contains(&format!("pid:[{}]", work.pid)), "{text}");
+        if text.contains("agentwl_alloc_site") {
+            with_site += 1;
+        }
+    }
+    assert!(
+        from_outage >= 2,
+        "profiles cut during the outage did not arrive ({from_outage} of {})",
+        received.len()
+    );
+    assert!(
+        with_site >= received.len() / 2,
+        "{with_site} of {}",
+        received.len()
+    );
+}
+
+#[test]
+fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
+    require_root();
+    let _one = ONE_AGENT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let scratch = scratch_dir("agent-flush");
+    let store = scratch.join("store");
+    let binary = workload();
+    let config_text = |max_bytes: u64| {
+        format!("comm = \"^agentwl\"\nmetrics_address = \"off\"\n[retention]\nmax_bytes = \"{max_bytes}\"\n")
+    };
+    let config = write_config(&scratch, &config_text(1 << 30));
+    // Phase 1: a long interval; only SIGTERM can produce a profile.
+    let agent = AgentProcess::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--interval",
+            "1h",
+        ],
+        &[],
+    )
+    .unwrap();
+    let mut work = Workload::start(&binary, &["30"]).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let term_ms = unix_ms();
+    agent.terminate(Duration::from_secs(60)).unwrap();
+    let flushed: Vec<_> = stored_profiles(&store)
+        .into_iter()
+        .filter(|p| parse_stored_name(p).2 == work.pid)
+        .collect();
+    assert_eq!(flushed.len(), 1, "SIGTERM must store the partial interval");
+    let (_, end_ms, _, _) = parse_stored_name(&flushed[0]);
+    assert!(end_ms >= term_ms, "flushed profile ends before SIGTERM");
+    assert!(raw(&flushed[0], &scratch).contains("agentwl_alloc_site"));
+    // A bound of about four profiles of this workload.
+    let one = std::fs::metadata(&flushed[0]).unwrap().len();
+    let max_bytes = 4 * one;
+    let config = write_config(&scratch, &config_text(max_bytes));
+
+    // Phase 2: short intervals until retention must delete.
+    let agent = AgentProcess::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--interval",
+            "1s",
+        ],
+        &[],
+    )
+    .unwrap();
+    let mut largest = 0;
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < deadline {
+        let total: u64 = stored_profiles(&store)
+            .iter()
+            .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+            .sum();
+        largest = largest.max(total);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = agent.terminate(Duration::from_secs(60)).unwrap();
+    let _ = work.child.kill();
+    let written: u64 = log
+        .lines()
+        .find_map(|l| {
+            l.split(" written in all")
+                .next()?
+                .rsplit(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("agent summary line");
+    let left = stored_profiles(&store);
+    let total: u64 = left
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(
+        total <= max_bytes,
+        "store holds {total} bytes > {max_bytes}"
+    );
+    // Between a write and its retention pass the store may exceed the bound by at most
+    // one interval's profiles (one here: one process).
+    // Between a write and its retention pass the store may exceed the bound by one
+    // interval's profiles (one here: one process; allow twice the first one's size).
+    assert!(
+        largest <= max_bytes + 2 * one,
+        "store reached {largest} bytes"
+    );
+    assert!(
+        (left.len() as u64) < written,
+        "retention deleted nothing: {} stored of {written} written",
+        left.len()
+    );
+    // The oldest (the flushed one) went first.
+    assert!(
+        !left.contains(&flushed[0]),
+        "the oldest profile was kept: {left:?} (written {written}); log: {log}"
+    );
+}
