@@ -261,6 +261,22 @@ fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
     );
 }
 
+/// An agent with `config` storing into `store`, cutting every `interval`.
+fn start_filtered(config: &Path, store: &Path, interval: &str) -> AgentProcess {
+    AgentProcess::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--interval",
+            interval,
+        ],
+        &[],
+    )
+    .unwrap()
+}
+
 #[test]
 fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
     require_root();
@@ -275,18 +291,7 @@ fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
     };
     let config = write_config(&scratch, &config_text(1 << 30));
     // Phase 1: a long interval; only SIGTERM can produce a profile.
-    let agent = AgentProcess::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-            "--interval",
-            "1h",
-        ],
-        &[],
-    )
-    .unwrap();
+    let agent = start_filtered(&config, &store, "1h");
     let mut work = Workload::start(&binary, &["30"]).unwrap();
     std::thread::sleep(Duration::from_secs(3));
     let term_ms = unix_ms();
@@ -305,18 +310,7 @@ fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
     let config = write_config(&scratch, &config_text(max_bytes));
 
     // Phase 2: short intervals until retention must delete.
-    let agent = AgentProcess::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-            "--interval",
-            "1s",
-        ],
-        &[],
-    )
-    .unwrap();
+    let agent = start_filtered(&config, &store, "1s");
     let mut largest = 0;
     let deadline = Instant::now() + Duration::from_secs(12);
     while Instant::now() < deadline {

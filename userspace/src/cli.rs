@@ -243,6 +243,16 @@ pub enum UnwindMode {
     Fp,
 }
 
+impl UnwindMode {
+    /// Bytes of user stack each sample copies in this mode (`--stack-bytes`; 0 for fp).
+    pub fn stack_copy_bytes(self, stack_bytes: u32) -> u32 {
+        match self {
+            UnwindMode::Fp => 0,
+            UnwindMode::Auto | UnwindMode::Dwarf => stack_bytes,
+        }
+    }
+}
+
 fn parse_stack_bytes(text: &str) -> Result<u32, String> {
     let bytes =
         parse_size(text, 1 << 20).map_err(|e| format!("{e} (example: --stack-bytes 16KiB)"))?;

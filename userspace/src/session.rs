@@ -163,10 +163,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         empty_probes: options.empty_probes,
         thread_tables: options.thread_tables,
         live: options.live.map(|l| l.mechanism),
-        stack_copy_bytes: match options.unwind {
-            UnwindMode::Fp => 0,
-            UnwindMode::Auto | UnwindMode::Dwarf => options.stack_bytes,
-        },
+        stack_copy_bytes: options.unwind.stack_copy_bytes(options.stack_bytes),
     };
     let mut sampler = Sampler::load(config)?;
     let mut reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;

@@ -2,27 +2,11 @@
 
 use anyhow::Result;
 
-use crate::{
-    setup,
-    util::{build_allocbpf, cargo, is_root, root, run},
-};
+use crate::util::{e2e_bin, is_root, root, run};
 
 /// Runs the harness binary; as root it adds the end-to-end coverage run.
 pub fn accuracy(plots: bool) -> Result<()> {
-    setup::ensure()?;
-    let allocbpf = build_allocbpf()?;
-    let mut command = cargo();
-    command
-        .args([
-            "run",
-            "--release",
-            "-p",
-            "allocbpf-e2e",
-            "--bin",
-            "accuracy",
-            "--",
-        ])
-        .env("ALLOCBPF_BIN", &allocbpf);
+    let mut command = e2e_bin("accuracy")?;
     if is_root() {
         command.arg("--kernel");
     } else {

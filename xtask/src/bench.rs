@@ -9,7 +9,9 @@
 //!   (at the same emulated instruction `--live` uses): the floor for live tracking;
 //! - `--live`: the sampler with live tracking through uprobe session links;
 //! - `--live (uretprobe)`: live tracking with a uretprobe on every allocation call, the
-//!   classic design (bcc memleak's), for comparison.
+//!   classic design (bcc memleak's), for comparison;
+//! - `system-wide`: `allocbpf` without `--pid` (every process, the agent's mode): the
+//!   same sampler plus the per-process gate lookup and hit count.
 //!
 //! The configurations alternate within each round so that drift of this noisy VM hits
 //! all alike; medians over rounds are reported, and each ratio is taken per round and
@@ -31,7 +33,10 @@ struct Config {
     args: Option<&'static [&'static str]>,
 }
 
-const CONFIGS: [Config; 7] = [
+/// Marks a configuration that runs allocbpf system-wide (no `--pid`).
+const SYSTEM_WIDE: &str = "SYSTEM-WIDE";
+
+const CONFIGS: [Config; 8] = [
     Config {
         name: "no probe",
         args: None,
@@ -66,12 +71,17 @@ const CONFIGS: [Config; 7] = [
             "uretprobe",
         ]),
     },
+    Config {
+        name: "allocbpf system-wide (no --pid)",
+        args: Some(&[SYSTEM_WIDE, "--rate", "512KiB"]),
+    },
 ];
 
 /// (numerator, denominator, label, target) over `CONFIGS` indices; an infinite
 /// target is a figure without a target.
-const RATIOS: [(usize, usize, &str, f64); 5] = [
+const RATIOS: [(usize, usize, &str, f64); 6] = [
     (2, 1, "allocbpf / floor", 1.10),
+    (7, 2, "system-wide / --pid", f64::INFINITY),
     (3, 1, "allocbpf --unwind fp / floor", 1.10),
     (2, 3, "auto (stack copies) / fp", f64::INFINITY),
     (5, 4, "--live / floor (malloc+free)", 1.25),
@@ -89,6 +99,11 @@ fn measure(config: &Config, bench: &Path, allocbpf: &Path, iterations: u64) -> R
     let pid = workload.pid.clone();
     let profiler = match config.args {
         None => None,
+        Some([SYSTEM_WIDE, extra @ ..]) => {
+            let mut args = vec!["--output", "/dev/null", "--format", "json"];
+            args.extend_from_slice(extra);
+            Some(attach(allocbpf, &args, false)?)
+        }
         Some(extra) => {
             let mut args = vec!["--pid", &pid, "--output", "/dev/null", "--format", "json"];
             args.extend_from_slice(extra);
@@ -99,6 +114,12 @@ fn measure(config: &Config, bench: &Path, allocbpf: &Path, iterations: u64) -> R
     let result = workload.stdout.next().context("bench result")??;
     workload.child.wait()?;
     if let Some((child, stderr)) = profiler {
+        if config.args.is_some_and(|a| a.first() == Some(&SYSTEM_WIDE)) {
+            // System-wide mode runs until told to stop.
+            Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()?;
+        }
         finish(child, stderr, false)?;
     }
     result.trim().parse().context("bench output")

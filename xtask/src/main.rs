@@ -1,4 +1,4 @@
-//! allocbpf's developer tasks: `cargo xtask <setup|run|test|bench|accuracy>`.
+//! allocbpf's developer tasks: `cargo xtask <setup|run|test|bench|accuracy|soak>`.
 //!
 //! Every task first makes sure the machine has what it needs (`setup`), so a fresh
 //! Debian machine needs no manual step.
@@ -7,6 +7,7 @@ mod accuracy;
 mod bench;
 mod run;
 mod setup;
+mod soak;
 mod util;
 
 use anyhow::Result;
@@ -51,6 +52,16 @@ enum Task {
         #[arg(long)]
         plots: bool,
     },
+    /// Soak the fleet agent (as root): a steady allocator plus hundreds of short-lived
+    /// processes; prints the agent's RSS, samples and drops over time.
+    Soak {
+        /// How long.
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+        /// The agent's sampling rate (high: many samples).
+        #[arg(long, default_value = "16KiB")]
+        rate: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -60,5 +71,6 @@ fn main() -> Result<()> {
         Task::Test => run::test(),
         Task::Bench { rounds, iterations } => bench::bench(rounds, iterations),
         Task::Accuracy { plots } => accuracy::accuracy(plots),
+        Task::Soak { minutes, rate } => soak::soak(minutes, &rate),
     }
 }

@@ -120,7 +120,7 @@ pub fn attach(
         if echo {
             eprintln!("{line}");
         }
-        if line.contains("profiling pid") {
+        if line.contains("profiling pid") || line.contains("profiling every process") {
             return Ok((child, stderr));
         }
     }
@@ -152,4 +152,24 @@ pub fn finish_collecting(
         bail!("allocbpf failed: {status}");
     }
     Ok(lines)
+}
+
+/// `cargo run --release -p allocbpf-e2e --bin NAME --` with `ALLOCBPF_BIN` set to a
+/// freshly built allocbpf, after [`crate::setup::ensure`]; the caller adds arguments.
+pub fn e2e_bin(name: &str) -> Result<Command> {
+    crate::setup::ensure()?;
+    let allocbpf = build_allocbpf()?;
+    let mut command = cargo();
+    command
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "allocbpf-e2e",
+            "--bin",
+            name,
+            "--",
+        ])
+        .env("ALLOCBPF_BIN", &allocbpf);
+    Ok(command)
 }

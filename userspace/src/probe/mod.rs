@@ -12,7 +12,7 @@ use std::num::NonZeroU32;
 use std::os::fd::OwnedFd;
 
 use allocbpf_common::{
-    Counter, LiveMode, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT,
+    AllocFn, Counter, LiveMode, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT,
     LIVE_MODE_GLOBAL, RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL,
     THREAD_SLOT_MASK_GLOBAL,
 };
@@ -325,31 +325,38 @@ impl Sampler {
                 return self.attach_sessions(image, &mut attached.links);
             }
             attached.live_mode = LiveMode::Uretprobe;
-            for symbol in &image.symbols {
-                let link = self.attach_uprobe(
-                    "probe_return",
-                    symbol.file_offset,
-                    symbol.size,
-                    image,
-                    symbol.function.symbol(),
-                )?;
-                attached.links.uprobes.push(link);
-            }
+            self.attach_symbols(image, |_| "probe_return", &mut attached.links)?;
         }
+        self.attach_symbols(
+            image,
+            |function| {
+                if empty {
+                    "probe_empty"
+                } else {
+                    function.program()
+                }
+            },
+            &mut attached.links,
+        )?;
+        Ok(())
+    }
+
+    /// Attaches program `program(function)` to every allocation function of `image`.
+    fn attach_symbols(
+        &mut self,
+        image: &AllocatorImage,
+        program: impl Fn(AllocFn) -> &'static str,
+        links: &mut ImageLinks,
+    ) -> Result<(), ProbeError> {
         for symbol in &image.symbols {
-            let name = if empty {
-                "probe_empty"
-            } else {
-                symbol.function.program()
-            };
             let link = self.attach_uprobe(
-                name,
+                program(symbol.function),
                 symbol.file_offset,
                 symbol.size,
                 image,
                 symbol.function.symbol(),
             )?;
-            attached.links.uprobes.push(link);
+            links.uprobes.push(link);
         }
         Ok(())
     }

@@ -158,10 +158,7 @@ impl SystemProfiler {
             empty_probes: false,
             thread_tables: options.thread_tables,
             live: options.live.map(|l| l.mechanism),
-            stack_copy_bytes: match options.unwind {
-                UnwindMode::Fp => 0,
-                UnwindMode::Auto | UnwindMode::Dwarf => options.stack_bytes,
-            },
+            stack_copy_bytes: options.unwind.stack_copy_bytes(options.stack_bytes),
         };
         let mut sampler = Sampler::load(config)?;
         let reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;
