@@ -81,9 +81,9 @@ fn unwritable_output_fails_before_attaching() {
 }
 
 #[test]
-fn statically_linked_target_has_no_libc_to_probe() {
+fn stripped_static_target_has_no_malloc_to_probe() {
     require_root();
-    let binary = compile_workload("static_target", &["-static", "-O1"]).unwrap();
+    let binary = compile_workload("static_target", &["-static", "-O1", "-s"]).unwrap();
     let mut child = Command::new(&binary).spawn().unwrap();
     let pid = child.id().to_string();
     let finished = run_allocbpf(&["--pid", &pid], QUICK).unwrap();
@@ -91,10 +91,49 @@ fn statically_linked_target_has_no_libc_to_probe() {
     let _ = child.wait();
     assert_ne!(finished.code, Some(0));
     assert!(
-        finished.stderr.contains("has no dynamically linked libc"),
+        finished.stderr.contains("has no dynamically linked libc")
+            && finished.stderr.contains("--allocator-symbol"),
         "{}",
         finished.stderr
     );
+}
+
+#[test]
+fn static_target_with_symbols_is_profiled_through_its_own_malloc() {
+    require_root();
+    let binary = compile_workload("static_target", &["-static", "-O1", "-g"]).unwrap();
+    let mut child = Command::new(&binary).spawn().unwrap();
+    let pid = child.id().to_string();
+    let finished = run_allocbpf(
+        &[
+            "--pid",
+            &pid,
+            "--duration",
+            "2s",
+            "--rate",
+            "64KiB",
+            "--format",
+            "json",
+        ],
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    // The probes went on the executable itself, not on a libc.
+    let exe = std::fs::canonicalize(&binary).unwrap();
+    assert!(
+        finished
+            .stderr
+            .contains(&format!("through {}", exe.display())),
+        "{}",
+        finished.stderr
+    );
+    let json: serde_json::Value = serde_json::from_str(&finished.stdout).unwrap();
+    let sites = allocbpf_e2e::stacks_with(&json, "static_alloc_site");
+    assert!(!sites.is_empty(), "{}", finished.stdout);
+    assert!(json["totals"]["exact_calls"].as_u64().unwrap() > 100);
 }
 
 #[test]

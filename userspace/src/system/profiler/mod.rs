@@ -342,6 +342,14 @@ impl SystemProfiler {
         result
     }
 
+    /// Handles whatever the ring buffer holds now, without waiting.
+    fn drain_ring(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        self.reader.drain(&mut batch);
+        self.handle(&mut batch);
+        self.batch = batch;
+    }
+
     fn handle(&mut self, batch: &mut Vec<Event>) {
         for event in batch.drain(..) {
             match event {
@@ -527,9 +535,7 @@ impl SystemProfiler {
         if let Some(mut sampler) = self.sampler.take() {
             sampler.flush_logs();
         }
-        let mut batch = Vec::new();
-        self.reader.drain(&mut batch);
-        self.handle(&mut batch);
+        self.drain_ring();
         self.cut_with(figures)
     }
 

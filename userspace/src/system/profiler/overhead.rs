@@ -177,6 +177,9 @@ impl SystemProfiler {
             .read_line(&mut line)
             .context("reading the calibration result")?;
         let status = child.wait()?;
+        // Nobody reads the ring buffer during start-up: empty it now, or the sampled
+        // runs' records would crowd out every process's samples (they are ignored).
+        self.drain_ring();
         self.ignored.remove(&pid);
         let ns: f64 = line
             .trim()
