@@ -57,22 +57,13 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
     // Started BEFORE the agent: found by the start-up scan.
     let mut before = Workload::start(&binary, &["12"]).unwrap();
     let config = write_config(&scratch, "comm = \"^agentwl\"\n");
-    let agent = AgentProcess::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-            "--interval",
-            "2s",
-            "--rate",
-            "64KiB",
-            "--metrics-address",
-            "127.0.0.1:19464",
-        ],
+    let agent = start_filtered(
+        &config,
+        &store,
+        "2s",
+        &["--rate", "64KiB", "--metrics-address", "127.0.0.1:19464"],
         &[],
-    )
-    .unwrap();
+    );
     // Started AFTER the agent, in its own mount namespace, with a copy of libc at a path
     // only that namespace has (a tmpfs: another device and inode).
     let private = scratch.join("private-lib");
@@ -175,20 +166,13 @@ fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
         ),
     );
     let test_started_ms = unix_ms();
-    let agent = AgentProcess::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-            "--interval",
-            "1s",
-            "--rate",
-            "64KiB",
-        ],
+    let agent = start_filtered(
+        &config,
+        &store,
+        "1s",
+        &["--rate", "64KiB"],
         &[("ALLOCBPF_PUSH_TOKEN", "s3cret")],
-    )
-    .unwrap();
+    );
     let mut work = Workload::start(&binary, &["14"]).unwrap();
     // Down for ~5 intervals: profiles pile up in the spool.
     std::thread::sleep(Duration::from_secs(5));
@@ -261,20 +245,25 @@ fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
     );
 }
 
-/// An agent with `config` storing into `store`, cutting every `interval`.
-fn start_filtered(config: &Path, store: &Path, interval: &str) -> AgentProcess {
-    AgentProcess::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-            "--interval",
-            interval,
-        ],
-        &[],
-    )
-    .unwrap()
+/// An agent with `config` storing into `store`, cutting every `interval`, with `extra`
+/// flags and `env` variables.
+fn start_filtered(
+    config: &Path,
+    store: &Path,
+    interval: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> AgentProcess {
+    let mut args = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--interval",
+        interval,
+    ];
+    args.extend_from_slice(extra);
+    AgentProcess::start(&args, env).unwrap()
 }
 
 #[test]
@@ -291,7 +280,7 @@ fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
     };
     let config = write_config(&scratch, &config_text(1 << 30));
     // Phase 1: a long interval; only SIGTERM can produce a profile.
-    let agent = start_filtered(&config, &store, "1h");
+    let agent = start_filtered(&config, &store, "1h", &[], &[]);
     let mut work = Workload::start(&binary, &["30"]).unwrap();
     std::thread::sleep(Duration::from_secs(3));
     let term_ms = unix_ms();
@@ -310,7 +299,7 @@ fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
     let config = write_config(&scratch, &config_text(max_bytes));
 
     // Phase 2: short intervals until retention must delete.
-    let agent = start_filtered(&config, &store, "1s");
+    let agent = start_filtered(&config, &store, "1s", &[], &[]);
     let mut largest = 0;
     let deadline = Instant::now() + Duration::from_secs(12);
     while Instant::now() < deadline {

@@ -286,9 +286,7 @@ impl Pusher {
     }
 
     fn update_gauges(&self) {
-        let (files, bytes) = self.spool.sizes();
-        self.stats.spool_files.store(files, Ordering::Relaxed);
-        self.stats.spool_bytes.store(bytes, Ordering::Relaxed);
+        publish_sizes(&self.spool, &self.stats);
     }
 
     /// Spools one profile for delivery (never waits for the network).
@@ -328,6 +326,13 @@ impl Drop for Pusher {
     }
 }
 
+/// Publishes the spool's size to the metrics.
+fn publish_sizes(spool: &Spool, stats: &PushStats) {
+    let (files, bytes) = spool.sizes();
+    stats.spool_files.store(files, Ordering::Relaxed);
+    stats.spool_bytes.store(bytes, Ordering::Relaxed);
+}
+
 const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
@@ -342,11 +347,6 @@ fn deliver(
     let mut backoff = BACKOFF_INITIAL;
     let mut next_attempt = Instant::now();
     let mut flush_until: Option<Instant> = None;
-    let update = |stats: &PushStats| {
-        let (files, bytes) = spool.sizes();
-        stats.spool_files.store(files, Ordering::Relaxed);
-        stats.spool_bytes.store(bytes, Ordering::Relaxed);
-    };
     loop {
         if Instant::now() >= next_attempt {
             while let Some(path) = spool.front() {
@@ -358,7 +358,7 @@ fn deliver(
                         spool.delivered(&path);
                         stats.delivered.fetch_add(1, Ordering::Relaxed);
                         backoff = BACKOFF_INITIAL;
-                        update(&stats);
+                        publish_sizes(&spool, &stats);
                     }
                     Err(error) => {
                         stats.errors.fetch_add(1, Ordering::Relaxed);

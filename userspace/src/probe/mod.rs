@@ -265,12 +265,7 @@ impl Sampler {
             names.push(("process_exec", "sched_process_exec"));
         }
         for (name, tracepoint) in names {
-            let program: &mut RawTracePoint = self
-                .ebpf
-                .program_mut(name)
-                .ok_or_else(|| load_error(missing(name)))?
-                .try_into()
-                .map_err(load_error)?;
+            let program: &mut RawTracePoint = program_of(&mut self.ebpf, name)?;
             program.load().map_err(load_error)?;
             program.attach(tracepoint).map_err(load_error)?;
         }
@@ -399,12 +394,7 @@ impl Sampler {
             Some(pid) => UProbeScope::OneProcess(pid),
             None => UProbeScope::AllProcesses,
         };
-        let program: &mut UProbe = self
-            .ebpf
-            .program_mut(name)
-            .ok_or_else(|| load_error(missing(name)))?
-            .try_into()
-            .map_err(load_error)?;
+        let program: &mut UProbe = program_of(&mut self.ebpf, name)?;
         if program.fd().is_err() {
             program.load().map_err(load_error)?;
         }
@@ -426,9 +416,7 @@ impl Sampler {
     /// image no process maps any more).
     pub fn detach(&mut self, links: ImageLinks) {
         for (name, link) in links.uprobes {
-            let program: Option<&mut UProbe> =
-                self.ebpf.program_mut(name).and_then(|p| p.try_into().ok());
-            if let Some(program) = program {
+            if let Ok(program) = program_of::<UProbe>(&mut self.ebpf, name) {
                 if let Err(error) = program.detach(link) {
                     tracing::warn!("detaching {name}: {error}");
                 }
@@ -520,6 +508,17 @@ impl Sampler {
         tracing::debug!("exact totals read in {:?}", started.elapsed());
         Ok(totals)
     }
+}
+
+/// Program `name` of the embedded object, as its aya type.
+fn program_of<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, ProbeError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| load_error(missing(name)))?
+        .try_into()
+        .map_err(load_error)
 }
 
 fn missing(name: &str) -> std::io::Error {

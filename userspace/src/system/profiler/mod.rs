@@ -192,8 +192,7 @@ impl SystemProfiler {
                 for _ in 0..3 {
                     runs.push(profiler.calibration_run(GateState::Open)?);
                 }
-                runs.sort_by(f64::total_cmp);
-                runs[1]
+                overhead::median(runs)
             }
             None => 0.0,
         };

@@ -14,6 +14,12 @@ use anyhow::{Context, Result};
 use super::{ImageKey, SystemProfiler};
 use crate::system::budget::{BudgetAction, HitCost};
 
+/// The median of calibration runs (an odd number of them).
+pub(super) fn median(mut runs: Vec<f64>) -> f64 {
+    runs.sort_by(f64::total_cmp);
+    runs[runs.len() / 2]
+}
+
 impl SystemProfiler {
     pub(super) fn check_budget(&mut self, now: Instant) {
         let hits = match self.sampler().gate_hits() {
@@ -144,13 +150,9 @@ impl SystemProfiler {
             paused.push(self.calibration_run(GateState::Paused)?);
         }
         let per_hit = |ns: f64| ((ns - baseline) / hits_per_pair).max(1.0);
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         Ok(HitCost {
-            sampled_ns: per_hit(median(&mut sampled)),
-            paused_ns: per_hit(median(&mut paused)),
+            sampled_ns: per_hit(median(sampled)),
+            paused_ns: per_hit(median(paused)),
         })
     }
 
