@@ -91,7 +91,9 @@ fn stripped_static_target_has_no_malloc_to_probe() {
     let _ = child.wait();
     assert_ne!(finished.code, Some(0));
     assert!(
-        finished.stderr.contains("has no dynamically linked libc")
+        finished
+            .stderr
+            .contains("allocates through no function allocbpf can probe")
             && finished.stderr.contains("--allocator-symbol"),
         "{}",
         finished.stderr

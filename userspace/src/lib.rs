@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod aggregate;
+pub mod allocators;
 pub mod cli;
 pub mod discover;
 pub mod estimate;

@@ -178,36 +178,31 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         attached.push(sampler.attach(image)?);
     }
     let started = Instant::now();
-    let paths: Vec<String> = target
-        .images
-        .iter()
-        .map(|image| image.path_in_target.display().to_string())
-        .collect();
     eprintln!(
         "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {} bytes",
         target.pid,
         target.comm,
-        paths.join(", "),
+        target
+            .images
+            .iter()
+            .map(|image| image.describe())
+            .collect::<Vec<_>>()
+            .join("; "),
         attached.iter().map(|a| a.links.len()).sum::<usize>(),
         options.rate
     );
-    if let Some(attached) = attached.first().filter(|a| a.free_probe.is_some()) {
-        let free = attached.free_probe.as_ref().unwrap();
-        let how = match attached.live_mode {
+    for image in &target.images {
+        image.log_probe_points();
+    }
+    if let Some(first) = attached.first().filter(|_| options.live.is_some()) {
+        let how = match first.live_mode {
             LiveMode::Session => "uprobe session links (only sampled calls pay for the return)",
             LiveMode::Uretprobe => "uretprobes on every allocation call (no session links)",
             LiveMode::Off => "no return probes (benchmark floor)",
         };
         eprintln!(
-            "allocbpf: live tracking through {how}; free probed at +{} ({})",
-            free.offset, free.instruction
-        );
-    }
-    for image in target.images.iter().filter(|i| !i.missing.is_empty()) {
-        tracing::info!(
-            "{} does not define {:?}; those functions are not probed",
-            image.path_in_target.display(),
-            image.missing
+            "allocbpf: live tracking through {how}; {} deallocation entries probed",
+            attached.iter().map(|a| a.frees).sum::<usize>()
         );
     }
 
@@ -260,9 +255,16 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     // Leak ages are measured to the moment collection stopped (or the target exited).
     let stopped_ns = monotonic_now_ns();
 
-    // Exact figures first, then detach (dropping the sampler), then the samples still
-    // in the ring buffer: nothing collected is lost.
-    // A failed read costs those figures (reported as 0, with a warning), never the samples.
+    // One window for everything (docs/statistics.md, "One window"): detach every
+    // probe and wait until no program run is in flight, so the exact totals and
+    // counters read next include every call the ring buffer holds a sample of, and
+    // nothing after. Then the samples still in the ring buffer: nothing collected is
+    // lost. A failed read costs those figures (reported as 0, with a warning), never
+    // the samples.
+    for image in attached {
+        sampler.detach(image.links);
+    }
+    crate::probe::wait_for_running_programs();
     let counters = sampler.counters().unwrap_or_else(|error| {
         tracing::warn!("kernel counters unavailable: {error}");
         Default::default()

@@ -30,13 +30,14 @@ pub enum TargetError {
         /// Its command name.
         comm: String,
     },
-    /// No dynamically linked libc in the process.
+    /// No mapped file defines an allocation entry of the catalogue.
     #[error(
-        "pid {pid} ({comm}) has no dynamically linked libc in its memory map and no file it \
-         maps defines malloc: it is statically linked without symbols or uses its own \
-         allocator (try --allocator-symbol PREFIX, e.g. je_)"
+        "pid {pid} ({comm}) allocates through no function allocbpf can probe: no file it maps \
+         defines malloc, operator new or another known allocation entry (it may be a Go or \
+         other runtime with its own heap, or statically linked without symbols; for a \
+         prefixed custom allocator try --allocator-symbol PREFIX, e.g. my_)"
     )]
-    NoLibc {
+    NoAllocator {
         /// The target pid.
         pid: u32,
         /// Its command name.
@@ -51,8 +52,8 @@ pub struct Target {
     pub pid: u32,
     /// Its command name.
     pub comm: String,
-    /// The allocator images it allocates through: its libc, and its executable or
-    /// other files when they define the (prefixed) allocation functions.
+    /// The allocator images it may allocate through: every file it maps that defines
+    /// allocation entries (libc, jemalloc, its own executable...).
     pub images: Vec<AllocatorImage>,
 }
 
@@ -64,8 +65,8 @@ pub fn comm_of(pid: u32) -> Option<String> {
 }
 
 impl Target {
-    /// Resolves a pid to a target: checks the process exists, finds its libc and the
-    /// allocation functions in it.
+    /// Resolves a pid to a target: checks the process exists and finds the files it
+    /// maps that define allocation entries.
     pub fn resolve(pid: u32, prefixes: &[String]) -> Result<Target, TargetError> {
         if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
             return Err(TargetError::NoSuchProcess(pid));
@@ -83,7 +84,7 @@ impl Target {
         }
         let images = ImageCache::default().discover(pid, &parse_maps(&maps), prefixes);
         if images.is_empty() {
-            return Err(TargetError::NoLibc { pid, comm });
+            return Err(TargetError::NoAllocator { pid, comm });
         }
         Ok(Target { pid, comm, images })
     }

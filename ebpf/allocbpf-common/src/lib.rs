@@ -6,6 +6,7 @@
 //! Both sides compile this crate, so a layout change cannot drift between them.
 #![no_std]
 
+pub mod cookie;
 pub mod sampler;
 
 /// Number of user stack frames captured per sample by `bpf_get_stack`.
@@ -43,12 +44,14 @@ pub const RING_BUFFER_BYTES_WITH_STACKS: u32 = 32 << 20;
 /// are counted as untracked (`Counter::LiveMapFull`) and reported, never guessed.
 pub const MAX_LIVE_SAMPLES: u32 = 1 << 16;
 
-/// The libc allocation entry points allocbpf probes.
+/// The allocation entry points allocbpf probes, across allocator families.
 ///
-/// The discriminant is what [`SampleEvent::alloc_fn`] carries. Each probe's attach
-/// cookie is the function's code size in the probed image (see `remember_wrapper`).
+/// The discriminant is what [`SampleEvent::alloc_fn`] carries and what a probe's
+/// attach cookie names ([`cookie::ProbeCookie::function`]). Which symbols of which
+/// family map to which variant is userspace's catalogue (`userspace/src/allocators.rs`);
+/// how the probe reads the call's arguments is its [`Shape`].
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AllocFn {
     /// `malloc(size)`
     Malloc = 0,
@@ -68,13 +71,31 @@ pub enum AllocFn {
     Valloc = 7,
     /// `pvalloc(size)`: `size` rounded up to the page size.
     Pvalloc = 8,
+    /// C++ `operator new(size_t)`, with or without `nothrow_t` / `align_val_t`.
+    New = 9,
+    /// C++ `operator new[](size_t)`, with or without `nothrow_t` / `align_val_t`.
+    NewArray = 10,
+    /// jemalloc `mallocx(size, flags)` (flags carry alignment and zeroing).
+    Mallocx = 11,
+    /// jemalloc `rallocx(ptr, size, flags)`.
+    Rallocx = 12,
+    /// jemalloc `xallocx(ptr, size, extra, flags)`: resizes in place, returns a size.
+    Xallocx = 13,
+    /// An allocator's own aligned or zeroing variant with the size first
+    /// (mimalloc `mi_malloc_aligned`, `mi_zalloc`, `mi_new_aligned`, ...).
+    SizedVariant = 14,
+    /// An allocator's own resizing variant (`mi_realloc_aligned`, `mi_rezalloc`, ...).
+    ResizeVariant = 15,
+    /// `free(ptr)` and every deallocation entry (`operator delete` in all its forms,
+    /// `sdallocx`, `dallocx`, `free_sized`, `free_aligned_sized`, `mi_free`...).
+    Free = 16,
 }
 
 /// Number of [`AllocFn`] variants.
-pub const ALLOC_FN_COUNT: usize = 9;
+pub const ALLOC_FN_COUNT: usize = 17;
 
 impl AllocFn {
-    /// Every probed function, in discriminant order.
+    /// Every entry kind, in discriminant order.
     pub const ALL: [AllocFn; ALLOC_FN_COUNT] = [
         AllocFn::Malloc,
         AllocFn::Calloc,
@@ -85,10 +106,18 @@ impl AllocFn {
         AllocFn::Memalign,
         AllocFn::Valloc,
         AllocFn::Pvalloc,
+        AllocFn::New,
+        AllocFn::NewArray,
+        AllocFn::Mallocx,
+        AllocFn::Rallocx,
+        AllocFn::Xallocx,
+        AllocFn::SizedVariant,
+        AllocFn::ResizeVariant,
+        AllocFn::Free,
     ];
 
-    /// The libc symbol this function is exported as.
-    pub const fn symbol(self) -> &'static str {
+    /// A short name for logs and reports.
+    pub const fn name(self) -> &'static str {
         match self {
             AllocFn::Malloc => "malloc",
             AllocFn::Calloc => "calloc",
@@ -99,27 +128,68 @@ impl AllocFn {
             AllocFn::Memalign => "memalign",
             AllocFn::Valloc => "valloc",
             AllocFn::Pvalloc => "pvalloc",
-        }
-    }
-
-    /// The name of the eBPF program attached to this function.
-    pub const fn program(self) -> &'static str {
-        match self {
-            AllocFn::Malloc => "probe_malloc",
-            AllocFn::Calloc => "probe_calloc",
-            AllocFn::Realloc => "probe_realloc",
-            AllocFn::Reallocarray => "probe_reallocarray",
-            AllocFn::PosixMemalign => "probe_posix_memalign",
-            AllocFn::AlignedAlloc => "probe_aligned_alloc",
-            AllocFn::Memalign => "probe_memalign",
-            AllocFn::Valloc => "probe_valloc",
-            AllocFn::Pvalloc => "probe_pvalloc",
+            AllocFn::New => "operator new",
+            AllocFn::NewArray => "operator new[]",
+            AllocFn::Mallocx => "mallocx",
+            AllocFn::Rallocx => "rallocx",
+            AllocFn::Xallocx => "xallocx",
+            AllocFn::SizedVariant => "sized variant",
+            AllocFn::ResizeVariant => "resize variant",
+            AllocFn::Free => "free",
         }
     }
 
     /// Converts an event's `alloc_fn` field back, if it is in range.
     pub fn from_u32(value: u32) -> Option<AllocFn> {
         AllocFn::ALL.get(value as usize).copied()
+    }
+}
+
+/// How a probe reads an entry's arguments: one eBPF program per shape. The registers
+/// holding each input at the probed instruction come from the attach cookie.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// One input: the size (`malloc`, `operator new`, `mallocx`, `aligned_alloc`...).
+    Size = 0,
+    /// Two inputs multiplied, with overflow meaning no allocation (`calloc`).
+    Array = 1,
+    /// The old block, then the new size (`realloc`, `rallocx`).
+    Resize = 2,
+    /// The old block, then two inputs multiplied (`reallocarray`).
+    ResizeArray = 3,
+    /// The out-pointer, then the size (`posix_memalign`).
+    PosixMemalign = 4,
+    /// The size, rounded up to whole pages (`pvalloc`).
+    Pvalloc = 5,
+    /// The size of an in-place resize (`xallocx`): counted, never tracked as a block.
+    InPlace = 6,
+    /// The block being freed (`--live` only).
+    Free = 7,
+}
+
+impl Shape {
+    /// The eBPF program that serves this shape.
+    pub const fn program(self) -> &'static str {
+        match self {
+            Shape::Size => "probe_size",
+            Shape::Array => "probe_array",
+            Shape::Resize => "probe_resize",
+            Shape::ResizeArray => "probe_resize_array",
+            Shape::PosixMemalign => "probe_posix_memalign",
+            Shape::Pvalloc => "probe_pvalloc",
+            Shape::InPlace => "probe_in_place",
+            Shape::Free => "probe_free",
+        }
+    }
+
+    /// Number of register inputs the program reads (at most [`cookie::MAX_INPUTS`]).
+    pub const fn inputs(self) -> usize {
+        match self {
+            Shape::Size | Shape::Pvalloc | Shape::InPlace | Shape::Free => 1,
+            Shape::Array | Shape::Resize | Shape::PosixMemalign => 2,
+            Shape::ResizeArray => 3,
+        }
     }
 }
 

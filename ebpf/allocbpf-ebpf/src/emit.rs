@@ -4,8 +4,7 @@
 use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
-    sampler::Decision, AllocFn, Counter, EventKind, SampleEvent, MAX_STACK_DEPTH,
-    SAMPLE_FLAG_CERTAIN,
+    sampler::Decision, Counter, EventKind, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
 };
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
@@ -21,7 +20,7 @@ use crate::{bump, return_address, stack_copy, EVENTS, RATE, STACK_COPY_BYTES};
 #[inline(always)]
 pub(crate) fn emit(
     ctx: &ProbeContext,
-    kind: AllocFn,
+    kind: u32,
     pid_tgid: u64,
     size: u64,
     decision: Decision,
@@ -76,7 +75,7 @@ pub(crate) struct Header {
     next_interval: u64,
     caller: u64,
     pid_tgid: u64,
-    kind: AllocFn,
+    kind: u32,
     flags: u32,
 }
 
@@ -98,7 +97,7 @@ pub(crate) unsafe fn write_header(event: *mut SampleEvent, h: &Header) {
         addr_of_mut!((*event).caller).write(h.caller);
         addr_of_mut!((*event).pid).write((h.pid_tgid >> 32) as u32);
         addr_of_mut!((*event).tid).write(h.pid_tgid as u32);
-        addr_of_mut!((*event).alloc_fn).write(h.kind as u32);
+        addr_of_mut!((*event).alloc_fn).write(h.kind);
         addr_of_mut!((*event).flags).write(h.flags);
         addr_of_mut!((*event).stack_len).write(0);
         addr_of_mut!((*event).stack_error).write(0);

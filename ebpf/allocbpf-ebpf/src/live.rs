@@ -14,14 +14,14 @@
 //! `EventKind::Freed`; a sample that cannot be tracked (the call failed, the map is
 //! full) sends `EventKind::Untracked`. Userspace keeps everything else live.
 
-use allocbpf_common::{AllocFn, Counter, EventKind, LiveEvent, LiveKey, ThreadState};
+use allocbpf_common::{Counter, EventKind, LiveEvent, LiveKey, Shape, ThreadState};
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_user};
 
-use crate::{bump, Entry, EVENTS, LIVE};
+use crate::{bump, Now, EVENTS, LIVE};
 
 /// True if this program run is the return of the thread's awaited call.
 #[inline(always)]
-pub(crate) fn is_awaited_return(state: &ThreadState, now: &Entry) -> bool {
+pub(crate) fn is_awaited_return(state: &ThreadState, now: &Now) -> bool {
     state.pending_sp != 0
         && now.sp == state.pending_sp + 8
         && now.ip == state.pending_return
@@ -35,12 +35,20 @@ pub(crate) fn is_awaited_return(state: &ThreadState, now: &Entry) -> bool {
 pub(crate) fn on_entry(
     state: &mut ThreadState,
     pid: u32,
-    kind: AllocFn,
+    shape: Shape,
     size: u64,
     sample_id: u64,
     args: crate::CallArgs,
 ) -> bool {
-    let resizes = matches!(kind, AllocFn::Realloc | AllocFn::Reallocarray);
+    if shape as u32 == Shape::InPlace as u32 {
+        // xallocx returns a size, not a block: the sampled bytes belong to a block
+        // that keeps its identity, so the sample is not tracked on its own.
+        if sample_id != 0 {
+            send(EventKind::Untracked, pid, sample_id);
+        }
+        return false;
+    }
+    let resizes = matches!(shape, Shape::Resize | Shape::ResizeArray);
     let old_tracked = resizes
         && args.old != 0
         && if size == 0 {
@@ -53,7 +61,7 @@ pub(crate) fn on_entry(
     if sample_id == 0 && !old_tracked {
         return false;
     }
-    state.pending_fn = kind as u32;
+    state.pending_fn = shape as u32;
     state.pending_id = sample_id;
     state.pending_out = args.out;
     state.pending_old = if old_tracked { args.old } else { 0 };
@@ -72,7 +80,7 @@ pub(crate) fn on_return(state: &mut ThreadState, pid: u32, rax: u64) {
     );
     state.pending_sp = 0;
     state.pending_return = 0;
-    let address = if kind == AllocFn::PosixMemalign as u32 {
+    let address = if kind == Shape::PosixMemalign as u32 {
         // Returns 0 on success, the block's address went to *memptr.
         if rax == 0 {
             // SAFETY: a user-memory read through the helper; failure yields 0.

@@ -1,6 +1,10 @@
 //! allocbpf's in-kernel sampler.
 //!
-//! One uprobe program per libc allocation entry point. Each call:
+//! One uprobe program per argument [`Shape`] (size, array, resize, ...), attached to
+//! every allocation entry of every allocator family userspace found. The attach
+//! cookie ([`ProbeCookie`]) says which entry a probe is on, which registers hold its
+//! inputs at the probed instruction (the first one the kernel emulates, which may lie
+//! past the entry) and where the entry's return address is. Each call:
 //! 1. is filtered by process (`TARGET_PID`, in addition to the pid-scoped attach);
 //! 2. is skipped if it is a call that another probed function forwarded (musl's
 //!    `calloc` calls `malloc`, glibc's `realloc(NULL, n)` calls `malloc`, ...), so every
@@ -29,8 +33,9 @@ mod stack_copy;
 use core::ptr::read_volatile;
 
 use allocbpf_common::{
+    cookie::ProbeCookie,
     sampler::{self, array_bytes, pvalloc_bytes, Decision},
-    AllocFn, Counter, LiveKey, LiveMode, ThreadState, Totals, COUNTER_COUNT, INTERVAL_TABLE_LEN,
+    Counter, LiveKey, LiveMode, Shape, ThreadState, Totals, COUNTER_COUNT, INTERVAL_TABLE_LEN,
     MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS, MAX_PROCESSES, RING_BUFFER_BYTES, THREAD_SLOTS_LEN,
 };
 use aya_ebpf::EbpfContext;
@@ -164,23 +169,93 @@ fn decide(remaining: &mut u64, size: u64) -> Decision {
     sampler::decide(remaining, size, threshold, next_interval)
 }
 
-/// Registers available at function entry.
+/// The entry's own view of the call, reconstructed at the probed instruction.
 pub(crate) struct Entry {
-    /// Stack pointer: `[sp]` holds the return address.
+    /// Stack pointer at the entry: `[sp]` holds the return address.
     pub(crate) sp: u64,
-    /// Address of the probed instruction (the function's first byte).
+    /// Address of the entry's first byte.
+    pub(crate) ip: u64,
+}
+
+/// The trapped task's registers as they are now (at the probe, or at a return).
+pub(crate) struct Now {
+    /// `rsp`
+    pub(crate) sp: u64,
+    /// `rip`
     pub(crate) ip: u64,
 }
 
 #[inline(always)]
-fn entry_of(ctx: &ProbeContext) -> Entry {
+fn now_of(ctx: &ProbeContext) -> Now {
     // SAFETY: `regs` points at the trapped task's saved registers for this program run.
     unsafe {
-        Entry {
+        Now {
             sp: (*ctx.regs).rsp,
             ip: (*ctx.regs).rip,
         }
     }
+}
+
+/// This probe's cookie (see `allocbpf_common::cookie`).
+#[inline(always)]
+fn cookie_of(ctx: &ProbeContext) -> ProbeCookie {
+    // SAFETY: `ctx` is this program run's context.
+    ProbeCookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+}
+
+/// The entry's stack pointer and first byte, from the registers at the probe.
+#[inline(always)]
+fn entry_of(now: &Now, cookie: &ProbeCookie) -> Entry {
+    Entry {
+        sp: now.sp + 8 * cookie.sp_slots as u64,
+        ip: now.ip - cookie.probe_offset as u64,
+    }
+}
+
+/// The values of the cookie's three inputs, from the registers it names.
+///
+/// Each register is read from the context at a constant offset into a register file
+/// on the stack, which is then indexed by the cookie's codes. Reading the context by
+/// a computed offset would be simpler, but the verifier only accepts constant context
+/// offsets, and a `match` of context loads is merged by LLVM into exactly that.
+#[inline(always)]
+fn inputs(ctx: &ProbeContext, cookie: &ProbeCookie) -> [u64; 3] {
+    // SAFETY: `regs` points at the trapped task's saved registers for this program run.
+    let regs = unsafe { &*ctx.regs };
+    let mut file = [0u64; 16];
+    let values = [
+        regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9, regs.rax, regs.rbx, regs.rbp,
+        regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15, 1,
+    ];
+    for (slot, value) in file.iter_mut().zip(values) {
+        // SAFETY: a valid, exclusively borrowed stack slot. Volatile keeps the file a
+        // real array the program indexes, rather than a tree of selects.
+        unsafe { core::ptr::write_volatile(slot, value) };
+    }
+    let read = |code: u8| {
+        let index = (code & 0xf) as usize;
+        // SAFETY: index < 16, inside the initialised array.
+        unsafe { core::ptr::read_volatile(file.as_ptr().add(index)) }
+    };
+    [
+        read(cookie.inputs[0]),
+        read(cookie.inputs[1]),
+        read(cookie.inputs[2]),
+    ]
+}
+
+/// `a * b` bytes, or 0 when the product overflows: either as computed here, or, when
+/// the entry multiplied them before the probed instruction (`b` is then the constant
+/// 1), as the CPU's overflow flag says (the allocation then fails).
+#[inline(always)]
+fn product(ctx: &ProbeContext, cookie: &ProbeCookie, a: u64, b: u64) -> u64 {
+    /// EFLAGS.OF
+    const OVERFLOW_FLAG: u64 = 1 << 11;
+    // SAFETY: as in `input`.
+    if cookie.overflow_check && unsafe { (*ctx.regs).eflags } & OVERFLOW_FLAG != 0 {
+        return 0;
+    }
+    array_bytes(a, b)
 }
 
 #[inline(always)]
@@ -191,20 +266,20 @@ fn return_address(sp: u64) -> u64 {
 /// True if this call was made by the probed wrapper recorded in `state`, either as a
 /// nested call (its return address lies inside the wrapper's code) or as a tail call
 /// (same stack pointer and return address as the wrapper had, into a DIFFERENT probed
-/// function: the same function again from the same call site is a new call, as in a
-/// loop that calls calloc repeatedly).
+/// entry: the same entry again from the same call site is a new call, as in a loop
+/// that calls calloc repeatedly).
 ///
 /// A return probe armed on the wrapper (ours with `--live`, or any other tool's
 /// uretprobe on the same function) replaces its return address on the stack with the
 /// kernel's trampoline, so a tail call sees the trampoline instead: that counts as the
 /// wrapper's return address too.
 #[inline(always)]
-fn is_forwarded(state: &ThreadState, kind: AllocFn, sp: u64) -> bool {
-    let ret = return_address(sp);
+fn is_forwarded(state: &ThreadState, entry: &Entry) -> bool {
+    let ret = return_address(entry.sp);
     (ret >= state.forward_lo && ret < state.forward_hi)
-        || (sp == state.forward_sp
+        || (entry.sp == state.forward_sp
             && (ret == state.forward_return || is_return_trampoline(ret))
-            && kind as u32 != state.forward_fn)
+            && entry.ip != state.forward_lo)
 }
 
 /// The page of the uretprobe trampoline on x86-64 kernels since 6.11 (the uretprobe
@@ -219,18 +294,15 @@ fn is_return_trampoline(ret: u64) -> bool {
     ret & !0xfff == UPROBE_TRAMPOLINE_PAGE
 }
 
-/// Records that `kind` (a wrapper that may call another probed function) is running.
+/// Records that a wrapper (an entry that may call another probed entry) is running.
 #[inline(always)]
-fn remember_wrapper(ctx: &ProbeContext, state: &mut ThreadState, kind: AllocFn, entry: &Entry) {
-    // The attach cookie is the function's code size in the image this probe is on:
-    // one program serves every libc image of the host, each with its own sizes.
-    // SAFETY: `ctx` is this program run's context.
-    let size = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+fn remember_wrapper(state: &mut ThreadState, cookie: &ProbeCookie, entry: &Entry) {
+    // The code size comes from the cookie: one program serves every image of the host.
     state.forward_sp = entry.sp;
     state.forward_return = return_address(entry.sp);
     state.forward_lo = entry.ip;
-    state.forward_hi = entry.ip + size;
-    state.forward_fn = kind as u32;
+    state.forward_hi = entry.ip + cookie.code_size;
+    state.forward_fn = cookie.function as u32;
 }
 
 /// Adds to a process's kept totals, creating the entry if needed.
@@ -317,11 +389,17 @@ fn existing_thread_state(tid: u32) -> Option<&'static mut ThreadState> {
         .map(|state| unsafe { &mut *state })
 }
 
-/// The common path of every probe. `size` is 0 for calls that allocate nothing
-/// countable (calloc overflow, realloc(p, 0)); they still count as calls. Returns
-/// `RUN_RETURN` when a session link must run this program again at the return.
+/// The common path of every allocation probe. `size` is 0 for calls that allocate
+/// nothing countable (calloc overflow, realloc(p, 0)); they still count as calls.
+/// Returns `RUN_RETURN` when a session link must run this program again at the return.
 #[inline(always)]
-fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32 {
+fn on_alloc(
+    ctx: &ProbeContext,
+    cookie: &ProbeCookie,
+    shape: Shape,
+    size: u64,
+    args: CallArgs,
+) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -332,8 +410,9 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32
     if !process::admit(pid) {
         return skip_return();
     }
-    let entry = entry_of(ctx);
-    let wrapper = kind as u32 != AllocFn::Malloc as u32;
+    let now = now_of(ctx);
+    let entry = entry_of(&now, cookie);
+    let kind = cookie.function as u32;
     let live = unsafe { read_volatile(&LIVE_MODE) } != LiveMode::Off as u32;
 
     let Some(state) = thread_state(pid, tid) else {
@@ -352,13 +431,13 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32
         }
         return skip_return();
     };
-    if live && live::is_awaited_return(state, &entry) {
+    if live && live::is_awaited_return(state, &now) {
         // A session link runs the entry program again at the return.
         live::on_return(state, pid, return_value(ctx));
         return skip_return();
     }
     if state.forward_sp != 0 {
-        let forwarded = is_forwarded(state, kind, entry.sp);
+        let forwarded = is_forwarded(state, &entry);
         // One-shot: the record only ever describes the thread's latest wrapper call.
         state.forward_sp = 0;
         state.forward_lo = 0;
@@ -367,14 +446,14 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32
             bump(Counter::ForwardedCalls);
             // A forwarded wrapper may forward again (reallocarray -> realloc -> malloc):
             // it becomes the pending record.
-            if wrapper {
-                remember_wrapper(ctx, state, kind, &entry);
+            if cookie.wrapper {
+                remember_wrapper(state, cookie, &entry);
             }
             return skip_return();
         }
     }
-    if wrapper {
-        remember_wrapper(ctx, state, kind, &entry);
+    if cookie.wrapper {
+        remember_wrapper(state, cookie, &entry);
     }
     state.calls += 1;
     state.bytes += size;
@@ -383,7 +462,7 @@ fn on_alloc(ctx: &ProbeContext, kind: AllocFn, size: u64, args: CallArgs) -> u32
     if !live {
         return skip_return();
     }
-    let await_return = live::on_entry(state, pid, kind, size, sample_id, args);
+    let await_return = live::on_entry(state, pid, shape, size, sample_id, args);
     if await_return {
         state.pending_sp = entry.sp;
         state.pending_return = return_address(entry.sp);
@@ -400,109 +479,77 @@ fn return_value(ctx: &ProbeContext) -> u64 {
     unsafe { (*ctx.regs).rax }
 }
 
-#[inline(always)]
-fn arg(ctx: &ProbeContext, n: usize) -> u64 {
-    ctx.arg::<u64>(n).unwrap_or(0)
-}
-
 session_uprobe! {
-    /// `malloc(size)`
-    fn probe_malloc(ctx) {
-        on_alloc(&ctx, AllocFn::Malloc, arg(&ctx, 0), CallArgs::default())
+    /// [`Shape::Size`]: `malloc(size)`, `operator new(size)`, `aligned_alloc(_, size)`...
+    fn probe_size(ctx) {
+        let cookie = cookie_of(&ctx);
+        let [size, _, _] = inputs(&ctx, &cookie);
+        on_alloc(&ctx, &cookie, Shape::Size, size, CallArgs::default())
     }
 }
 
 session_uprobe! {
-    /// `calloc(nmemb, size)`
-    fn probe_calloc(ctx) {
-        on_alloc(
-            &ctx,
-            AllocFn::Calloc,
-            array_bytes(arg(&ctx, 0), arg(&ctx, 1)),
-            CallArgs::default(),
-        )
+    /// [`Shape::Array`]: `calloc(nmemb, size)`
+    fn probe_array(ctx) {
+        let cookie = cookie_of(&ctx);
+        let [n, s, _] = inputs(&ctx, &cookie);
+        let size = product(&ctx, &cookie, n, s);
+        on_alloc(&ctx, &cookie, Shape::Array, size, CallArgs::default())
     }
 }
 
 session_uprobe! {
-    /// `realloc(ptr, size)`: `size` new bytes; `realloc(p, 0)` frees and counts 0 bytes.
-    fn probe_realloc(ctx) {
-        let args = CallArgs {
-            old: arg(&ctx, 0),
-            out: 0,
-        };
-        on_alloc(&ctx, AllocFn::Realloc, arg(&ctx, 1), args)
+    /// [`Shape::Resize`]: `realloc(ptr, size)`: `size` new bytes; `realloc(p, 0)`
+    /// frees and counts 0 bytes.
+    fn probe_resize(ctx) {
+        let cookie = cookie_of(&ctx);
+        let [old, size, _] = inputs(&ctx, &cookie);
+        on_alloc(&ctx, &cookie, Shape::Resize, size, CallArgs { old, out: 0 })
     }
 }
 
 session_uprobe! {
-    /// `reallocarray(ptr, nmemb, size)`
-    fn probe_reallocarray(ctx) {
-        let args = CallArgs {
-            old: arg(&ctx, 0),
-            out: 0,
-        };
-        on_alloc(
-            &ctx,
-            AllocFn::Reallocarray,
-            array_bytes(arg(&ctx, 1), arg(&ctx, 2)),
-            args,
-        )
+    /// [`Shape::ResizeArray`]: `reallocarray(ptr, nmemb, size)`
+    fn probe_resize_array(ctx) {
+        let cookie = cookie_of(&ctx);
+        let [old, n, s] = inputs(&ctx, &cookie);
+        let size = product(&ctx, &cookie, n, s);
+        on_alloc(&ctx, &cookie, Shape::ResizeArray, size, CallArgs { old, out: 0 })
     }
 }
 
 session_uprobe! {
-    /// `posix_memalign(memptr, alignment, size)`
+    /// [`Shape::PosixMemalign`]: `posix_memalign(memptr, alignment, size)`
     fn probe_posix_memalign(ctx) {
-        let args = CallArgs {
-            old: 0,
-            out: arg(&ctx, 0),
-        };
-        on_alloc(&ctx, AllocFn::PosixMemalign, arg(&ctx, 2), args)
+        let cookie = cookie_of(&ctx);
+        let [out, size, _] = inputs(&ctx, &cookie);
+        on_alloc(&ctx, &cookie, Shape::PosixMemalign, size, CallArgs { old: 0, out })
     }
 }
 
 session_uprobe! {
-    /// `aligned_alloc(alignment, size)`
-    fn probe_aligned_alloc(ctx) {
-        on_alloc(
-            &ctx,
-            AllocFn::AlignedAlloc,
-            arg(&ctx, 1),
-            CallArgs::default(),
-        )
-    }
-}
-
-session_uprobe! {
-    /// `memalign(alignment, size)`
-    fn probe_memalign(ctx) {
-        on_alloc(&ctx, AllocFn::Memalign, arg(&ctx, 1), CallArgs::default())
-    }
-}
-
-session_uprobe! {
-    /// `valloc(size)`
-    fn probe_valloc(ctx) {
-        on_alloc(&ctx, AllocFn::Valloc, arg(&ctx, 0), CallArgs::default())
-    }
-}
-
-session_uprobe! {
-    /// `pvalloc(size)`: rounds up to whole 4 KiB pages (x86-64's page size).
+    /// [`Shape::Pvalloc`]: `pvalloc(size)` rounds up to whole 4 KiB pages (x86-64's
+    /// page size).
     fn probe_pvalloc(ctx) {
-        on_alloc(
-            &ctx,
-            AllocFn::Pvalloc,
-            pvalloc_bytes(arg(&ctx, 0)),
-            CallArgs::default(),
-        )
+        let cookie = cookie_of(&ctx);
+        let size = pvalloc_bytes(inputs(&ctx, &cookie)[0]);
+        on_alloc(&ctx, &cookie, Shape::Pvalloc, size, CallArgs::default())
     }
 }
 
-/// `free(ptr)`, attached at an instruction the kernel emulates (chosen by userspace from
-/// the decoded instructions; `free+0` would be single-stepped at ~16 us per call), where
-/// `rdi` still holds `ptr`. Only tracked sampled blocks are looked up and retired.
+session_uprobe! {
+    /// [`Shape::InPlace`]: `xallocx(ptr, size, extra, flags)` grows or shrinks a block
+    /// where it is: `size` bytes are counted; the block keeps its address and identity.
+    fn probe_in_place(ctx) {
+        let cookie = cookie_of(&ctx);
+        let [size, _, _] = inputs(&ctx, &cookie);
+        on_alloc(&ctx, &cookie, Shape::InPlace, size, CallArgs::default())
+    }
+}
+
+/// [`Shape::Free`]: `free(ptr)` and every deallocation entry, attached at an
+/// instruction the kernel emulates (`free+0` would be single-stepped at ~16 us per
+/// call). Only tracked sampled blocks are looked up and retired.
 #[uprobe]
 pub fn probe_free(ctx: ProbeContext) -> u32 {
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -513,7 +560,8 @@ pub fn probe_free(ctx: ProbeContext) -> u32 {
     if !process::admit(pid) {
         return 0;
     }
-    let address = arg(&ctx, 0);
+    let cookie = cookie_of(&ctx);
+    let [address, _, _] = inputs(&ctx, &cookie);
     if address != 0 {
         live::free_block(pid, address);
     }
@@ -537,16 +585,16 @@ pub fn probe_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     // SAFETY: `regs` points at the trapped task's saved registers for this program run.
-    let (entry, rax) = unsafe {
+    let (now, rax) = unsafe {
         (
-            Entry {
+            Now {
                 sp: (*ctx.regs).rsp,
                 ip: (*ctx.regs).rip,
             },
             (*ctx.regs).rax,
         )
     };
-    if live::is_awaited_return(state, &entry) {
+    if live::is_awaited_return(state, &now) {
         live::on_return(state, pid, rax);
     }
     0

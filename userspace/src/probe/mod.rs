@@ -2,9 +2,9 @@
 //!
 //! The compiled eBPF object is embedded in the binary by `build.rs`.
 
-pub mod free_offset;
 mod gates;
 pub mod intervals;
+pub mod point;
 pub mod session;
 
 use std::num::NonZeroU32;
@@ -12,7 +12,7 @@ use std::num::NonZeroU32;
 use std::os::fd::OwnedFd;
 
 use allocbpf_common::{
-    AllocFn, Counter, LiveMode, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT,
+    Counter, LiveMode, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT,
     LIVE_MODE_GLOBAL, RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL,
     THREAD_SLOT_MASK_GLOBAL,
 };
@@ -26,8 +26,11 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 
-use self::{free_offset::FreeProbe, intervals::IntervalTable, session::SessionPrograms};
-use crate::{estimate::certain_threshold, image::AllocatorImage};
+use self::{intervals::IntervalTable, session::SessionPrograms};
+use crate::{
+    estimate::certain_threshold,
+    image::{AllocatorImage, ProbedEntry},
+};
 
 /// The eBPF object built from `ebpf/allocbpf-ebpf` for this binary.
 static EBPF_OBJECT: &[u8] =
@@ -42,20 +45,12 @@ pub enum ProbeError {
     /// A uprobe could not be attached.
     #[error("cannot attach a uprobe to {symbol} in {path}")]
     Attach {
-        /// The function.
-        symbol: &'static str,
+        /// The entry.
+        symbol: String,
         /// The image file.
         path: String,
-        /// The cause.
-        source: aya::programs::ProgramError,
-    },
-    /// `--live` needs a probe on free and none could be placed.
-    #[error("--live needs a probe on free in {path}: {reason}")]
-    FreeProbe {
-        /// The libc file.
-        path: String,
-        /// Why no probe point was found.
-        reason: String,
+        /// The cause (boxed: it is large, and errors travel by value).
+        source: Box<aya::programs::ProgramError>,
     },
     /// A map could not be read or written.
     #[error("eBPF map {map}")]
@@ -106,8 +101,8 @@ pub enum LiveMechanism {
 pub struct Attached {
     /// With `--live`: how returns are observed...
     pub live_mode: LiveMode,
-    /// ...and where free is probed.
-    pub free_probe: Option<FreeProbe>,
+    /// ...and how many deallocation entries are probed.
+    pub frees: usize,
     /// The links, for [`Sampler::detach`].
     pub links: ImageLinks,
 }
@@ -272,29 +267,17 @@ impl Sampler {
         Ok(())
     }
 
-    /// Attaches one probe per allocation function of `image`, and with `--live` the
-    /// probe on free and the return mechanism. Dropping the sampler detaches
-    /// everything; [`Sampler::detach`] detaches one image earlier.
+    /// Attaches one probe per allocation entry of `image`, and with `--live` the
+    /// probes on its deallocation entries and the return mechanism. Dropping the
+    /// sampler detaches everything; [`Sampler::detach`] detaches one image earlier.
     pub fn attach(&mut self, image: &AllocatorImage) -> Result<Attached, ProbeError> {
-        let free_probe = match self.config.live {
-            Some(_) => Some(
-                image
-                    .free_probe
-                    .clone()
-                    .map_err(|reason| ProbeError::FreeProbe {
-                        path: image.path_in_target.display().to_string(),
-                        reason,
-                    })?,
-            ),
-            None => None,
-        };
         let mut attached = Attached {
             live_mode: LiveMode::Off,
-            free_probe: free_probe.clone(),
+            frees: 0,
             links: ImageLinks::default(),
         };
         // On failure, what this image attached so far is detached again.
-        let result = self.attach_all(image, free_probe.as_ref(), &mut attached);
+        let result = self.attach_all(image, &mut attached);
         if let Err(error) = result {
             self.detach(std::mem::take(&mut attached.links));
             return Err(error);
@@ -305,14 +288,22 @@ impl Sampler {
     fn attach_all(
         &mut self,
         image: &AllocatorImage,
-        free_probe: Option<&FreeProbe>,
         attached: &mut Attached,
     ) -> Result<(), ProbeError> {
         let empty = self.config.empty_probes;
-        if let Some(free) = free_probe {
-            let name = if empty { "probe_empty" } else { "probe_free" };
-            let link = self.attach_uprobe(name, free.file_offset(), 0, image, "free")?;
-            attached.links.uprobes.push(link);
+        let program = |entry: &ProbedEntry| {
+            if empty {
+                "probe_empty"
+            } else {
+                entry.shape.program()
+            }
+        };
+        if self.config.live.is_some() {
+            for entry in &image.frees {
+                let link = self.attach_uprobe(program(entry), entry, entry.cookie(), image)?;
+                attached.links.uprobes.push(link);
+                attached.frees += 1;
+            }
         }
         if self.config.live.is_some() && !empty {
             if self.session_programs.is_some() {
@@ -320,43 +311,22 @@ impl Sampler {
                 return self.attach_sessions(image, &mut attached.links);
             }
             attached.live_mode = LiveMode::Uretprobe;
-            self.attach_symbols(image, |_| "probe_return", &mut attached.links)?;
+            // The return of every allocation call: at the entry's first byte, where a
+            // uretprobe must be (it hijacks the return address at entry).
+            for entry in &image.entries {
+                let link =
+                    self.attach_at("probe_return", entry.file_offset, 0, image, &entry.symbol)?;
+                attached.links.uprobes.push(link);
+            }
         }
-        self.attach_symbols(
-            image,
-            |function| {
-                if empty {
-                    "probe_empty"
-                } else {
-                    function.program()
-                }
-            },
-            &mut attached.links,
-        )?;
-        Ok(())
-    }
-
-    /// Attaches program `program(function)` to every allocation function of `image`.
-    fn attach_symbols(
-        &mut self,
-        image: &AllocatorImage,
-        program: impl Fn(AllocFn) -> &'static str,
-        links: &mut ImageLinks,
-    ) -> Result<(), ProbeError> {
-        for symbol in &image.symbols {
-            let link = self.attach_uprobe(
-                program(symbol.function),
-                symbol.file_offset,
-                symbol.size,
-                image,
-                symbol.function.symbol(),
-            )?;
-            links.uprobes.push(link);
+        for entry in &image.entries {
+            let link = self.attach_uprobe(program(entry), entry, entry.cookie(), image)?;
+            attached.links.uprobes.push(link);
         }
         Ok(())
     }
 
-    /// Attaches every allocation function of `image` through a session link.
+    /// Attaches every allocation entry of `image` through a session link.
     fn attach_sessions(
         &mut self,
         image: &AllocatorImage,
@@ -365,13 +335,13 @@ impl Sampler {
         let Some(programs) = self.session_programs.as_mut() else {
             return Ok(());
         };
-        for symbol in &image.symbols {
+        for entry in &image.entries {
             let link = programs
                 .attach(
-                    symbol.function.program(),
+                    entry.shape.program(),
                     &image.host_path,
-                    symbol.file_offset,
-                    symbol.size,
+                    entry.probe_file_offset(),
+                    entry.cookie(),
                     self.config.pid,
                 )
                 .map_err(load_error)?;
@@ -380,15 +350,32 @@ impl Sampler {
         Ok(())
     }
 
-    /// Loads (once) and attaches aya program `name` at `file_offset` of the image, with
-    /// `cookie` (the function's code size) for the program to read.
+    /// Attaches aya program `name` at `entry`'s probe point, with `cookie`.
     fn attach_uprobe(
+        &mut self,
+        name: &'static str,
+        entry: &ProbedEntry,
+        cookie: u64,
+        image: &AllocatorImage,
+    ) -> Result<(&'static str, UProbeLinkId), ProbeError> {
+        self.attach_at(
+            name,
+            entry.probe_file_offset(),
+            cookie,
+            image,
+            &entry.symbol,
+        )
+    }
+
+    /// Loads (once) and attaches aya program `name` at `file_offset` of the image, with
+    /// `cookie` for the program to read.
+    fn attach_at(
         &mut self,
         name: &'static str,
         file_offset: u64,
         cookie: u64,
         image: &AllocatorImage,
-        symbol: &'static str,
+        symbol: &str,
     ) -> Result<(&'static str, UProbeLinkId), ProbeError> {
         let scope = match self.config.pid.and_then(NonZeroU32::new) {
             Some(pid) => UProbeScope::OneProcess(pid),
@@ -405,9 +392,9 @@ impl Sampler {
         let link = program
             .attach(point, &image.host_path, scope)
             .map_err(|source| ProbeError::Attach {
-                symbol,
+                symbol: symbol.to_string(),
                 path: image.path_in_target.display().to_string(),
-                source,
+                source: Box::new(source),
             })?;
         Ok((name, link))
     }
@@ -507,6 +494,24 @@ impl Sampler {
         }
         tracing::debug!("exact totals read in {:?}", started.elapsed());
         Ok(totals)
+    }
+}
+
+/// Returns once every eBPF program run that started before the call has finished.
+///
+/// uprobe programs run inside an RCU read-side critical section (non-sleepable BPF
+/// programs always do), and `membarrier(MEMBARRIER_CMD_GLOBAL)` waits for an RCU grace
+/// period (`synchronize_rcu`). After detaching, this closes the window in which a
+/// probe that trapped before the detach still counts a call or submits a sample.
+pub fn wait_for_running_programs() {
+    const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+    // SAFETY: a plain syscall with integer arguments.
+    let result = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+    if result != 0 {
+        // Without it (membarrier disabled), a short sleep covers a program run, which
+        // lasts microseconds.
+        tracing::debug!("membarrier: {}", std::io::Error::last_os_error());
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

@@ -1,0 +1,194 @@
+//! The attach cookie: what a probe must know about the instruction it sits on.
+//!
+//! A probe is placed at the first instruction of an entry that the kernel emulates
+//! (userspace's `probe/point.rs`), which may lie a few instructions after the entry.
+//! By then the arguments may have moved to other registers (`mov %rdi,%rbx`), two of
+//! them may have been multiplied already (`reallocarray`'s `mul`), and the stack
+//! pointer may have moved. The cookie tells the program where each input is and how
+//! to find the entry's own stack pointer and first byte, so one program per [`Shape`]
+//! serves every image of the host. 64 bits, read with `bpf_get_attach_cookie`:
+//!
+//! | bits | field |
+//! |---|---|
+//! | 0..24 | code size of the entry (the range a forwarded call returns into) |
+//! | 24..32 | bytes from the entry's first byte to the probed instruction |
+//! | 32..38 | 8-byte slots the stack pointer moved down before the probed instruction |
+//! | 38..50 | three 4-bit [`Reg`] codes: where input 0, 1 and 2 are |
+//! | 50 | the inputs' product overflowed if the CPU's overflow flag is set |
+//! | 51 | the entry may call another probed entry (its nested call is not counted) |
+//! | 52..58 | the [`AllocFn`] discriminant |
+//!
+//! [`Shape`]: crate::Shape
+//! [`AllocFn`]: crate::AllocFn
+
+/// Inputs a probe reads at most.
+pub const MAX_INPUTS: usize = 3;
+
+/// Largest code size a cookie can carry; larger entries are clamped (the code range
+/// is only used to recognise calls that return into the entry, which lie near it).
+pub const MAX_CODE_SIZE: u64 = (1 << 24) - 1;
+
+/// Largest stack-pointer move a cookie can carry, in 8-byte slots.
+pub const MAX_SP_SLOTS: u64 = (1 << 6) - 1;
+
+/// A general-purpose register, or the constant 1, as a 4-bit cookie code. The order is
+/// the program's `match`, not the hardware encoding.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reg {
+    /// `rdi`: the first integer argument at entry.
+    Rdi = 0,
+    /// `rsi`: the second.
+    Rsi = 1,
+    /// `rdx`: the third.
+    Rdx = 2,
+    /// `rcx`: the fourth.
+    Rcx = 3,
+    /// `r8`: the fifth.
+    R8 = 4,
+    /// `r9`: the sixth.
+    R9 = 5,
+    /// `rax`
+    Rax = 6,
+    /// `rbx`
+    Rbx = 7,
+    /// `rbp`
+    Rbp = 8,
+    /// `r10`
+    R10 = 9,
+    /// `r11`
+    R11 = 10,
+    /// `r12`
+    R12 = 11,
+    /// `r13`
+    R13 = 12,
+    /// `r14`
+    R14 = 13,
+    /// `r15`
+    R15 = 14,
+    /// Not a register: the value 1. A product already computed into one register is
+    /// passed as that register times `One`.
+    One = 15,
+}
+
+impl Reg {
+    /// The registers that carry integer arguments at entry, in argument order.
+    pub const ARGUMENTS: [Reg; 6] = [Reg::Rdi, Reg::Rsi, Reg::Rdx, Reg::Rcx, Reg::R8, Reg::R9];
+}
+
+/// The decoded cookie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeCookie {
+    /// Code size of the entry in bytes (clamped to [`MAX_CODE_SIZE`]).
+    pub code_size: u64,
+    /// Bytes from the entry's first byte to the probed instruction.
+    pub probe_offset: u8,
+    /// 8-byte slots the stack pointer moved down before the probed instruction: the
+    /// return address is at `[sp + 8 * sp_slots]`.
+    pub sp_slots: u8,
+    /// [`Reg`] codes of the inputs, in the shape's order.
+    pub inputs: [u8; MAX_INPUTS],
+    /// The product of inputs 0 and 1 (or 1 and 2) overflowed if the overflow flag is set.
+    pub overflow_check: bool,
+    /// The entry may call another probed entry.
+    pub wrapper: bool,
+    /// [`crate::AllocFn`] discriminant.
+    pub function: u8,
+}
+
+const OFFSET_SHIFT: u32 = 24;
+const SP_SHIFT: u32 = 32;
+const INPUT_SHIFT: u32 = 38;
+const OVERFLOW_BIT: u32 = 50;
+const WRAPPER_BIT: u32 = 51;
+const FUNCTION_SHIFT: u32 = 52;
+
+impl ProbeCookie {
+    /// Packs the cookie into the 64 bits the kernel hands back to the program.
+    pub const fn encode(&self) -> u64 {
+        let size = if self.code_size > MAX_CODE_SIZE {
+            MAX_CODE_SIZE
+        } else {
+            self.code_size
+        };
+        let slots = if self.sp_slots as u64 > MAX_SP_SLOTS {
+            MAX_SP_SLOTS
+        } else {
+            self.sp_slots as u64
+        };
+        size | (self.probe_offset as u64) << OFFSET_SHIFT
+            | slots << SP_SHIFT
+            | ((self.inputs[0] & 0xf) as u64) << INPUT_SHIFT
+            | ((self.inputs[1] & 0xf) as u64) << (INPUT_SHIFT + 4)
+            | ((self.inputs[2] & 0xf) as u64) << (INPUT_SHIFT + 8)
+            | (self.overflow_check as u64) << OVERFLOW_BIT
+            | (self.wrapper as u64) << WRAPPER_BIT
+            | ((self.function & 0x3f) as u64) << FUNCTION_SHIFT
+    }
+
+    /// Unpacks a cookie written by [`ProbeCookie::encode`].
+    #[inline(always)]
+    pub const fn decode(cookie: u64) -> ProbeCookie {
+        ProbeCookie {
+            code_size: cookie & MAX_CODE_SIZE,
+            probe_offset: (cookie >> OFFSET_SHIFT) as u8,
+            sp_slots: ((cookie >> SP_SHIFT) & MAX_SP_SLOTS) as u8,
+            inputs: [
+                ((cookie >> INPUT_SHIFT) & 0xf) as u8,
+                ((cookie >> (INPUT_SHIFT + 4)) & 0xf) as u8,
+                ((cookie >> (INPUT_SHIFT + 8)) & 0xf) as u8,
+            ],
+            overflow_check: (cookie >> OVERFLOW_BIT) & 1 == 1,
+            wrapper: (cookie >> WRAPPER_BIT) & 1 == 1,
+            function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_survives_a_round_trip() {
+        let cookie = ProbeCookie {
+            code_size: 0x12_3456,
+            probe_offset: 200,
+            sp_slots: 63,
+            inputs: [Reg::Rdi as u8, Reg::R15 as u8, Reg::One as u8],
+            overflow_check: true,
+            wrapper: true,
+            function: 16,
+        };
+        assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
+        let plain = ProbeCookie {
+            code_size: 10,
+            probe_offset: 0,
+            sp_slots: 0,
+            inputs: [0; MAX_INPUTS],
+            overflow_check: false,
+            wrapper: false,
+            function: 0,
+        };
+        assert_eq!(plain.encode(), 10);
+        assert_eq!(ProbeCookie::decode(plain.encode()), plain);
+    }
+
+    #[test]
+    fn oversized_fields_are_clamped_not_spilled() {
+        let cookie = ProbeCookie {
+            code_size: u64::MAX,
+            probe_offset: 0,
+            sp_slots: 255,
+            inputs: [0; MAX_INPUTS],
+            overflow_check: false,
+            wrapper: false,
+            function: 0,
+        };
+        let back = ProbeCookie::decode(cookie.encode());
+        assert_eq!(back.code_size, MAX_CODE_SIZE);
+        assert_eq!(back.sp_slots as u64, MAX_SP_SLOTS);
+        assert_eq!(back.function, 0);
+        assert_eq!(back.inputs, [0; MAX_INPUTS]);
+    }
+}

@@ -1,0 +1,449 @@
+//! Allocator images: the files whose allocation entries allocbpf probes.
+//!
+//! An image is any file mapped executable by some process that defines an allocation
+//! entry of the catalogue ([`crate::allocators`]): a C library, jemalloc, tcmalloc,
+//! mimalloc, a static executable's own malloc, a library defining C++ `operator new`.
+//! Files are recognised by the symbols they define, never by name. A uprobe belongs
+//! to a file, not to a process, so each image is probed once for every process that
+//! maps it, and is identified by the device and inode it has in `/proc/PID/maps`: a
+//! container's own libc (reached through `/proc/PID/root`) is a different image from
+//! the host's, even at the same path.
+//!
+//! For each entry the image resolves where to probe it ([`crate::probe::point`]) and
+//! whether it forwards to another entry ([`calls`]): an entry whose every call lands
+//! in another probed entry (a tail-jump stub, or a C++ runtime's `operator new` that
+//! calls `malloc`) is not probed at all, and one that only sometimes forwards is
+//! probed as a wrapper, whose nested call the kernel side does not count again.
+
+pub mod calls;
+
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use allocbpf_common::{cookie::ProbeCookie, AllocFn, Shape};
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use crate::{
+    allocators::{self, EntrySpec},
+    probe::point::{self, ProbePoint},
+    procfs::{in_root, MapsEntry},
+};
+
+/// An image's identity: the device and inode of its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ImageKey {
+    /// Device (major << 32 | minor).
+    pub device: u64,
+    /// Inode number.
+    pub inode: u64,
+}
+
+impl std::fmt::Display for ImageKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:x}:{:x}/{}",
+            self.device >> 32,
+            self.device & 0xffff_ffff,
+            self.inode
+        )
+    }
+}
+
+/// Why a file cannot be probed as an allocator image.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot probe {path}: {reason}")]
+pub struct ImageError {
+    /// The file.
+    pub path: PathBuf,
+    /// What went wrong.
+    pub reason: String,
+}
+
+/// One entry of an image, ready to attach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbedEntry {
+    /// Its symbol in the image (`je_malloc`, `_Znwm`).
+    pub symbol: String,
+    /// What it is.
+    pub function: AllocFn,
+    /// How the probe reads it.
+    pub shape: Shape,
+    /// File offset of its first byte.
+    pub file_offset: u64,
+    /// ELF virtual address.
+    pub address: u64,
+    /// Code size in bytes (`st_size`).
+    pub size: u64,
+    /// Where it is probed and where its inputs are there.
+    pub point: ProbePoint,
+    /// It may call another probed entry: its nested call is not counted again.
+    pub wrapper: bool,
+}
+
+impl ProbedEntry {
+    /// The file offset the uprobe is attached at.
+    pub fn probe_file_offset(&self) -> u64 {
+        self.file_offset + self.point.offset
+    }
+
+    /// The attach cookie telling the program where it is (`allocbpf_common::cookie`).
+    pub fn cookie(&self) -> u64 {
+        ProbeCookie {
+            code_size: self.size,
+            probe_offset: self.point.offset as u8,
+            sp_slots: self.point.sp_slots,
+            inputs: self.point.registers.map(|r| r as u8),
+            overflow_check: self.point.overflow_check,
+            wrapper: self.wrapper,
+            function: self.function as u8,
+        }
+        .encode()
+    }
+}
+
+/// An entry the image defines but that is not probed, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkippedEntry {
+    /// Its symbol.
+    pub symbol: String,
+    /// Why (`forwards to malloc`).
+    pub reason: String,
+}
+
+/// An allocator image, resolved and ready to attach.
+#[derive(Clone, Debug)]
+pub struct AllocatorImage {
+    /// Device and inode.
+    pub key: ImageKey,
+    /// The path as the process that revealed it sees it (from its maps).
+    pub path_in_target: PathBuf,
+    /// A path to the same file that works from our mount namespace.
+    pub host_path: PathBuf,
+    /// The allocator families its symbols reveal (`glibc`, `jemalloc`...).
+    pub families: Vec<&'static str>,
+    /// Allocation entries to probe, one per distinct address (glibc 2.36 exports
+    /// `aligned_alloc` and `memalign` at one address; two probes there would count
+    /// each call twice).
+    pub entries: Vec<ProbedEntry>,
+    /// Deallocation entries, probed with `--live`.
+    pub frees: Vec<ProbedEntry>,
+    /// Entries defined but not probed: every call they make is counted where it lands.
+    pub skipped: Vec<SkippedEntry>,
+}
+
+impl AllocatorImage {
+    /// Reads the image mapped by `pid` at `path_in_target` (with identity `key`) and
+    /// finds its allocation entries. `prefixes` are `--allocator-symbol` prefixes.
+    pub fn resolve(
+        pid: u32,
+        key: ImageKey,
+        path_in_target: &Path,
+        prefixes: &[String],
+    ) -> Result<AllocatorImage, ImageError> {
+        // Through the process's root, so containers' own files are the ones we probe.
+        let host_path = in_root(pid, path_in_target);
+        let found = resolve_entries(&host_path, prefixes)?;
+        Ok(AllocatorImage {
+            key,
+            path_in_target: path_in_target.to_path_buf(),
+            host_path,
+            families: found.families,
+            entries: found.entries,
+            frees: found.frees,
+            skipped: found.skipped,
+        })
+    }
+
+    /// Every probed entry, allocations first.
+    pub fn all_entries(&self) -> impl Iterator<Item = &ProbedEntry> {
+        self.entries.iter().chain(&self.frees)
+    }
+
+    /// Entries probed at their first byte with an instruction the kernel single-steps.
+    pub fn single_stepped(&self) -> impl Iterator<Item = &ProbedEntry> {
+        self.all_entries().filter(|e| !e.point.emulated)
+    }
+
+    /// Logs where each entry is probed (`-v`), which entries are not probed and why,
+    /// and warns about entries the kernel must single-step.
+    pub fn log_probe_points(&self) {
+        let path = self.path_in_target.display();
+        for entry in self.all_entries() {
+            tracing::info!(
+                "{path}: {} ({}) probed at +{} ({}){}{}",
+                entry.symbol,
+                entry.function.name(),
+                entry.point.offset,
+                entry.point.instruction,
+                if entry.point.sp_slots > 0 {
+                    format!(", stack moved {} bytes", 8 * entry.point.sp_slots as u32)
+                } else {
+                    String::new()
+                },
+                if entry.wrapper {
+                    ", may forward to another entry"
+                } else {
+                    ""
+                },
+            );
+        }
+        for skipped in &self.skipped {
+            tracing::info!("{path}: {} not probed: {}", skipped.symbol, skipped.reason);
+        }
+        for entry in self.single_stepped() {
+            tracing::warn!(
+                "{path}: {} has no instruction the kernel emulates before its arguments are \
+                 lost; probed at +0 ({}), which the kernel single-steps: ~14 us per call \
+                 instead of ~0.5 us (docs/design.md, \"Probe points\")",
+                entry.symbol,
+                entry.point.instruction
+            );
+        }
+    }
+
+    /// One line for the start-up message: `libjemalloc.so.2 (jemalloc, 14 entries)`.
+    pub fn describe(&self) -> String {
+        let families = if self.families.is_empty() {
+            "allocation entries".to_string()
+        } else {
+            self.families.join(", ")
+        };
+        format!(
+            "{} ({families}: {} entries)",
+            self.path_in_target.display(),
+            self.entries.len()
+        )
+    }
+}
+
+/// The executable, file-backed mappings of a process, once per file: every one may
+/// define allocation entries.
+pub fn candidate_mappings(maps: &[MapsEntry]) -> Vec<&MapsEntry> {
+    let mut seen = Vec::new();
+    let mut out = Vec::new();
+    for entry in maps.iter().filter(|e| e.executable && e.inode != 0) {
+        if entry.file_path().is_some() && !seen.contains(&(entry.device, entry.inode)) {
+            seen.push((entry.device, entry.inode));
+            out.push(entry);
+        }
+    }
+    out
+}
+
+/// What [`resolve_entries`] finds in a file.
+#[derive(Clone, Debug, Default)]
+pub struct ResolvedEntries {
+    /// Family names.
+    pub families: Vec<&'static str>,
+    /// Allocation entries to probe.
+    pub entries: Vec<ProbedEntry>,
+    /// Deallocation entries to probe with `--live`.
+    pub frees: Vec<ProbedEntry>,
+    /// Entries not probed.
+    pub skipped: Vec<SkippedEntry>,
+}
+
+/// A defined entry before the probe decision.
+struct Candidate {
+    symbol: String,
+    spec: EntrySpec,
+    address: u64,
+    size: u64,
+    file_offset: u64,
+}
+
+/// Finds the allocation entries in a file and decides how each is probed. Fails when
+/// the file defines no allocation entry that needs a probe.
+pub fn resolve_entries(path: &Path, prefixes: &[String]) -> Result<ResolvedEntries, ImageError> {
+    let bad = |reason: String| ImageError {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let data = fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let file = object::File::parse(&*data).map_err(|e| bad(e.to_string()))?;
+
+    let mut by_name: HashMap<&str, (u64, u64)> = HashMap::new();
+    for symbol in file.dynamic_symbols().chain(file.symbols()) {
+        if !symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
+            continue;
+        }
+        if let Ok(name) = symbol.name() {
+            by_name
+                .entry(name)
+                .or_insert((symbol.address(), symbol.size()));
+        }
+    }
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for (symbol, spec) in allocators::symbols(prefixes) {
+        let Some(&(address, size)) = by_name.get(symbol.as_str()) else {
+            continue;
+        };
+        if candidates.iter().any(|c| c.address == address) {
+            // An alias of an entry already found (glibc: aligned_alloc == memalign).
+            continue;
+        }
+        let Some(file_offset) = file_offset_of(&file, address) else {
+            continue;
+        };
+        candidates.push(Candidate {
+            symbol,
+            spec,
+            address,
+            size,
+            file_offset,
+        });
+    }
+    if !candidates.iter().any(|c| c.spec.shape != Shape::Free) {
+        return Err(bad("it defines no allocation entry".to_string()));
+    }
+
+    let resolver = calls::CallResolver::new(&file);
+    let addresses: Vec<u64> = candidates.iter().map(|c| c.address).collect();
+    let code_of = |c: &Candidate, max: usize| -> &[u8] {
+        let start = c.file_offset as usize;
+        let len = (c.size as usize).max(16).min(max);
+        data.get(start..data.len().min(start + len)).unwrap_or(&[])
+    };
+    let forwards: Vec<calls::Forwards> = candidates
+        .iter()
+        .map(|c| {
+            resolver.forwards(code_of(c, usize::MAX), c.address, &addresses, |name| {
+                allocators::is_allocation_symbol(name, prefixes)
+            })
+        })
+        .collect();
+    // An image whose every allocation entry forwards (a C++ runtime's operator new
+    // calling malloc) allocates nothing itself: its entries are counted where they land.
+    let allocates_itself = candidates
+        .iter()
+        .zip(&forwards)
+        .any(|(c, f)| c.spec.shape != Shape::Free && f.targets.is_empty());
+
+    let mut out = ResolvedEntries {
+        families: allocators::families(|name| by_name.contains_key(name)),
+        ..ResolvedEntries::default()
+    };
+    for (candidate, forwards) in candidates.iter().zip(forwards) {
+        if !forwards.targets.is_empty() && (forwards.tail_stub || !allocates_itself) {
+            out.skipped.push(SkippedEntry {
+                symbol: candidate.symbol.clone(),
+                reason: format!("forwards to {}", forwards.targets.join(", ")),
+            });
+            continue;
+        }
+        let point = point::choose(
+            code_of(candidate, point::MAX_PROLOGUE_BYTES),
+            candidate.address,
+            candidate.spec.inputs,
+        );
+        let entry = ProbedEntry {
+            symbol: candidate.symbol.clone(),
+            function: candidate.spec.function,
+            shape: candidate.spec.shape,
+            file_offset: candidate.file_offset,
+            address: candidate.address,
+            size: candidate.size,
+            point,
+            wrapper: !forwards.targets.is_empty(),
+        };
+        if entry.shape == Shape::Free {
+            out.frees.push(entry);
+        } else {
+            out.entries.push(entry);
+        }
+    }
+    if out.entries.is_empty() {
+        return Err(bad(format!(
+            "its allocation entries all forward to other files ({})",
+            out.skipped
+                .iter()
+                .map(|s| s.symbol.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(out)
+}
+
+/// The file offset of virtual address `address`, through the loadable segments.
+fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
+    file.segments().find_map(|segment| {
+        let (start, end) = (segment.address(), segment.address() + segment.size());
+        (start..end)
+            .contains(&address)
+            .then(|| address - start + segment.file_range().0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs::parse_maps;
+
+    const MAPS: &str = "\
+55d0c0000000-55d0c0001000 r-xp 00000000 fe:01 123 /usr/bin/sleep
+7f0000000000-7f0000028000 r--p 00000000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000028000-7f000019d000 r-xp 00028000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000200000-7f0000201000 r-xp 00001000 fe:01 789 /usr/lib/libz.so.1
+7f0000300000-7f0000301000 r-xp 00001000 fe:01 789 /usr/lib/libz.so.1
+7f00001f0000-7f00001f1000 rw-p 00000000 00:00 0 [heap]
+";
+
+    #[test]
+    fn every_executable_file_is_a_candidate_once() {
+        let maps = parse_maps(MAPS);
+        let inodes: Vec<u64> = candidate_mappings(&maps).iter().map(|e| e.inode).collect();
+        assert_eq!(inodes, [123, 456, 789]);
+    }
+
+    fn this_libc() -> PathBuf {
+        let maps = fs::read_to_string("/proc/self/maps").unwrap();
+        parse_maps(&maps)
+            .iter()
+            .filter_map(|e| e.file_path().map(Path::to_path_buf))
+            .find(|p| p.file_name().is_some_and(|n| n == "libc.so.6"))
+            .expect("tests run on glibc")
+    }
+
+    #[test]
+    fn this_machines_libc_is_probed_at_emulated_instructions_only() {
+        let found = resolve_entries(&this_libc(), &[]).unwrap();
+        assert_eq!(found.families, ["glibc"]);
+        let names: Vec<&str> = found.entries.iter().map(|e| e.symbol.as_str()).collect();
+        for expected in ["malloc", "calloc", "realloc", "posix_memalign", "valloc"] {
+            assert!(names.contains(&expected), "{names:?}");
+        }
+        let mut addresses: Vec<u64> = found.all_entries().map(|e| e.address).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        assert_eq!(addresses.len(), found.entries.len() + found.frees.len());
+        for entry in found.all_entries() {
+            assert!(
+                entry.point.emulated,
+                "{} at {:?}",
+                entry.symbol, entry.point
+            );
+        }
+        assert!(found.frees.iter().any(|e| e.symbol == "free"));
+        // realloc(NULL, n) calls malloc: a wrapper. malloc itself forwards nothing.
+        let malloc = found.entries.iter().find(|e| e.symbol == "malloc").unwrap();
+        assert!(!malloc.wrapper);
+    }
+
+    impl ResolvedEntries {
+        fn all_entries(&self) -> impl Iterator<Item = &ProbedEntry> {
+            self.entries.iter().chain(&self.frees)
+        }
+    }
+
+    #[test]
+    fn a_file_without_allocation_entries_is_refused() {
+        let error = resolve_entries(Path::new("/proc/self/exe"), &[]).err();
+        // The test binary links glibc dynamically and defines no malloc of its own.
+        assert!(error.is_some());
+    }
+}
