@@ -6,6 +6,7 @@
 
 pub mod accuracy;
 pub mod agent;
+pub mod allocators;
 pub mod simulate;
 pub mod sites;
 
@@ -71,7 +72,12 @@ pub fn compile_source(file: &str, compiler: &str, flags: &[&str]) -> Result<Path
     let source = workspace_root().join("tests/workloads").join(file);
     let out_dir = workspace_root().join("target/e2e/bin");
     std::fs::create_dir_all(&out_dir)?;
-    let binary = out_dir.join(format!("{name}-{}", flags.join("").replace(['-', '='], "")));
+    let tag: String = flags
+        .join("")
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    let binary = out_dir.join(format!("{name}-{compiler}-{tag}"));
     // Tests run in parallel and may compile the same workload: build under a unique
     // name, then rename (atomic), so nobody executes a half-written file.
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -169,8 +175,14 @@ pub struct Workload {
 impl Workload {
     /// Starts `binary` with `args`; waits until it has printed its pid.
     pub fn start(binary: &Path, args: &[&str]) -> Result<Workload> {
+        Self::start_env(binary, args, &[])
+    }
+
+    /// [`Workload::start`] with extra environment variables (`LD_PRELOAD`).
+    pub fn start_env(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Workload> {
         let mut child = Command::new(binary)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -310,7 +322,18 @@ pub fn profile_to_completion(binary: &Path, args: &[&str]) -> Result<Finished> {
 
 /// [`profile_to_completion`] with arguments for the workload too.
 pub fn profile_workload(binary: &Path, workload_args: &[&str], args: &[&str]) -> Result<Finished> {
-    let mut workload = Workload::start(binary, workload_args)?;
+    profile_workload_env(binary, workload_args, &[], args)
+}
+
+/// [`profile_workload`] with extra environment variables for the workload
+/// (`LD_PRELOAD` of another allocator).
+pub fn profile_workload_env(
+    binary: &Path,
+    workload_args: &[&str],
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Result<Finished> {
+    let mut workload = Workload::start_env(binary, workload_args, env)?;
     let pid = workload.pid.to_string();
     let mut all = vec!["--pid", pid.as_str()];
     all.extend_from_slice(args);

@@ -21,6 +21,10 @@
 //! The number of samples taken is checked the same way: it is a sum of independent
 //! Bernoulli(p) variables with mean `sum p` and variance `sum p (1 - p)`.
 
+use serde_json::Value;
+
+use crate::{estimated_bytes, stacks_with};
+
 /// Mean sampling interval the tests use: small enough for hundreds of samples per site.
 pub const TEST_RATE: u64 = 64 * 1024;
 
@@ -73,6 +77,103 @@ pub const SITES: &[Site] = &[
         empty_calls: 1,
     },
 ];
+
+/// Checks a `--format json` profile of one run of `workloads/sites.c` at
+/// [`TEST_RATE`]: exact totals to the byte and the call, no drop, every site named with
+/// complete stacks (`site < run_sites < main`), its estimate and its sample count within
+/// 5 standard deviations of the truth (the derivation above), and ordered intervals.
+pub fn check_sites(json: &Value) {
+    assert_eq!(json["rate"], TEST_RATE);
+    // Exact totals count each call once, even where glibc forwards one probed function
+    // to another (realloc(NULL) -> malloc, reallocarray -> realloc -> malloc).
+    let (bytes, calls) = totals();
+    assert_eq!(json["totals"]["exact_bytes"], bytes, "{:#}", json["totals"]);
+    assert_eq!(json["totals"]["exact_calls"], calls, "{:#}", json["totals"]);
+    assert_eq!(json["totals"]["drops"], 0);
+    let total_ci = json["totals"]["bytes_ci95"]
+        .as_array()
+        .expect("totals.bytes_ci95");
+    assert!(total_ci[0].as_f64() <= total_ci[1].as_f64());
+    assert_eq!(json["confidence"], 0.95);
+    check_site_list(json, SITES);
+}
+
+/// Checks every site of `sites` in a JSON profile at [`TEST_RATE`]: named with complete
+/// stacks (`site < run_sites < main`), its estimate and sample count within 5 standard
+/// deviations of the truth, ordered intervals; a site that allocates nothing is absent.
+pub fn check_site_list(json: &Value, sites: &[Site]) {
+    for site in sites {
+        let stacks = stacks_with(json, site.function);
+        let estimated = estimated_bytes(&stacks);
+        let samples: u64 = stacks.iter().map(|s| s["samples"].as_u64().unwrap()).sum();
+        let truth = site.bytes() as f64;
+        let sd = site.estimate_sd(TEST_RATE);
+        let (mean_samples, sd_samples) = site.samples_mean_sd(TEST_RATE);
+        println!(
+            "{:<18} truth {:>11} estimated {:>13.0} ({:+.2} sd)  samples {:>5} (expected {:.0})",
+            site.function,
+            truth,
+            estimated,
+            if sd > 0.0 {
+                (estimated - truth) / sd
+            } else {
+                0.0
+            },
+            samples,
+            mean_samples
+        );
+        if site.bytes() == 0 {
+            assert!(stacks.is_empty(), "{} allocates nothing", site.function);
+            continue;
+        }
+        assert!(
+            !stacks.is_empty(),
+            "{} missing from the profile",
+            site.function
+        );
+        // Bound: 5 standard deviations of the estimator (derivation in src/sites.rs).
+        assert!(
+            (estimated - truth).abs() <= 5.0 * sd + 0.5,
+            "{}: estimated {estimated}, truth {truth}, sd {sd}",
+            site.function
+        );
+        assert!(
+            (samples as f64 - mean_samples).abs() <= 5.0 * sd_samples + 0.5,
+            "{}: {samples} samples, expected {mean_samples} +- {sd_samples}",
+            site.function
+        );
+        // Every stack carries an ordered 95% interval; a site of certain allocations
+        // only (site_large) has its exact bytes as the lower end.
+        for stack in &stacks {
+            let ci = stack["bytes_ci95"].as_array().expect("bytes_ci95");
+            let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
+            assert!(0.0 < lo && lo <= hi, "{stack:#}");
+            if sd == 0.0 {
+                assert_eq!(lo, truth, "{stack:#}");
+            }
+        }
+        // Every stack of the site is complete: site < run_sites < main.
+        for stack in &stacks {
+            let frames: Vec<&str> = stack["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f.as_str().unwrap())
+                .collect();
+            let at = frames.iter().position(|f| *f == site.function).unwrap();
+            assert!(at >= 2, "{frames:?}");
+            assert_eq!(&frames[at - 2..at], ["main", "run_sites"], "{frames:?}");
+            // The site is innermost, or followed only by the C++ runtime's operator
+            // new where that forwards to a probed malloc (libstdc++).
+            assert!(
+                frames[at + 1..]
+                    .iter()
+                    .all(|f| f.starts_with("operator new")),
+                "allocation site is innermost: {frames:?}"
+            );
+        }
+    }
+}
 
 /// `p(S)` at `rate`, with heapprofd's certain threshold.
 pub fn sample_probability(size: u64, rate: u64) -> f64 {

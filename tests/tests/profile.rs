@@ -3,9 +3,9 @@
 //! the byte, and that `go tool pprof` reads the pprof output.
 
 use allocbpf_e2e::{
-    estimated_bytes, gnu_build_id, go_pprof, profile_to_completion, require_root, scratch_dir,
-    sites::{totals, SITES, TEST_RATE},
-    sites_binary, stacks_with,
+    gnu_build_id, go_pprof, profile_to_completion, require_root, scratch_dir,
+    sites::{check_sites, SITES, TEST_RATE},
+    sites_binary,
 };
 use serde_json::Value;
 
@@ -25,89 +25,7 @@ fn profile_sites(name: &str) -> Value {
 
 #[test]
 fn sites_are_named_and_estimates_fall_within_derived_bounds() {
-    let json = profile_sites("estimates");
-    assert_eq!(json["rate"], TEST_RATE);
-
-    // Exact totals count each call once, even where glibc forwards one probed function
-    // to another (realloc(NULL) -> malloc, reallocarray -> realloc -> malloc).
-    let (bytes, calls) = totals();
-    assert_eq!(json["totals"]["exact_bytes"], bytes, "{:#}", json["totals"]);
-    assert_eq!(json["totals"]["exact_calls"], calls, "{:#}", json["totals"]);
-    assert_eq!(json["totals"]["drops"], 0);
-    let total_ci = json["totals"]["bytes_ci95"]
-        .as_array()
-        .expect("totals.bytes_ci95");
-    assert!(total_ci[0].as_f64() <= total_ci[1].as_f64());
-    assert_eq!(json["confidence"], 0.95);
-
-    for site in SITES {
-        let stacks = stacks_with(&json, site.function);
-        let estimated = estimated_bytes(&stacks);
-        let samples: u64 = stacks.iter().map(|s| s["samples"].as_u64().unwrap()).sum();
-        let truth = site.bytes() as f64;
-        let sd = site.estimate_sd(TEST_RATE);
-        let (mean_samples, sd_samples) = site.samples_mean_sd(TEST_RATE);
-        println!(
-            "{:<18} truth {:>11} estimated {:>13.0} ({:+.2} sd)  samples {:>5} (expected {:.0})",
-            site.function,
-            truth,
-            estimated,
-            if sd > 0.0 {
-                (estimated - truth) / sd
-            } else {
-                0.0
-            },
-            samples,
-            mean_samples
-        );
-        if site.bytes() == 0 {
-            assert!(stacks.is_empty(), "{} allocates nothing", site.function);
-            continue;
-        }
-        assert!(
-            !stacks.is_empty(),
-            "{} missing from the profile",
-            site.function
-        );
-        // Bound: 5 standard deviations of the estimator (derivation in src/sites.rs).
-        assert!(
-            (estimated - truth).abs() <= 5.0 * sd + 0.5,
-            "{}: estimated {estimated}, truth {truth}, sd {sd}",
-            site.function
-        );
-        assert!(
-            (samples as f64 - mean_samples).abs() <= 5.0 * sd_samples + 0.5,
-            "{}: {samples} samples, expected {mean_samples} +- {sd_samples}",
-            site.function
-        );
-        // Every stack carries an ordered 95% interval; a site of certain allocations
-        // only (site_large) has its exact bytes as the lower end.
-        for stack in &stacks {
-            let ci = stack["bytes_ci95"].as_array().expect("bytes_ci95");
-            let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
-            assert!(0.0 < lo && lo <= hi, "{stack:#}");
-            if sd == 0.0 {
-                assert_eq!(lo, truth, "{stack:#}");
-            }
-        }
-        // Every stack of the site is complete: site < run_sites < main.
-        for stack in &stacks {
-            let frames: Vec<&str> = stack["frames"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f.as_str().unwrap())
-                .collect();
-            let at = frames.iter().position(|f| *f == site.function).unwrap();
-            assert!(at >= 2, "{frames:?}");
-            assert_eq!(&frames[at - 2..at], ["main", "run_sites"], "{frames:?}");
-            assert_eq!(
-                at,
-                frames.len() - 1,
-                "allocation site is innermost: {frames:?}"
-            );
-        }
-    }
+    check_sites(&profile_sites("estimates"));
 }
 
 #[test]

@@ -7,15 +7,46 @@
 use std::collections::HashMap;
 
 use crate::{
-    image::{AllocatorImage, ImageKey},
+    image::{examine, AllocatorImage, FileFacts, ImageKey},
     procfs::MapsEntry,
 };
 
 /// Files already examined, by identity.
 #[derive(Debug, Default)]
 pub struct ImageCache {
-    /// `None`: the file defines no allocation functions under any prefix.
-    known: HashMap<ImageKey, Option<AllocatorImage>>,
+    /// `None`: the file could not be read.
+    known: HashMap<ImageKey, Option<FileFacts>>,
+}
+
+/// Why a process made no call to a probed entry, as far as its files tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Silence {
+    /// A Go program: its heap is the Go runtime's own.
+    GoRuntime,
+    /// No file it maps imports an allocation entry: it allocates another way.
+    NoAllocationImports,
+    /// It calls probed entries, just not while it was profiled.
+    NotYet,
+}
+
+impl std::fmt::Display for Silence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Silence::GoRuntime => {
+                "no probed call: this is a Go program, whose heap is the Go runtime's own \
+                 (runtime.mallocgc, not probed); only its C allocations (cgo) are counted"
+            }
+            Silence::NoAllocationImports => {
+                "no probed call: none of the files this process maps calls an allocation \
+                 entry allocbpf knows, so it allocates another way (its own allocator or \
+                 runtime; see --allocator-symbol)"
+            }
+            Silence::NotYet => {
+                "no probed call while profiled: the process links an allocator allocbpf \
+                 probes but did not allocate in this window (it may allocate later)"
+            }
+        })
+    }
 }
 
 impl ImageCache {
@@ -44,11 +75,11 @@ impl ImageCache {
                 continue;
             }
             let known = self.known.entry(key).or_insert_with(|| {
-                AllocatorImage::resolve(pid, key, path, prefixes)
+                examine(pid, key, path, prefixes)
                     .map_err(|error| tracing::debug!("pid {pid}: {error}"))
                     .ok()
             });
-            if let Some(image) = known {
+            if let Some(image) = known.as_ref().and_then(|facts| facts.image.as_ref()) {
                 images.push(image.clone());
             }
         }
@@ -57,6 +88,31 @@ impl ImageCache {
 
     /// Images resolved so far.
     pub fn images(&self) -> impl Iterator<Item = &AllocatorImage> {
-        self.known.values().flatten()
+        self.known
+            .values()
+            .flatten()
+            .filter_map(|facts| facts.image.as_ref())
+    }
+
+    /// Why a process with these (already discovered) mappings would make no probed
+    /// call.
+    pub fn silence(&self, maps: &[MapsEntry]) -> Silence {
+        let facts: Vec<&FileFacts> = crate::image::candidate_mappings(maps)
+            .iter()
+            .filter_map(|entry| {
+                let key = ImageKey {
+                    device: entry.device,
+                    inode: entry.inode,
+                };
+                self.known.get(&key)?.as_ref()
+            })
+            .collect();
+        if facts.iter().any(|f| f.go_runtime) {
+            Silence::GoRuntime
+        } else if facts.iter().any(|f| f.imports_allocation) {
+            Silence::NotYet
+        } else {
+            Silence::NoAllocationImports
+        }
     }
 }

@@ -138,6 +138,8 @@ pub struct Report {
     pub leaks: Option<Leaks>,
     /// False with `--no-symbolize`: frames carry module + offset only.
     pub symbolized: bool,
+    /// Why nothing was counted, when no probed call was made in the window.
+    pub note: Option<String>,
 }
 
 impl Report {
@@ -199,6 +201,7 @@ impl Report {
             live: aggregate.tracks_live().then_some(aggregate.live_counts),
             leaks,
             symbolized: symbolizer.symbolizes(),
+            note: None,
         }
     }
 

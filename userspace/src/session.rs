@@ -303,7 +303,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         FrameSymbolizer::unsymbolized()
     };
     let symbolizing = Instant::now();
-    let report = Report::build(
+    let mut report = Report::build(
         &collector.aggregate,
         &collector.stacks.normalizer.modules,
         &mut symbolizer,
@@ -315,6 +315,9 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
             counters,
         },
     );
+    if report.totals.exact_calls == 0 {
+        report.note = Some(target.silence.to_string());
+    }
     tracing::info!(
         "symbolized {} stacks of {} samples in {:.6}s",
         report.stacks.len(),

@@ -6,7 +6,11 @@
 
 use std::{fs, path::Path};
 
-use crate::{discover::ImageCache, image::AllocatorImage, procfs::parse_maps};
+use crate::{
+    discover::{ImageCache, Silence},
+    image::AllocatorImage,
+    procfs::parse_maps,
+};
 
 /// Errors about the target process or its libc.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +59,8 @@ pub struct Target {
     /// The allocator images it may allocate through: every file it maps that defines
     /// allocation entries (libc, jemalloc, its own executable...).
     pub images: Vec<AllocatorImage>,
+    /// What to say if it makes no probed call while profiled.
+    pub silence: Silence,
 }
 
 /// Reads `/proc/PID/comm`.
@@ -82,10 +88,17 @@ impl Target {
         if maps.trim().is_empty() {
             return Err(TargetError::KernelThread { pid, comm });
         }
-        let images = ImageCache::default().discover(pid, &parse_maps(&maps), prefixes);
+        let maps = parse_maps(&maps);
+        let mut cache = ImageCache::default();
+        let images = cache.discover(pid, &maps, prefixes);
         if images.is_empty() {
             return Err(TargetError::NoAllocator { pid, comm });
         }
-        Ok(Target { pid, comm, images })
+        Ok(Target {
+            pid,
+            comm,
+            images,
+            silence: cache.silence(&maps),
+        })
     }
 }

@@ -272,6 +272,7 @@ impl Merger {
             live: self.live.then(LiveCounts::default),
             leaks: None,
             symbolized: true,
+            note: None,
         }
     }
 }

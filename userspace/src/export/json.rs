@@ -95,6 +95,9 @@ pub fn to_value(report: &Report) -> Value {
         "counters": report.counters,
         "stacks": stacks,
     });
+    if let Some(note) = &report.note {
+        value["note"] = json!(note);
+    }
     if let Some(live) = &report.live {
         value["totals"]["inuse_bytes"] = json!(t.inuse_bytes);
         value["totals"]["inuse_objects"] = json!(t.inuse_objects);

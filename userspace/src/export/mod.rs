@@ -119,5 +119,6 @@ pub(crate) fn test_report() -> Report {
         live: None,
         leaks: None,
         symbolized: true,
+        note: None,
     }
 }

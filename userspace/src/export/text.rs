@@ -31,6 +31,9 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         t.drops,
         report.counters.stack_errors,
     )?;
+    if let Some(note) = &report.note {
+        writeln!(out, "note: {note}")?;
+    }
     let live = report.live.is_some();
     if let Some(counts) = &report.live {
         writeln!(

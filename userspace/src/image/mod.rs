@@ -135,19 +135,45 @@ pub struct AllocatorImage {
     pub skipped: Vec<SkippedEntry>,
 }
 
-impl AllocatorImage {
-    /// Reads the image mapped by `pid` at `path_in_target` (with identity `key`) and
-    /// finds its allocation entries. `prefixes` are `--allocator-symbol` prefixes.
-    pub fn resolve(
-        pid: u32,
-        key: ImageKey,
-        path_in_target: &Path,
-        prefixes: &[String],
-    ) -> Result<AllocatorImage, ImageError> {
-        // Through the process's root, so containers' own files are the ones we probe.
-        let host_path = in_root(pid, path_in_target);
-        let found = resolve_entries(&host_path, prefixes)?;
-        Ok(AllocatorImage {
+/// What examining one mapped file found: whether it is an allocator image, and the
+/// facts that tell why a process made no probed call.
+#[derive(Clone, Debug)]
+pub struct FileFacts {
+    /// The allocator image, if the file defines allocation entries to probe.
+    pub image: Option<AllocatorImage>,
+    /// The file imports an allocation symbol (its code calls malloc, operator new...).
+    pub imports_allocation: bool,
+    /// The file holds the Go runtime (`runtime.mallocgc`): its heap is Go's own.
+    pub go_runtime: bool,
+}
+
+/// Reads the file mapped by `pid` at `path_in_target` (with identity `key`): finds its
+/// allocation entries (`prefixes` are `--allocator-symbol` prefixes) and its imports.
+pub fn examine(
+    pid: u32,
+    key: ImageKey,
+    path_in_target: &Path,
+    prefixes: &[String],
+) -> Result<FileFacts, ImageError> {
+    // Through the process's root, so containers' own files are the ones we probe.
+    let host_path = in_root(pid, path_in_target);
+    let bad = |reason: String| ImageError {
+        path: path_in_target.to_path_buf(),
+        reason,
+    };
+    let data = fs::read(&host_path).map_err(|e| bad(e.to_string()))?;
+    let file = object::File::parse(&*data).map_err(|e| bad(e.to_string()))?;
+    let imports_allocation = file.dynamic_symbols().any(|symbol| {
+        symbol.is_undefined()
+            && symbol
+                .name()
+                .is_ok_and(|name| allocators::is_allocation_symbol(name, prefixes))
+    });
+    let go_runtime = file
+        .symbols()
+        .any(|symbol| symbol.name() == Ok("runtime.mallocgc"));
+    let image = match resolve_entries(&file, &data, prefixes) {
+        Ok(found) => Some(AllocatorImage {
             key,
             path_in_target: path_in_target.to_path_buf(),
             host_path,
@@ -155,9 +181,20 @@ impl AllocatorImage {
             entries: found.entries,
             frees: found.frees,
             skipped: found.skipped,
-        })
-    }
+        }),
+        Err(reason) => {
+            tracing::debug!("{}: {reason}", path_in_target.display());
+            None
+        }
+    };
+    Ok(FileFacts {
+        image,
+        imports_allocation,
+        go_runtime,
+    })
+}
 
+impl AllocatorImage {
     /// Every probed entry, allocations first.
     pub fn all_entries(&self) -> impl Iterator<Item = &ProbedEntry> {
         self.entries.iter().chain(&self.frees)
@@ -256,16 +293,13 @@ struct Candidate {
     file_offset: u64,
 }
 
-/// Finds the allocation entries in a file and decides how each is probed. Fails when
-/// the file defines no allocation entry that needs a probe.
-pub fn resolve_entries(path: &Path, prefixes: &[String]) -> Result<ResolvedEntries, ImageError> {
-    let bad = |reason: String| ImageError {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let data = fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let file = object::File::parse(&*data).map_err(|e| bad(e.to_string()))?;
-
+/// Finds the allocation entries in a parsed file (`data` is its bytes) and decides how
+/// each is probed. Fails, saying why, when there is no allocation entry to probe.
+pub fn resolve_entries(
+    file: &object::File,
+    data: &[u8],
+    prefixes: &[String],
+) -> Result<ResolvedEntries, String> {
     let mut by_name: HashMap<&str, (u64, u64)> = HashMap::new();
     for symbol in file.dynamic_symbols().chain(file.symbols()) {
         if !symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
@@ -286,7 +320,7 @@ pub fn resolve_entries(path: &Path, prefixes: &[String]) -> Result<ResolvedEntri
             // An alias of an entry already found (glibc: aligned_alloc == memalign).
             continue;
         }
-        let Some(file_offset) = file_offset_of(&file, address) else {
+        let Some(file_offset) = file_offset_of(file, address) else {
             continue;
         };
         candidates.push(Candidate {
@@ -298,10 +332,10 @@ pub fn resolve_entries(path: &Path, prefixes: &[String]) -> Result<ResolvedEntri
         });
     }
     if !candidates.iter().any(|c| c.spec.shape != Shape::Free) {
-        return Err(bad("it defines no allocation entry".to_string()));
+        return Err("it defines no allocation entry".to_string());
     }
 
-    let resolver = calls::CallResolver::new(&file);
+    let resolver = calls::CallResolver::new(file);
     let addresses: Vec<u64> = candidates.iter().map(|c| c.address).collect();
     let code_of = |c: &Candidate, max: usize| -> &[u8] {
         let start = c.file_offset as usize;
@@ -357,14 +391,14 @@ pub fn resolve_entries(path: &Path, prefixes: &[String]) -> Result<ResolvedEntri
         }
     }
     if out.entries.is_empty() {
-        return Err(bad(format!(
+        return Err(format!(
             "its allocation entries all forward to other files ({})",
             out.skipped
                 .iter()
                 .map(|s| s.symbol.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
-        )));
+        ));
     }
     Ok(out)
 }
@@ -411,7 +445,9 @@ mod tests {
 
     #[test]
     fn this_machines_libc_is_probed_at_emulated_instructions_only() {
-        let found = resolve_entries(&this_libc(), &[]).unwrap();
+        let data = fs::read(this_libc()).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let found = resolve_entries(&file, &data, &[]).unwrap();
         assert_eq!(found.families, ["glibc"]);
         let names: Vec<&str> = found.entries.iter().map(|e| e.symbol.as_str()).collect();
         for expected in ["malloc", "calloc", "realloc", "posix_memalign", "valloc"] {
@@ -442,8 +478,15 @@ mod tests {
 
     #[test]
     fn a_file_without_allocation_entries_is_refused() {
-        let error = resolve_entries(Path::new("/proc/self/exe"), &[]).err();
-        // The test binary links glibc dynamically and defines no malloc of its own.
-        assert!(error.is_some());
+        let key = ImageKey {
+            device: 0,
+            inode: 0,
+        };
+        let facts = examine(std::process::id(), key, Path::new("/proc/self/exe"), &[]).unwrap();
+        // The test binary links glibc dynamically and defines no malloc of its own, but
+        // calls it.
+        assert!(facts.image.is_none());
+        assert!(facts.imports_allocation);
+        assert!(!facts.go_runtime);
     }
 }

@@ -299,6 +299,7 @@ impl SystemProfiler {
             let links = match self.sampler().attach(&image) {
                 Ok(attached) => {
                     self.stats.images_attached += 1;
+                    image.log_probe_points();
                     tracing::info!(
                         "attached {} probes to {} ({}) for pid {pid}",
                         attached.links.len(),
@@ -528,8 +529,21 @@ impl SystemProfiler {
     }
 
     /// Detaches everything, reads what is still in the ring buffer and cuts the last
-    /// profiles: nothing collected is lost.
+    /// profiles: nothing collected is lost. The exact totals are read after every
+    /// probe is detached and no program run is in flight, so they and the samples
+    /// cover the same calls (docs/statistics.md, "One window").
     pub fn stop(mut self) -> Vec<ProcessProfile> {
+        let links: Vec<_> = self
+            .images
+            .values_mut()
+            .filter_map(|state| state.links.take())
+            .collect();
+        if let Some(sampler) = self.sampler.as_mut() {
+            for image in links {
+                sampler.detach(image);
+            }
+        }
+        crate::probe::wait_for_running_programs();
         let figures = self.kernel_figures();
         if let Some(mut sampler) = self.sampler.take() {
             sampler.flush_logs();
