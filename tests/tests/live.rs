@@ -8,7 +8,9 @@
 //! are all freed must show exactly 0 in use: every sampled block's free is seen.
 
 use allocbpf_e2e::{
-    compile_workload, estimated_bytes, go_pprof, profile_to_completion, require_root, scratch_dir,
+    allocators::{Allocator, ALLOCATORS},
+    compile_workload, estimated_bytes, go_pprof, profile_to_completion, profile_workload_env,
+    require_root, scratch_dir,
     sites::{allocation_variance, totals, TEST_RATE},
     sites_binary, stacks_with,
 };
@@ -40,20 +42,33 @@ fn sum(stacks: &[&Value], key: &str) -> f64 {
 
 #[test]
 fn inuse_and_leaks_name_the_kept_sites() {
-    check_leaks("auto", "uprobe session links");
+    check_leaks("auto", "uprobe session links", None);
 }
 
 /// The fallback for kernels without session links gives the same figures.
 #[test]
 fn the_uretprobe_fallback_tracks_the_same_blocks() {
-    check_leaks("uretprobe", "uretprobes on every allocation call");
+    check_leaks("uretprobe", "uretprobes on every allocation call", None);
 }
 
-fn check_leaks(mechanism: &str, expected_log: &str) {
+/// The same figures when the workload's malloc, realloc, calloc, posix_memalign,
+/// aligned_alloc and free are jemalloc's, tcmalloc's or mimalloc's (preloaded).
+#[test]
+fn inuse_and_leaks_under_each_preloaded_allocator() {
+    for allocator in ALLOCATORS {
+        check_leaks("auto", "uprobe session links", Some(allocator));
+    }
+}
+
+fn check_leaks(mechanism: &str, expected_log: &str, allocator: Option<&Allocator>) {
     require_root();
-    let out = scratch_dir(&format!("live-{mechanism}")).join("leaks.json");
-    let finished = profile_to_completion(
+    let name = allocator.map_or("glibc", |a| a.short());
+    let out = scratch_dir(&format!("live-{mechanism}-{name}")).join("leaks.json");
+    let env = allocator.map(|a| a.preload());
+    let finished = profile_workload_env(
         &leaks_binary(),
+        &[],
+        env.as_ref().map_or(&[][..], |e| &e[..]),
         &[
             "--rate",
             "64KiB",
@@ -92,7 +107,7 @@ fn check_leaks(mechanism: &str, expected_log: &str) {
         let truth = (blocks * size) as f64;
         let sd = (blocks as f64 * allocation_variance(size, TEST_RATE)).sqrt();
         println!(
-            "{function:<14} in use {inuse:>12.0}, truth {truth:>10} ({:+.2} sd)",
+            "{name}: {function:<14} in use {inuse:>12.0}, truth {truth:>10} ({:+.2} sd)",
             (inuse - truth) / sd
         );
         assert!(

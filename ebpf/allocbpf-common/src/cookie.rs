@@ -2,17 +2,18 @@
 //!
 //! A probe is placed at the first instruction of an entry that the kernel emulates
 //! (userspace's `probe/point.rs`), which may lie a few instructions after the entry.
-//! By then the arguments may have moved to other registers (`mov %rdi,%rbx`), two of
-//! them may have been multiplied already (`reallocarray`'s `mul`), and the stack
-//! pointer may have moved. The cookie tells the program where each input is and how
-//! to find the entry's own stack pointer and first byte, so one program per [`Shape`]
-//! serves every image of the host. 64 bits, read with `bpf_get_attach_cookie`:
+//! By then the arguments may have moved to other registers (`mov %rdi,%rbx`), or two
+//! of them may have been multiplied already (`reallocarray`'s `mul`); the stack pointer
+//! has not moved (a probe is never placed after a stack-pointer move: a return probe
+//! at that point would take a local slot for the return address). The cookie tells the
+//! program where each input is and where the entry's first byte is, so one program per
+//! [`Shape`] serves every image of the host. 64 bits, read with `bpf_get_attach_cookie`:
 //!
 //! | bits | field |
 //! |---|---|
 //! | 0..24 | code size of the entry (the range a forwarded call returns into) |
 //! | 24..32 | bytes from the entry's first byte to the probed instruction |
-//! | 32..38 | 8-byte slots the stack pointer moved down before the probed instruction |
+//! | 32..38 | reserved (0) |
 //! | 38..50 | three 4-bit [`Reg`] codes: where input 0, 1 and 2 are |
 //! | 50 | the inputs' product overflowed if the CPU's overflow flag is set |
 //! | 51 | the entry may call another probed entry (its nested call is not counted) |
@@ -27,9 +28,6 @@ pub const MAX_INPUTS: usize = 3;
 /// Largest code size a cookie can carry; larger entries are clamped (the code range
 /// is only used to recognise calls that return into the entry, which lie near it).
 pub const MAX_CODE_SIZE: u64 = (1 << 24) - 1;
-
-/// Largest stack-pointer move a cookie can carry, in 8-byte slots.
-pub const MAX_SP_SLOTS: u64 = (1 << 6) - 1;
 
 /// A general-purpose register, or the constant 1, as a 4-bit cookie code. The order is
 /// the program's `match`, not the hardware encoding.
@@ -83,9 +81,6 @@ pub struct ProbeCookie {
     pub code_size: u64,
     /// Bytes from the entry's first byte to the probed instruction.
     pub probe_offset: u8,
-    /// 8-byte slots the stack pointer moved down before the probed instruction: the
-    /// return address is at `[sp + 8 * sp_slots]`.
-    pub sp_slots: u8,
     /// [`Reg`] codes of the inputs, in the shape's order.
     pub inputs: [u8; MAX_INPUTS],
     /// The product of inputs 0 and 1 (or 1 and 2) overflowed if the overflow flag is set.
@@ -97,7 +92,6 @@ pub struct ProbeCookie {
 }
 
 const OFFSET_SHIFT: u32 = 24;
-const SP_SHIFT: u32 = 32;
 const INPUT_SHIFT: u32 = 38;
 const OVERFLOW_BIT: u32 = 50;
 const WRAPPER_BIT: u32 = 51;
@@ -111,13 +105,7 @@ impl ProbeCookie {
         } else {
             self.code_size
         };
-        let slots = if self.sp_slots as u64 > MAX_SP_SLOTS {
-            MAX_SP_SLOTS
-        } else {
-            self.sp_slots as u64
-        };
         size | (self.probe_offset as u64) << OFFSET_SHIFT
-            | slots << SP_SHIFT
             | ((self.inputs[0] & 0xf) as u64) << INPUT_SHIFT
             | ((self.inputs[1] & 0xf) as u64) << (INPUT_SHIFT + 4)
             | ((self.inputs[2] & 0xf) as u64) << (INPUT_SHIFT + 8)
@@ -132,7 +120,6 @@ impl ProbeCookie {
         ProbeCookie {
             code_size: cookie & MAX_CODE_SIZE,
             probe_offset: (cookie >> OFFSET_SHIFT) as u8,
-            sp_slots: ((cookie >> SP_SHIFT) & MAX_SP_SLOTS) as u8,
             inputs: [
                 ((cookie >> INPUT_SHIFT) & 0xf) as u8,
                 ((cookie >> (INPUT_SHIFT + 4)) & 0xf) as u8,
@@ -154,7 +141,6 @@ mod tests {
         let cookie = ProbeCookie {
             code_size: 0x12_3456,
             probe_offset: 200,
-            sp_slots: 63,
             inputs: [Reg::Rdi as u8, Reg::R15 as u8, Reg::One as u8],
             overflow_check: true,
             wrapper: true,
@@ -164,7 +150,6 @@ mod tests {
         let plain = ProbeCookie {
             code_size: 10,
             probe_offset: 0,
-            sp_slots: 0,
             inputs: [0; MAX_INPUTS],
             overflow_check: false,
             wrapper: false,
@@ -179,7 +164,6 @@ mod tests {
         let cookie = ProbeCookie {
             code_size: u64::MAX,
             probe_offset: 0,
-            sp_slots: 255,
             inputs: [0; MAX_INPUTS],
             overflow_check: false,
             wrapper: false,
@@ -187,7 +171,6 @@ mod tests {
         };
         let back = ProbeCookie::decode(cookie.encode());
         assert_eq!(back.code_size, MAX_CODE_SIZE);
-        assert_eq!(back.sp_slots as u64, MAX_SP_SLOTS);
         assert_eq!(back.function, 0);
         assert_eq!(back.inputs, [0; MAX_INPUTS]);
     }

@@ -17,14 +17,20 @@
 use allocbpf_common::{Counter, EventKind, LiveEvent, LiveKey, Shape, ThreadState};
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_user};
 
-use crate::{bump, Now, EVENTS, LIVE};
+use crate::{bump, is_return_trampoline, Now, EVENTS, LIVE};
 
 /// True if this program run is the return of the thread's awaited call.
+///
+/// Where another return probe (a uretprobe on the entry's first byte, ours in the
+/// fallback mode or another tool's) hijacked the return address before our entry
+/// probe read it, the entry saw the kernel's trampoline instead: then the stack
+/// pointer alone identifies the return (no other probed return of this thread can
+/// have it while the call is pending).
 #[inline(always)]
 pub(crate) fn is_awaited_return(state: &ThreadState, now: &Now) -> bool {
     state.pending_sp != 0
         && now.sp == state.pending_sp + 8
-        && now.ip == state.pending_return
+        && (now.ip == state.pending_return || is_return_trampoline(state.pending_return))
         // Read at entry; 0 means it was unreadable and nothing can match.
         && state.pending_return != 0
 }

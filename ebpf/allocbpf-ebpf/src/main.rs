@@ -203,11 +203,13 @@ fn cookie_of(ctx: &ProbeContext) -> ProbeCookie {
     ProbeCookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
 }
 
-/// The entry's stack pointer and first byte, from the registers at the probe.
+/// The entry's stack pointer and first byte, from the registers at the probe. The
+/// probed instruction never lies after a stack-pointer move (userspace's choice), so
+/// `[sp]` still holds the return address there.
 #[inline(always)]
 fn entry_of(now: &Now, cookie: &ProbeCookie) -> Entry {
     Entry {
-        sp: now.sp + 8 * cookie.sp_slots as u64,
+        sp: now.sp,
         ip: now.ip - cookie.probe_offset as u64,
     }
 }
@@ -290,7 +292,7 @@ fn is_forwarded(state: &ThreadState, entry: &Entry) -> bool {
 const UPROBE_TRAMPOLINE_PAGE: u64 = 0x7fff_ffff_e000;
 
 #[inline(always)]
-fn is_return_trampoline(ret: u64) -> bool {
+pub(crate) fn is_return_trampoline(ret: u64) -> bool {
     ret & !0xfff == UPROBE_TRAMPOLINE_PAGE
 }
 

@@ -95,7 +95,6 @@ impl ProbedEntry {
         ProbeCookie {
             code_size: self.size,
             probe_offset: self.point.offset as u8,
-            sp_slots: self.point.sp_slots,
             inputs: self.point.registers.map(|r| r as u8),
             overflow_check: self.point.overflow_check,
             wrapper: self.wrapper,
@@ -211,16 +210,11 @@ impl AllocatorImage {
         let path = self.path_in_target.display();
         for entry in self.all_entries() {
             tracing::info!(
-                "{path}: {} ({}) probed at +{} ({}){}{}",
+                "{path}: {} ({}) probed at +{} ({}){}",
                 entry.symbol,
                 entry.function.name(),
                 entry.point.offset,
                 entry.point.instruction,
-                if entry.point.sp_slots > 0 {
-                    format!(", stack moved {} bytes", 8 * entry.point.sp_slots as u32)
-                } else {
-                    String::new()
-                },
                 if entry.wrapper {
                     ", may forward to another entry"
                 } else {

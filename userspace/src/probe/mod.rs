@@ -311,11 +311,11 @@ impl Sampler {
                 return self.attach_sessions(image, &mut attached.links);
             }
             attached.live_mode = LiveMode::Uretprobe;
-            // The return of every allocation call: at the entry's first byte, where a
-            // uretprobe must be (it hijacks the return address at entry).
+            // The return of every allocation call, armed at the entry's probe point:
+            // `[sp]` is still the return address there, and the kernel runs our entry
+            // program before it swaps that for its trampoline.
             for entry in &image.entries {
-                let link =
-                    self.attach_at("probe_return", entry.file_offset, 0, image, &entry.symbol)?;
+                let link = self.attach_uprobe("probe_return", entry, 0, image)?;
                 attached.links.uprobes.push(link);
             }
         }
@@ -350,32 +350,14 @@ impl Sampler {
         Ok(())
     }
 
-    /// Attaches aya program `name` at `entry`'s probe point, with `cookie`.
+    /// Loads (once) and attaches aya program `name` at `entry`'s probe point in
+    /// `image`, with `cookie` for the program to read.
     fn attach_uprobe(
         &mut self,
         name: &'static str,
         entry: &ProbedEntry,
         cookie: u64,
         image: &AllocatorImage,
-    ) -> Result<(&'static str, UProbeLinkId), ProbeError> {
-        self.attach_at(
-            name,
-            entry.probe_file_offset(),
-            cookie,
-            image,
-            &entry.symbol,
-        )
-    }
-
-    /// Loads (once) and attaches aya program `name` at `file_offset` of the image, with
-    /// `cookie` for the program to read.
-    fn attach_at(
-        &mut self,
-        name: &'static str,
-        file_offset: u64,
-        cookie: u64,
-        image: &AllocatorImage,
-        symbol: &str,
     ) -> Result<(&'static str, UProbeLinkId), ProbeError> {
         let scope = match self.config.pid.and_then(NonZeroU32::new) {
             Some(pid) => UProbeScope::OneProcess(pid),
@@ -386,13 +368,13 @@ impl Sampler {
             program.load().map_err(load_error)?;
         }
         let point = UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(file_offset),
+            location: UProbeAttachLocation::AbsoluteOffset(entry.probe_file_offset()),
             cookie: Some(cookie),
         };
         let link = program
             .attach(point, &image.host_path, scope)
             .map_err(|source| ProbeError::Attach {
-                symbol: symbol.to_string(),
+                symbol: entry.symbol.clone(),
                 path: image.path_in_target.display().to_string(),
                 source: Box::new(source),
             })?;

@@ -16,12 +16,14 @@
 //! provided every call reaches it (only straight-line code before it) and the inputs
 //! can still be found there. The instructions before it are interpreted abstractly:
 //! each register holds an entry argument, the product of two (a `mul`), or something
-//! unknown; the stack pointer may move by constants. The probe is then told, through
-//! its cookie, which register holds which input and how far the stack pointer moved.
+//! unknown. The search ends at the first write to the stack pointer: `[sp]` must still
+//! hold the return address at the probe, for the program and for a return probe, which
+//! the kernel arms by swapping `[sp]` (anywhere else it would clobber a local). The
+//! probe is told, through its cookie, which register holds which input.
 //! With no such instruction the probe goes on the entry's first byte, and that is said
 //! at start with its cost.
 
-use allocbpf_common::cookie::{Reg, MAX_INPUTS, MAX_SP_SLOTS};
+use allocbpf_common::cookie::{Reg, MAX_INPUTS};
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
     OpKind, Register, RflagsBits,
@@ -57,8 +59,6 @@ impl Input {
 pub struct ProbePoint {
     /// Bytes from the entry's first byte to the probed instruction.
     pub offset: u64,
-    /// 8-byte slots the stack pointer moved down before the probed instruction.
-    pub sp_slots: u8,
     /// Register codes of the cookie's input slots.
     pub registers: [Reg; MAX_INPUTS],
     /// A product was computed by the entry; its overflow is in the overflow flag.
@@ -100,8 +100,6 @@ const REGISTERS: [(Register, Reg); 15] = [
 #[derive(Clone, Debug)]
 struct State {
     values: [Value; REGISTERS.len()],
-    /// Bytes the stack pointer moved down since the entry.
-    sp_moved: i64,
     /// The product whose overflow the overflow flag holds, if any.
     overflow_of: Option<(u8, u8)>,
 }
@@ -114,7 +112,6 @@ impl State {
         }
         State {
             values,
-            sp_moved: 0,
             overflow_of: None,
         }
     }
@@ -231,32 +228,11 @@ impl State {
             .collect();
         for register in written {
             if register.full_register() == Register::RSP {
-                self.sp_moved += stack_move(instruction)?;
-            } else {
-                self.set(register, Value::Unknown);
+                return None;
             }
+            self.set(register, Value::Unknown);
         }
         Some(())
-    }
-}
-
-/// Bytes an instruction moves the stack pointer down, for the moves we can follow:
-/// `push` (of a non-emulated kind, e.g. of memory) and `sub`/`add rsp, imm`.
-fn stack_move(instruction: &Instruction) -> Option<i64> {
-    let immediate = || match instruction.op1_kind() {
-        OpKind::Immediate8to64
-        | OpKind::Immediate32to64
-        | OpKind::Immediate8
-        | OpKind::Immediate32 => Some(instruction.immediate(1) as i64),
-        _ => None,
-    };
-    let on_rsp =
-        instruction.op0_kind() == OpKind::Register && instruction.op0_register() == Register::RSP;
-    match instruction.mnemonic() {
-        Mnemonic::Push => Some(8),
-        Mnemonic::Sub if on_rsp => immediate(),
-        Mnemonic::Add if on_rsp => immediate().map(|i| -i),
-        _ => None,
     }
 }
 
@@ -301,19 +277,15 @@ pub fn choose(code: &[u8], ip: u64, inputs: &[Input]) -> ProbePoint {
         if first.is_none() {
             first = Some((instruction.to_string(), emulated));
         }
-        if emulated && state.sp_moved >= 0 && state.sp_moved % 8 == 0 {
-            let slots = (state.sp_moved / 8) as u64;
+        if emulated && offset <= u8::MAX as u64 {
             if let Some((registers, overflow_check)) = state.locate(inputs) {
-                if slots <= MAX_SP_SLOTS && offset <= u8::MAX as u64 {
-                    return ProbePoint {
-                        offset,
-                        sp_slots: slots as u8,
-                        registers,
-                        overflow_check,
-                        instruction: instruction.to_string(),
-                        emulated: true,
-                    };
-                }
+                return ProbePoint {
+                    offset,
+                    registers,
+                    overflow_check,
+                    instruction: instruction.to_string(),
+                    emulated: true,
+                };
             }
         }
         if instruction.flow_control() != FlowControl::Next
@@ -328,7 +300,6 @@ pub fn choose(code: &[u8], ip: u64, inputs: &[Input]) -> ProbePoint {
     let (instruction, emulated) = first.unwrap_or_else(|| ("(undecodable)".to_string(), false));
     ProbePoint {
         offset: 0,
-        sp_slots: 0,
         registers: at_entry.0,
         overflow_check: false,
         instruction,
@@ -346,7 +317,7 @@ mod tests {
     fn glibc_malloc_is_probed_at_its_push() {
         // push %r12 ; push %rbp
         let point = choose(&[0x41, 0x54, 0x55], 0x1000, SIZE);
-        assert_eq!((point.offset, point.sp_slots, point.emulated), (0, 0, true));
+        assert_eq!((point.offset, point.emulated), (0, true));
         assert_eq!(point.registers[0], Reg::Rdi);
     }
 
@@ -422,13 +393,14 @@ mod tests {
     }
 
     #[test]
-    fn a_stack_adjustment_is_carried_in_slots() {
-        // sub $0x18,%rsp ; mov %rdi,(%rsp) ; call rel32
+    fn a_stack_pointer_move_ends_the_search() {
+        // sub $0x18,%rsp ; mov %rdi,(%rsp) ; call rel32: [sp] is no longer the return
+        // address at the call, so the entry itself is probed.
         let code = [
             0x48, 0x83, 0xec, 0x18, 0x48, 0x89, 0x3c, 0x24, 0xe8, 0, 0, 0, 0,
         ];
         let point = choose(&code, 0, SIZE);
-        assert_eq!((point.offset, point.sp_slots, point.emulated), (8, 3, true));
+        assert_eq!((point.offset, point.emulated), (0, false));
     }
 
     #[test]
