@@ -12,8 +12,9 @@ use crate::util::{is_root, run};
 
 /// Debian packages: the eBPF toolchain, LLVM for bpf-linker, and the tests' tools
 /// (gcc/g++ + static libc for workloads, gdb to compare stacks with, Go for
-/// `go tool pprof`, setpriv) and the font the
-/// statistics figures are drawn with.
+/// `go tool pprof`, setpriv), the programs and allocators the tests profile (redis,
+/// jemalloc, tcmalloc, mimalloc, musl) and the font the statistics figures are drawn
+/// with.
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
@@ -28,6 +29,12 @@ const APT_PACKAGES: &[&str] = &[
     "golang-go",
     "util-linux",
     "fonts-dejavu-core",
+    "redis-server",
+    "redis-tools",
+    "libjemalloc2",
+    "libtcmalloc-minimal4",
+    "libmimalloc2.0",
+    "musl-tools",
 ];
 
 /// bpf-linker release and features that match Debian's rustc-web LLVM (22).
