@@ -191,3 +191,95 @@ fn cpp_new_and_delete_under_libstdcxx_and_each_allocator() {
         check_cpp(&json);
     }
 }
+
+/// Builds `tests/workloads/rustalloc` (its own workspace, locked) and returns `bin`.
+fn rustalloc_binary(bin: &str) -> PathBuf {
+    let root = allocbpf_e2e::workspace_root();
+    let target = root.join("target/e2e/rustalloc");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--bin",
+            bin,
+            "--manifest-path",
+        ])
+        .arg(root.join("tests/workloads/rustalloc/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("cargo");
+    assert!(status.success(), "building rustalloc failed");
+    target.join("release").join(bin)
+}
+
+/// The sites of `rustalloc/src/lib.rs`, through the global allocator.
+const RUST_SITES: &[(&str, u64, u64)] = &[
+    ("site_alloc", 1024, 20_000),
+    ("site_zeroed", 4096, 10_000),
+    ("site_aligned", 2048, 10_000),
+    ("site_grow", 512, 10_000),
+    ("site_grow", 2048, 10_000),
+];
+
+/// Exact totals to the call and the byte, and each site (Rust paths end in
+/// `::site_x`) within 5 sd of its truth (the bound of `src/sites.rs`).
+fn check_rust(json: &Value) {
+    assert_eq!(
+        json["totals"]["exact_calls"], 60_000,
+        "{:#}",
+        json["totals"]
+    );
+    assert_eq!(json["totals"]["exact_bytes"], 107_520_000u64);
+    assert_eq!(json["totals"]["drops"], 0);
+    let mut functions: Vec<&str> = RUST_SITES.iter().map(|s| s.0).collect();
+    functions.dedup();
+    for function in functions {
+        let suffix = format!("::{function}");
+        let stacks: Vec<&Value> = json["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| {
+                s["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f.as_str().is_some_and(|f| f.ends_with(&suffix)))
+            })
+            .collect();
+        let estimated = allocbpf_e2e::estimated_bytes(&stacks);
+        let (truth, variance) = RUST_SITES.iter().filter(|s| s.0 == function).fold(
+            (0.0, 0.0),
+            |(t, v), &(_, size, n)| {
+                (
+                    t + (size * n) as f64,
+                    v + n as f64 * allocation_variance(size, TEST_RATE),
+                )
+            },
+        );
+        let sd = variance.sqrt();
+        println!(
+            "{function}: estimated {estimated:.0}, truth {truth} ({:+.2} sd)",
+            (estimated - truth) / sd
+        );
+        assert!(
+            (estimated - truth).abs() <= 5.0 * sd,
+            "{function}: {estimated} vs {truth}"
+        );
+    }
+}
+
+#[test]
+fn rust_programs_with_jemalloc_and_mimalloc_global_allocators() {
+    // tikv-jemallocator links jemalloc statically with the `_rjem_` prefix; the mimalloc
+    // crate calls mimalloc's own `mi_` API. Neither needs a flag.
+    for (bin, family) in [("rust_jemalloc", "jemalloc"), ("rust_mimalloc", "mimalloc")] {
+        let binary = rustalloc_binary(bin);
+        let (json, finished) = profile(bin, &binary, &[], &[]);
+        check_startup(&finished, family);
+        check_rust(&json);
+    }
+}

@@ -16,6 +16,9 @@
 //! The configurations alternate within each round so that drift of this noisy VM hits
 //! all alike; medians over rounds are reported, and each ratio is taken per round and
 //! its median printed (targets: allocbpf/floor <= 1.10, --live/floor(malloc+free) <= 1.25).
+//!
+//! Then every probed entry point of every allocator family, and redis-benchmark
+//! throughput (`bench_entries.rs`).
 
 use std::{path::Path, process::Command};
 
@@ -135,13 +138,39 @@ fn median(values: &mut [f64]) -> f64 {
     }
 }
 
+/// A part of the benchmark (`--parts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// malloc(32)+free pairs under every configuration, and unwinding throughput.
+    Pairs,
+    /// Every probed entry point of every allocator family.
+    Entries,
+    /// redis-benchmark against Debian's redis-server.
+    Redis,
+}
+
 /// Runs the benchmark and prints figures and ratios.
-pub fn bench(rounds: usize, iterations: u64) -> Result<()> {
+pub fn bench(rounds: usize, iterations: u64, parts: &[Part]) -> Result<()> {
     setup::ensure()?;
     if !is_root() {
         bail!("the benchmark attaches uprobes: run `sudo cargo xtask bench`");
     }
     let allocbpf = build_allocbpf()?;
+    if parts.contains(&Part::Pairs) {
+        pairs(&allocbpf, rounds, iterations)?;
+    }
+    if parts.contains(&Part::Entries) {
+        crate::bench_entries::entries(&allocbpf, rounds.min(3), 50_000)?;
+    }
+    if parts.contains(&Part::Redis) {
+        crate::bench_entries::redis(&allocbpf, rounds.min(3), 200_000)?;
+    }
+    Ok(())
+}
+
+/// malloc(32)+free pairs under every configuration, then unwinding throughput.
+fn pairs(allocbpf: &Path, rounds: usize, iterations: u64) -> Result<()> {
+    let allocbpf = allocbpf.to_path_buf();
     let bench = compile_c("bench", &["-O2"])?;
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
     for round in 0..rounds {
@@ -180,8 +209,7 @@ pub fn bench(rounds: usize, iterations: u64) -> Result<()> {
         };
         println!("  {label} (median of per-round ratios): {ratio:.3}{verdict}");
     }
-    throughput(&allocbpf)?;
-    Ok(())
+    throughput(&allocbpf)
 }
 
 /// Userspace unwinding and symbolization throughput: the stacks workload (no frame

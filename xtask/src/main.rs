@@ -5,6 +5,7 @@
 
 mod accuracy;
 mod bench;
+mod bench_entries;
 mod run;
 mod setup;
 mod soak;
@@ -36,7 +37,8 @@ enum Task {
     },
     /// Run every check: formatting, clippy, unit tests and end-to-end tests (as root).
     Test,
-    /// Measure ns per malloc call: no probe, empty-program floor, allocbpf.
+    /// Measure ns per call: no probe, empty-program floor, allocbpf; per entry point of
+    /// every allocator family; redis-benchmark throughput.
     Bench {
         /// Alternating rounds of the three configurations (medians are reported).
         #[arg(long, default_value_t = 5)]
@@ -44,6 +46,10 @@ enum Task {
         /// malloc+free pairs per run.
         #[arg(long, default_value_t = 2_000_000)]
         iterations: u64,
+        /// Which parts to run: malloc+free pairs (with unwinding throughput), every
+        /// entry point of every allocator family, redis-benchmark.
+        #[arg(long, value_delimiter = ',', default_value = "pairs,entries,redis")]
+        parts: Vec<bench::Part>,
     },
     /// Run the statistics harness (simulated trials through the kernel's sampling code,
     /// and, as root, the end-to-end coverage run) and print its figures.
@@ -69,7 +75,11 @@ fn main() -> Result<()> {
         Task::Setup => setup::ensure(),
         Task::Run { args } => run::run(&args),
         Task::Test => run::test(),
-        Task::Bench { rounds, iterations } => bench::bench(rounds, iterations),
+        Task::Bench {
+            rounds,
+            iterations,
+            parts,
+        } => bench::bench(rounds, iterations, &parts),
         Task::Accuracy { plots } => accuracy::accuracy(plots),
         Task::Soak { minutes, rate } => soak::soak(minutes, &rate),
     }

@@ -24,6 +24,7 @@ const APT_PACKAGES: &[&str] = &[
     "zlib1g-dev",
     "gcc",
     "g++",
+    "make",
     "gdb",
     "libc6-dev",
     "golang-go",

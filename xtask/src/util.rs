@@ -52,10 +52,19 @@ pub fn build_allocbpf() -> Result<PathBuf> {
 
 /// Compiles a C workload from tests/workloads with `flags`.
 pub fn compile_c(name: &str, flags: &[&str]) -> Result<PathBuf> {
+    compile_c_with("gcc", name, flags)
+}
+
+/// [`compile_c`] with another C compiler (`musl-gcc`); the binary is named after both.
+pub fn compile_c_with(compiler: &str, name: &str, flags: &[&str]) -> Result<PathBuf> {
     let out_dir = root().join("target/xtask");
     std::fs::create_dir_all(&out_dir)?;
-    let binary = out_dir.join(name);
-    run(Command::new("gcc")
+    let binary = out_dir.join(if compiler == "gcc" {
+        name.to_string()
+    } else {
+        format!("{name}-{compiler}")
+    });
+    run(Command::new(compiler)
         .args(flags)
         .arg("-o")
         .arg(&binary)

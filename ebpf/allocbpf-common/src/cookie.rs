@@ -13,7 +13,9 @@
 //! |---|---|
 //! | 0..24 | code size of the entry (the range a forwarded call returns into) |
 //! | 24..32 | bytes from the entry's first byte to the probed instruction |
-//! | 32..38 | reserved (0) |
+//! | 32 | the inputs are in their argument registers (the program reads them directly) |
+//! | 33 | the entry may forward by a tail jump (its return address must be kept) |
+//! | 34..38 | reserved (0) |
 //! | 38..50 | three 4-bit [`Reg`] codes: where input 0, 1 and 2 are |
 //! | 50 | the inputs' product overflowed if the CPU's overflow flag is set |
 //! | 51 | the entry may call another probed entry (its nested call is not counted) |
@@ -87,12 +89,20 @@ pub struct ProbeCookie {
     pub overflow_check: bool,
     /// The entry may call another probed entry.
     pub wrapper: bool,
+    /// The inputs are in the argument registers the shape names at entry (`rdi`,
+    /// `rsi`, `rdx` in order): read directly, without the register file.
+    pub abi_inputs: bool,
+    /// The entry may forward by a tail jump, after which only its return address
+    /// (kept at entry) tells the forwarded call from a new one.
+    pub tail_forward: bool,
     /// [`crate::AllocFn`] discriminant.
     pub function: u8,
 }
 
 const OFFSET_SHIFT: u32 = 24;
 const INPUT_SHIFT: u32 = 38;
+const ABI_BIT: u32 = 32;
+const TAIL_BIT: u32 = 33;
 const OVERFLOW_BIT: u32 = 50;
 const WRAPPER_BIT: u32 = 51;
 const FUNCTION_SHIFT: u32 = 52;
@@ -111,6 +121,8 @@ impl ProbeCookie {
             | ((self.inputs[2] & 0xf) as u64) << (INPUT_SHIFT + 8)
             | (self.overflow_check as u64) << OVERFLOW_BIT
             | (self.wrapper as u64) << WRAPPER_BIT
+            | (self.abi_inputs as u64) << ABI_BIT
+            | (self.tail_forward as u64) << TAIL_BIT
             | ((self.function & 0x3f) as u64) << FUNCTION_SHIFT
     }
 
@@ -127,6 +139,8 @@ impl ProbeCookie {
             ],
             overflow_check: (cookie >> OVERFLOW_BIT) & 1 == 1,
             wrapper: (cookie >> WRAPPER_BIT) & 1 == 1,
+            abi_inputs: (cookie >> ABI_BIT) & 1 == 1,
+            tail_forward: (cookie >> TAIL_BIT) & 1 == 1,
             function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
         }
     }
@@ -144,6 +158,8 @@ mod tests {
             inputs: [Reg::Rdi as u8, Reg::R15 as u8, Reg::One as u8],
             overflow_check: true,
             wrapper: true,
+            abi_inputs: true,
+            tail_forward: true,
             function: 16,
         };
         assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
@@ -153,6 +169,8 @@ mod tests {
             inputs: [0; MAX_INPUTS],
             overflow_check: false,
             wrapper: false,
+            abi_inputs: false,
+            tail_forward: false,
             function: 0,
         };
         assert_eq!(plain.encode(), 10);
@@ -167,6 +185,8 @@ mod tests {
             inputs: [0; MAX_INPUTS],
             overflow_check: false,
             wrapper: false,
+            abi_inputs: false,
+            tail_forward: false,
             function: 0,
         };
         let back = ProbeCookie::decode(cookie.encode());

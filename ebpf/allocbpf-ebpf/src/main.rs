@@ -224,6 +224,10 @@ fn entry_of(now: &Now, cookie: &ProbeCookie) -> Entry {
 fn inputs(ctx: &ProbeContext, cookie: &ProbeCookie) -> [u64; 3] {
     // SAFETY: `regs` points at the trapped task's saved registers for this program run.
     let regs = unsafe { &*ctx.regs };
+    if cookie.abi_inputs {
+        // The common case (the probe sits before anything moved them): no file.
+        return [regs.rdi, regs.rsi, regs.rdx];
+    }
     let mut file = [0u64; 16];
     let values = [
         regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9, regs.rax, regs.rbx, regs.rbp,
@@ -275,13 +279,22 @@ fn return_address(sp: u64) -> u64 {
 /// uretprobe on the same function) replaces its return address on the stack with the
 /// kernel's trampoline, so a tail call sees the trampoline instead: that counts as the
 /// wrapper's return address too.
+///
+/// Reading the return address costs a user-memory read, so it is read only when the
+/// stack pointer allows a forwarded call: below the wrapper's for a nested call, equal
+/// to it for a tail call by a wrapper that may tail-jump (`forward_return` is 0 for
+/// the others).
 #[inline(always)]
 fn is_forwarded(state: &ThreadState, entry: &Entry) -> bool {
+    if entry.sp < state.forward_sp {
+        let ret = return_address(entry.sp);
+        return ret >= state.forward_lo && ret < state.forward_hi;
+    }
+    if entry.sp != state.forward_sp || state.forward_return == 0 || entry.ip == state.forward_lo {
+        return false;
+    }
     let ret = return_address(entry.sp);
-    (ret >= state.forward_lo && ret < state.forward_hi)
-        || (entry.sp == state.forward_sp
-            && (ret == state.forward_return || is_return_trampoline(ret))
-            && entry.ip != state.forward_lo)
+    ret == state.forward_return || is_return_trampoline(ret)
 }
 
 /// The page of the uretprobe trampoline on x86-64 kernels since 6.11 (the uretprobe
@@ -301,7 +314,12 @@ pub(crate) fn is_return_trampoline(ret: u64) -> bool {
 fn remember_wrapper(state: &mut ThreadState, cookie: &ProbeCookie, entry: &Entry) {
     // The code size comes from the cookie: one program serves every image of the host.
     state.forward_sp = entry.sp;
-    state.forward_return = return_address(entry.sp);
+    // Only a tail jump leaves nothing but the return address to recognise it by.
+    state.forward_return = if cookie.tail_forward {
+        return_address(entry.sp)
+    } else {
+        0
+    };
     state.forward_lo = entry.ip;
     state.forward_hi = entry.ip + cookie.code_size;
     state.forward_fn = cookie.function as u32;

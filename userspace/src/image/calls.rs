@@ -26,6 +26,8 @@ pub struct Forwards {
     /// Its first instruction is an unconditional jump to one of them: every call is
     /// counted where it lands.
     pub tail_stub: bool,
+    /// It reaches one of them by a jump (a tail call), not only by calls.
+    pub tail: bool,
 }
 
 /// Resolves branch targets of one parsed file.
@@ -142,6 +144,7 @@ impl<'data, 'file> CallResolver<'data, 'file> {
                 let unconditional =
                     instruction.is_jmp_short_or_near() || instruction.is_jmp_near_indirect();
                 out.tail_stub |= first && unconditional;
+                out.tail |= !instruction.is_call_near() && !instruction.is_call_near_indirect();
                 if !out.targets.contains(&target) {
                     out.targets.push(target);
                 }
@@ -174,7 +177,7 @@ mod tests {
         // jmp to 0x2000 (an entry), from 0x1000
         let code = [0xe9, 0xfb, 0x0f, 0x00, 0x00];
         let forwards = resolver.forwards(&code, 0x1000, &[0x1000, 0x2000], |_| true);
-        assert!(forwards.tail_stub);
+        assert!(forwards.tail_stub && forwards.tail);
         assert_eq!(forwards.targets, ["0x2000"]);
         // The same jump to a non-entry forwards nothing.
         let none = resolver.forwards(&code, 0x1000, &[0x1000], |_| true);
@@ -203,5 +206,6 @@ mod tests {
             "{forwards:?}"
         );
         assert!(!forwards.tail_stub, "its first instruction is a mov");
+        assert!(forwards.tail, "jmp realloc@plt");
     }
 }

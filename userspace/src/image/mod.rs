@@ -23,7 +23,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use allocbpf_common::{cookie::ProbeCookie, AllocFn, Shape};
+use allocbpf_common::{
+    cookie::{ProbeCookie, Reg},
+    AllocFn, Shape,
+};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use crate::{
@@ -82,6 +85,8 @@ pub struct ProbedEntry {
     pub point: ProbePoint,
     /// It may call another probed entry: its nested call is not counted again.
     pub wrapper: bool,
+    /// It may reach another probed entry by a tail jump.
+    pub tail_forward: bool,
 }
 
 impl ProbedEntry {
@@ -98,6 +103,9 @@ impl ProbedEntry {
             inputs: self.point.registers.map(|r| r as u8),
             overflow_check: self.point.overflow_check,
             wrapper: self.wrapper,
+            abi_inputs: self.point.registers[..self.shape.inputs()]
+                == Reg::ARGUMENTS[..self.shape.inputs()],
+            tail_forward: self.tail_forward,
             function: self.function as u8,
         }
         .encode()
@@ -363,7 +371,7 @@ pub fn resolve_entries(
             });
             continue;
         }
-        let point = point::choose(
+        let point = point::choose_for_run(
             code_of(candidate, point::MAX_PROLOGUE_BYTES),
             candidate.address,
             candidate.spec.inputs,
@@ -377,6 +385,7 @@ pub fn resolve_entries(
             size: candidate.size,
             point,
             wrapper: !forwards.targets.is_empty(),
+            tail_forward: forwards.tail,
         };
         if entry.shape == Shape::Free {
             out.frees.push(entry);

@@ -294,17 +294,40 @@ pub fn choose(code: &[u8], ip: u64, inputs: &[Input]) -> ProbePoint {
             break;
         }
     }
-    let at_entry = State::at_entry()
+    let (instruction, emulated) = first.unwrap_or_else(|| ("(undecodable)".to_string(), false));
+    at_entry(instruction, emulated, inputs)
+}
+
+/// The probe point on the entry's first byte, where every input is in its argument
+/// register.
+fn at_entry(instruction: String, emulated: bool, inputs: &[Input]) -> ProbePoint {
+    let (registers, _) = State::at_entry()
         .locate(inputs)
         .expect("every input is in its argument register at entry");
-    let (instruction, emulated) = first.unwrap_or_else(|| ("(undecodable)".to_string(), false));
     ProbePoint {
         offset: 0,
-        registers: at_entry.0,
+        registers,
         overflow_check: false,
         instruction,
         emulated,
     }
+}
+
+/// Environment variable that makes every probe sit on its entry's first byte, as
+/// before probe points were chosen: `cargo xtask bench` measures that cost with it.
+/// Not for production use.
+pub const AT_ENTRY_VARIABLE: &str = "ALLOCBPF_BENCH_PROBE_AT_ENTRY";
+
+/// [`choose`], or the entry's first byte when [`AT_ENTRY_VARIABLE`] is set.
+pub fn choose_for_run(code: &[u8], ip: u64, inputs: &[Input]) -> ProbePoint {
+    if std::env::var_os(AT_ENTRY_VARIABLE).is_none() {
+        return choose(code, ip, inputs);
+    }
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let instruction = decoder.decode();
+    let emulated = !instruction.is_invalid()
+        && is_emulated(&instruction, &code[..instruction.len().min(code.len())]);
+    at_entry(instruction.to_string(), emulated, inputs)
 }
 
 #[cfg(test)]
