@@ -165,15 +165,18 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// Runs the entries binary under one configuration; returns (entry, ns, object) lines
-/// and allocbpf's log.
+/// One line of the entries binary: (entry, ns per call, the file that defines it).
+type Measured = (String, f64, String);
+
+/// Runs the entries binary under one configuration; returns its lines and allocbpf's
+/// log.
 fn run_entries(
     family: &Family,
     binary: &Path,
     allocbpf: &Path,
     config: usize,
     iterations: u64,
-) -> Result<(Vec<(String, f64, String)>, Vec<String>)> {
+) -> Result<(Vec<Measured>, Vec<String>)> {
     let (_, args, at_entry) = CONFIGS[config];
     let mut command = Command::new(binary);
     command.arg(iterations.to_string()).args(family.entries);
@@ -280,9 +283,9 @@ pub fn entries(allocbpf: &Path, rounds: usize, iterations: u64) -> Result<()> {
         let binary = compile_c_with(family.compiler, "entries", &["-O2"])?;
         let mut rows: BTreeMap<String, Row> = BTreeMap::new();
         for _ in 0..rounds {
-            for config in 0..CONFIGS.len() {
+            for (config, (config_name, _, _)) in CONFIGS.iter().enumerate() {
                 let (measured, log) = run_entries(family, &binary, allocbpf, config, iterations)?;
-                if CONFIGS[config].0 == "allocbpf" {
+                if *config_name == "allocbpf" {
                     let points = probe_points(&log);
                     for (name, row) in rows.iter_mut() {
                         let key = (canonical(&row.object), name.clone());
