@@ -308,6 +308,38 @@ pub fn run_allocbpf(args: &[&str], timeout: Duration) -> Result<Finished> {
     Profiler::spawn(args)?.finish(timeout)
 }
 
+/// Profiles the running process `pid` with `args` (which must stop it by themselves,
+/// e.g. `--duration`) into a JSON profile at `out`; fails unless allocbpf exits 0.
+pub fn profile_running_json(pid: u32, args: &[&str], out: &Path) -> Result<(Value, Finished)> {
+    let pid = pid.to_string();
+    let mut all = vec!["--pid", pid.as_str()];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ]);
+    let finished = run_allocbpf(&all, Duration::from_secs(60))?;
+    ensure!(
+        finished.code == Some(0),
+        "allocbpf failed: {}",
+        finished.stderr
+    );
+    let json = serde_json::from_slice(&std::fs::read(out)?)?;
+    Ok((json, finished))
+}
+
+impl Finished {
+    /// allocbpf's start-up line (`allocbpf: profiling pid ... through ...`).
+    pub fn startup_line(&self) -> &str {
+        self.stderr
+            .lines()
+            .find(|l| l.starts_with("allocbpf: profiling pid"))
+            .unwrap_or_default()
+    }
+}
+
 /// The sites workload (`workloads/sites.c`) built with frame pointers and debug info.
 pub fn sites_binary() -> PathBuf {
     compile_workload("sites", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap()

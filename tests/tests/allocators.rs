@@ -36,11 +36,7 @@ fn profile(name: &str, binary: &Path, env: &[(&str, &str)], extra: &[&str]) -> (
 
 /// The start-up line names `family`, and nothing is single-stepped.
 fn check_startup(finished: &Finished, family: &str) {
-    let startup = finished
-        .stderr
-        .lines()
-        .find(|l| l.starts_with("allocbpf: profiling pid"))
-        .expect("start-up line");
+    let startup = finished.startup_line();
     assert!(startup.contains(family), "{family} not named: {startup}");
     assert!(
         !finished.stderr.contains("single-steps"),

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_e2e::{require_root, run_allocbpf, scratch_dir};
+use allocbpf_e2e::{profile_running_json, require_root, scratch_dir};
 use serde_json::Value;
 
 /// A child killed when dropped.
@@ -77,27 +77,9 @@ fn debian_redis_server_under_redis_benchmark() {
     );
     thread::sleep(Duration::from_millis(500));
     let out = dir.join("redis.json");
-    let pid = server.0.id().to_string();
-    let finished = run_allocbpf(
-        &[
-            "--pid",
-            &pid,
-            "--duration",
-            "3s",
-            "--format",
-            "json",
-            "--output",
-            out.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
-    let startup = finished
-        .stderr
-        .lines()
-        .find(|l| l.starts_with("allocbpf: profiling pid"))
-        .unwrap();
+    let (json, finished) =
+        profile_running_json(server.0.id(), &["--duration", "3s"], &out).unwrap();
+    let startup = finished.startup_line();
     assert!(startup.contains("libjemalloc.so.2 (jemalloc"), "{startup}");
     assert!(
         !finished.stderr.contains("single-steps"),
@@ -105,7 +87,6 @@ fn debian_redis_server_under_redis_benchmark() {
         finished.stderr
     );
 
-    let json: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let totals = &json["totals"];
     println!("{totals:#}");
     let calls = totals["exact_calls"].as_u64().unwrap();

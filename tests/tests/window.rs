@@ -9,10 +9,7 @@
 //! Binomial(20, 0.05): P(misses >= 6) = 3e-4. A report whose estimate and totals come
 //! from different windows (the bug this guards against) missed on every run.
 
-use std::time::Duration;
-
-use allocbpf_e2e::{require_root, run_allocbpf, scratch_dir, sites_binary, Workload};
-use serde_json::Value;
+use allocbpf_e2e::{profile_running_json, require_root, scratch_dir, sites_binary, Workload};
 
 const RUNS: usize = 20;
 const MAX_MISSES: usize = 5;
@@ -23,14 +20,12 @@ fn a_running_target_profiled_many_times_keeps_one_window() {
     let dir = scratch_dir("window");
     let mut workload = Workload::start(&sites_binary(), &["forever"]).unwrap();
     workload.go().unwrap();
-    let pid = workload.pid.to_string();
     let mut misses = 0;
     for run in 0..RUNS {
         let out = dir.join(format!("run-{run}.json"));
-        let finished = run_allocbpf(
+        let (json, _) = profile_running_json(
+            workload.pid,
             &[
-                "--pid",
-                &pid,
                 // ~5,000 samples a second from this workload, without stack copies:
                 // the ring buffer keeps up on a busy 2-core machine, so no drop biases
                 // the estimate (drops are not what this test is about).
@@ -40,16 +35,10 @@ fn a_running_target_profiled_many_times_keeps_one_window() {
                 "fp",
                 "--duration",
                 "700ms",
-                "--format",
-                "json",
-                "--output",
-                out.to_str().unwrap(),
             ],
-            Duration::from_secs(60),
+            &out,
         )
         .unwrap();
-        assert_eq!(finished.code, Some(0), "{}", finished.stderr);
-        let json: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
         let totals = &json["totals"];
         let exact = totals["exact_bytes"].as_f64().unwrap();
         let ci = totals["bytes_ci95"].as_array().unwrap();
