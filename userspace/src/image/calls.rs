@@ -10,7 +10,10 @@
 
 use std::collections::HashMap;
 
-use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind};
+use iced_x86::{
+    Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind,
+    Register,
+};
 use object::{
     elf, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
 };
@@ -28,6 +31,12 @@ pub struct Forwards {
     pub tail_stub: bool,
     /// It reaches one of them by a jump (a tail call), not only by calls.
     pub tail: bool,
+    /// It only ever tail-jumps to them: no call to them, no call or jump to anything
+    /// else (but `__errno_location`), no memory write but to its stack or to TLS
+    /// (errno). Such an entry cannot allocate by itself (allocating updates allocator
+    /// state), so every allocation it makes is counted where its jump lands (glibc's
+    /// `reallocarray` is `mul; jo; jmp realloc`).
+    pub pure_tail: bool,
 }
 
 /// Resolves branch targets of one parsed file.
@@ -111,14 +120,29 @@ impl<'data, 'file> CallResolver<'data, 'file> {
         is_allocation: impl Fn(&str) -> bool,
     ) -> Forwards {
         let code = &code[..code.len().min(MAX_BODY_BYTES)];
+        let own_code = address..address + code.len() as u64;
         let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+        let mut info = InstructionInfoFactory::new();
         let mut out = Forwards::default();
         let mut first = true;
+        // Anything that may allocate by itself, or a forward reached by a call.
+        let mut not_pure = false;
         while decoder.can_decode() {
             let instruction = decoder.decode();
             if instruction.is_invalid() {
+                not_pure = true;
                 break;
             }
+            not_pure |= info.info(&instruction).used_memory().iter().any(|memory| {
+                matches!(
+                    memory.access(),
+                    OpAccess::Write
+                        | OpAccess::CondWrite
+                        | OpAccess::ReadWrite
+                        | OpAccess::ReadCondWrite
+                ) && memory.segment() != Register::FS
+                    && memory.base() != Register::RSP
+            });
             let branch = instruction.is_call_near()
                 || instruction.is_jmp_short_or_near()
                 || instruction.is_jcc_short_or_near();
@@ -140,18 +164,43 @@ impl<'data, 'file> CallResolver<'data, 'file> {
             } else {
                 None
             };
+            let is_call = instruction.is_call_near() || instruction.is_call_near_indirect();
             if let Some(target) = target {
                 let unconditional =
                     instruction.is_jmp_short_or_near() || instruction.is_jmp_near_indirect();
                 out.tail_stub |= first && unconditional;
-                out.tail |= !instruction.is_call_near() && !instruction.is_call_near_indirect();
+                out.tail |= !is_call;
+                not_pure |= is_call;
                 if !out.targets.contains(&target) {
                     out.targets.push(target);
                 }
+            } else if is_call {
+                not_pure |= !self.calls_errno_location(&instruction);
+            } else if branch {
+                not_pure |= !own_code.contains(&instruction.near_branch_target());
+            } else if instruction.is_jmp_near_indirect() {
+                not_pure = true;
             }
             first = false;
         }
+        out.pure_tail = !out.targets.is_empty() && !not_pure;
         out
+    }
+
+    /// True for a call to `__errno_location` (through the PLT or the GOT), which
+    /// allocates nothing.
+    fn calls_errno_location(&self, instruction: &Instruction) -> bool {
+        let symbol = if instruction.is_call_near() {
+            let to = instruction.near_branch_target();
+            self.plt
+                .iter()
+                .any(|(lo, hi)| (*lo..*hi).contains(&to))
+                .then(|| self.plt_symbol(to))
+                .flatten()
+        } else {
+            self.got_symbol(instruction)
+        };
+        symbol == Some("__errno_location")
     }
 }
 
@@ -185,6 +234,26 @@ mod tests {
     }
 
     #[test]
+    fn a_store_or_another_call_means_it_may_allocate_itself() {
+        let data = libc();
+        let file = object::File::parse(&*data).unwrap();
+        let resolver = CallResolver::new(&file);
+        // mov %rdi,(%rax) ; jmp 0x2000 (an entry)
+        let store = [0x48, 0x89, 0x38, 0xe9, 0xf8, 0x0f, 0x00, 0x00];
+        let forwards = resolver.forwards(&store, 0x1000, &[0x1000, 0x2000], |_| true);
+        assert_eq!(forwards.targets, ["0x2000"]);
+        assert!(forwards.tail && !forwards.pure_tail);
+        // call 0x3000 (not an entry) ; jmp 0x2000
+        let call = [0xe8, 0xfb, 0x1f, 0x00, 0x00, 0xe9, 0xf6, 0x0f, 0x00, 0x00];
+        let forwards = resolver.forwards(&call, 0x1000, &[0x1000, 0x2000], |_| true);
+        assert!(forwards.tail && !forwards.pure_tail, "{forwards:?}");
+        // push %rax ; jmp 0x2000: a stack write only
+        let push = [0x50, 0xe9, 0xfa, 0x0f, 0x00, 0x00];
+        let forwards = resolver.forwards(&push, 0x1000, &[0x1000, 0x2000], |_| true);
+        assert!(forwards.pure_tail, "{forwards:?}");
+    }
+
+    #[test]
     fn glibc_reallocarray_forwards_to_realloc_through_the_plt() {
         let data = libc();
         let file = object::File::parse(&*data).unwrap();
@@ -207,5 +276,7 @@ mod tests {
         );
         assert!(!forwards.tail_stub, "its first instruction is a mov");
         assert!(forwards.tail, "jmp realloc@plt");
+        // mov; mul; mov; jo; jmp realloc@plt; errno = ENOMEM (a TLS write); ret.
+        assert!(forwards.pure_tail, "{forwards:?}");
     }
 }

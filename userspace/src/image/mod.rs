@@ -364,7 +364,9 @@ pub fn resolve_entries(
         ..ResolvedEntries::default()
     };
     for (candidate, forwards) in candidates.iter().zip(forwards) {
-        if !forwards.targets.is_empty() && (forwards.tail_stub || !allocates_itself) {
+        if !forwards.targets.is_empty()
+            && (forwards.tail_stub || forwards.pure_tail || !allocates_itself)
+        {
             out.skipped.push(SkippedEntry {
                 symbol: candidate.symbol.clone(),
                 reason: format!("forwards to {}", forwards.targets.join(", ")),
