@@ -163,16 +163,31 @@ pub fn check_site_list(json: &Value, sites: &[Site]) {
             let at = frames.iter().position(|f| *f == site.function).unwrap();
             assert!(at >= 2, "{frames:?}");
             assert_eq!(&frames[at - 2..at], ["main", "run_sites"], "{frames:?}");
-            // The site is innermost, or followed only by the C++ runtime's operator
-            // new where that forwards to a probed malloc (libstdc++).
+            // The site is innermost, or followed only by an allocation entry that
+            // forwards to the probed one (libstdc++'s operator new to malloc, musl's
+            // calloc to malloc, posix_memalign to memalign...), which is counted
+            // where it lands.
             assert!(
-                frames[at + 1..]
-                    .iter()
-                    .all(|f| f.starts_with("operator new")),
+                frames[at + 1..].iter().all(|f| is_forwarding_entry(f)),
                 "allocation site is innermost: {frames:?}"
             );
         }
     }
+}
+
+/// A frame of an allocation entry that forwards to another: C++'s `operator new`, or
+/// a C entry under any allocator prefix (`__posix_memalign`, `mi_posix_memalign`...).
+fn is_forwarding_entry(frame: &str) -> bool {
+    let name = frame.trim_start_matches('_');
+    let name = ["mi_", "je_", "tc_", "libc_"]
+        .iter()
+        .find_map(|p| name.strip_prefix(p))
+        .unwrap_or(name);
+    frame.starts_with("operator new")
+        || matches!(
+            name,
+            "calloc" | "posix_memalign" | "reallocarray" | "memalign" | "valloc" | "pvalloc"
+        )
 }
 
 /// `p(S)` at `rate`, with heapprofd's certain threshold.

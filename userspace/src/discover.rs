@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use crate::{
-    image::{examine, AllocatorImage, FileFacts, ImageKey},
+    image::{examine, AllocatorImage, FileFacts, ImageKey, Lookup},
     procfs::MapsEntry,
 };
 
@@ -51,15 +51,14 @@ impl std::fmt::Display for Silence {
 
 impl ImageCache {
     /// The allocator images among `pid`'s mappings: every executable file it maps that
-    /// defines allocation entries ([`crate::allocators`]). `prefixes` are
-    /// `--allocator-symbol` prefixes, searched besides the catalogue's. Files that
+    /// defines allocation entries ([`crate::allocators`]), found as `lookup` says. Files that
     /// cannot be read are skipped and logged (the process may have exited while we
     /// looked).
     pub fn discover(
         &mut self,
         pid: u32,
         maps: &[MapsEntry],
-        prefixes: &[String],
+        lookup: &Lookup,
     ) -> Vec<AllocatorImage> {
         let mut images = Vec::new();
         for entry in crate::image::candidate_mappings(maps) {
@@ -75,7 +74,7 @@ impl ImageCache {
                 continue;
             }
             let known = self.known.entry(key).or_insert_with(|| {
-                examine(pid, key, path, prefixes)
+                examine(pid, key, path, lookup)
                     .map_err(|error| tracing::debug!("pid {pid}: {error}"))
                     .ok()
             });

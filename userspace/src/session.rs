@@ -66,6 +66,16 @@ pub struct SessionOptions {
     pub allocator_prefixes: Vec<String>,
 }
 
+impl SessionOptions {
+    /// What discovery looks for, and whether stacks unwind through unprobed frames.
+    pub fn lookup(&self) -> crate::image::Lookup {
+        crate::image::Lookup {
+            prefixes: self.allocator_prefixes.clone(),
+            unwind_tables: self.unwind != crate::cli::UnwindMode::Fp,
+        }
+    }
+}
+
 /// `--live` and `--leaks`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveOptions {
@@ -151,7 +161,7 @@ impl Collector {
 
 /// Runs a session to completion and returns its report.
 pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
-    let target = Target::resolve(options.pid, &options.allocator_prefixes)?;
+    let target = Target::resolve(options.pid, &options.lookup())?;
     let raw_samples = options
         .raw_samples
         .as_deref()

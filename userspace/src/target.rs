@@ -9,6 +9,7 @@ use std::{fs, path::Path};
 use crate::{
     discover::{ImageCache, Silence},
     image::AllocatorImage,
+    image::Lookup,
     procfs::parse_maps,
 };
 
@@ -73,7 +74,7 @@ pub fn comm_of(pid: u32) -> Option<String> {
 impl Target {
     /// Resolves a pid to a target: checks the process exists and finds the files it
     /// maps that define allocation entries.
-    pub fn resolve(pid: u32, prefixes: &[String]) -> Result<Target, TargetError> {
+    pub fn resolve(pid: u32, lookup: &Lookup) -> Result<Target, TargetError> {
         if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
             return Err(TargetError::NoSuchProcess(pid));
         }
@@ -90,7 +91,7 @@ impl Target {
         }
         let maps = parse_maps(&maps);
         let mut cache = ImageCache::default();
-        let images = cache.discover(pid, &maps, prefixes);
+        let images = cache.discover(pid, &maps, lookup);
         if images.is_empty() {
             return Err(TargetError::NoAllocator { pid, comm });
         }

@@ -95,6 +95,11 @@ pub struct ProbeCookie {
     /// The entry may forward by a tail jump, after which only its return address
     /// (kept at entry) tells the forwarded call from a new one.
     pub tail_forward: bool,
+    /// The entry resizes a block and its tail jumps land only in entries that do
+    /// not: a resize of a real block must still copy and release it after
+    /// allocating, so only a resize of no block (`realloc(NULL, n)`) can end in such
+    /// a jump, and only then is the return address worth reading.
+    pub tail_only_if_null: bool,
     /// [`crate::AllocFn`] discriminant.
     pub function: u8,
 }
@@ -103,6 +108,7 @@ const OFFSET_SHIFT: u32 = 24;
 const INPUT_SHIFT: u32 = 38;
 const ABI_BIT: u32 = 32;
 const TAIL_BIT: u32 = 33;
+const TAIL_IF_NULL_BIT: u32 = 34;
 const OVERFLOW_BIT: u32 = 50;
 const WRAPPER_BIT: u32 = 51;
 const FUNCTION_SHIFT: u32 = 52;
@@ -123,6 +129,7 @@ impl ProbeCookie {
             | (self.wrapper as u64) << WRAPPER_BIT
             | (self.abi_inputs as u64) << ABI_BIT
             | (self.tail_forward as u64) << TAIL_BIT
+            | (self.tail_only_if_null as u64) << TAIL_IF_NULL_BIT
             | ((self.function & 0x3f) as u64) << FUNCTION_SHIFT
     }
 
@@ -141,6 +148,7 @@ impl ProbeCookie {
             wrapper: (cookie >> WRAPPER_BIT) & 1 == 1,
             abi_inputs: (cookie >> ABI_BIT) & 1 == 1,
             tail_forward: (cookie >> TAIL_BIT) & 1 == 1,
+            tail_only_if_null: (cookie >> TAIL_IF_NULL_BIT) & 1 == 1,
             function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
         }
     }
@@ -160,6 +168,7 @@ mod tests {
             wrapper: true,
             abi_inputs: true,
             tail_forward: true,
+            tail_only_if_null: true,
             function: 16,
         };
         assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
@@ -171,6 +180,7 @@ mod tests {
             wrapper: false,
             abi_inputs: false,
             tail_forward: false,
+            tail_only_if_null: false,
             function: 0,
         };
         assert_eq!(plain.encode(), 10);
@@ -187,6 +197,7 @@ mod tests {
             wrapper: false,
             abi_inputs: false,
             tail_forward: false,
+            tail_only_if_null: false,
             function: 0,
         };
         let back = ProbeCookie::decode(cookie.encode());

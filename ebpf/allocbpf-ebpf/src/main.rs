@@ -310,12 +310,17 @@ pub(crate) fn is_return_trampoline(ret: u64) -> bool {
 }
 
 /// Records that a wrapper (an entry that may call another probed entry) is running.
+/// `old`: the block a resize entry was given (0 for none, and for other shapes).
 #[inline(always)]
-fn remember_wrapper(state: &mut ThreadState, cookie: &ProbeCookie, entry: &Entry) {
+fn remember_wrapper(state: &mut ThreadState, cookie: &ProbeCookie, entry: &Entry, old: u64) {
     // The code size comes from the cookie: one program serves every image of the host.
     state.forward_sp = entry.sp;
-    // Only a tail jump leaves nothing but the return address to recognise it by.
-    state.forward_return = if cookie.tail_forward {
+    // Only a tail jump leaves nothing but the return address to recognise it by. A
+    // resize of a real block cannot end in a tail jump to an entry that does not
+    // resize (it must still copy and release the block): glibc's realloc(p, n) skips
+    // the read, realloc(NULL, n), which jumps to malloc, pays it.
+    let may_tail = cookie.tail_forward && !(cookie.tail_only_if_null && old != 0);
+    state.forward_return = if may_tail {
         return_address(entry.sp)
     } else {
         0
@@ -467,13 +472,13 @@ fn on_alloc(
             // A forwarded wrapper may forward again (reallocarray -> realloc -> malloc):
             // it becomes the pending record.
             if cookie.wrapper {
-                remember_wrapper(state, cookie, &entry);
+                remember_wrapper(state, cookie, &entry, args.old);
             }
             return skip_return();
         }
     }
     if cookie.wrapper {
-        remember_wrapper(state, cookie, &entry);
+        remember_wrapper(state, cookie, &entry, args.old);
     }
     state.calls += 1;
     state.bytes += size;

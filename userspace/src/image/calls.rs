@@ -10,10 +10,7 @@
 
 use std::collections::HashMap;
 
-use iced_x86::{
-    Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind,
-    Register,
-};
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind};
 use object::{
     elf, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
 };
@@ -31,12 +28,28 @@ pub struct Forwards {
     pub tail_stub: bool,
     /// It reaches one of them by a jump (a tail call), not only by calls.
     pub tail: bool,
-    /// It only ever tail-jumps to them: no call to them, no call or jump to anything
-    /// else (but `__errno_location`), no memory write but to its stack or to TLS
-    /// (errno). Such an entry cannot allocate by itself (allocating updates allocator
-    /// state), so every allocation it makes is counted where its jump lands (glibc's
-    /// `reallocarray` is `mul; jo; jmp realloc`).
-    pub pure_tail: bool,
+    /// The targets it reaches by a jump.
+    pub tail_targets: Vec<String>,
+    /// It reaches one of them by a call (its own frame is then on the stack).
+    pub calls: bool,
+}
+
+/// Where a call or jump goes, as far as the file says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Branch {
+    /// One of the image's allocation entries, by address.
+    Entry(u64),
+    /// Another object's symbol, through a PLT stub or a GOT slot.
+    Bound(String),
+    /// Code of this file.
+    Local {
+        /// Its address.
+        to: u64,
+        /// The symbol that starts there, if any.
+        name: Option<String>,
+    },
+    /// Through a register or memory that is not a GOT slot.
+    Unknown,
 }
 
 /// Resolves branch targets of one parsed file.
@@ -46,6 +59,8 @@ pub struct CallResolver<'data, 'file> {
     got: HashMap<u64, String>,
     /// `[start, end)` of the PLT sections.
     plt: Vec<(u64, u64)>,
+    /// Function symbols by address.
+    names: HashMap<u64, String>,
 }
 
 impl<'data, 'file> CallResolver<'data, 'file> {
@@ -78,7 +93,63 @@ impl<'data, 'file> CallResolver<'data, 'file> {
             .filter(|s| s.name().is_ok_and(|n| n.starts_with(".plt")))
             .map(|s| (s.address(), s.address() + s.size()))
             .collect();
-        CallResolver { file, got, plt }
+        let names = file
+            .dynamic_symbols()
+            .chain(file.symbols())
+            .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
+            .filter_map(|s| Some((s.address(), s.name().ok()?.to_string())))
+            .collect();
+        CallResolver {
+            file,
+            got,
+            plt,
+            names,
+        }
+    }
+
+    /// Where `instruction` (a call or jump) goes. `entries`: the image's allocation
+    /// entry addresses.
+    pub fn classify(&self, instruction: &Instruction, entries: &[u64]) -> Branch {
+        let direct = instruction.is_call_near()
+            || instruction.is_jmp_short_or_near()
+            || instruction.is_jcc_short_or_near();
+        if !direct {
+            return match self.got_symbol(instruction) {
+                Some(name) => Branch::Bound(name.to_string()),
+                None => Branch::Unknown,
+            };
+        }
+        let to = instruction.near_branch_target();
+        if entries.contains(&to) {
+            Branch::Entry(to)
+        } else if self.in_plt(to) {
+            match self.plt_symbol(to) {
+                Some(name) => Branch::Bound(name.to_string()),
+                None => Branch::Unknown,
+            }
+        } else {
+            Branch::Local {
+                to,
+                name: self.names.get(&to).cloned(),
+            }
+        }
+    }
+
+    /// Up to 16 bytes of the file's code at virtual address `address`.
+    pub fn code_at(&self, address: u64) -> Option<&'data [u8]> {
+        let section = self.file.sections().find(|s| {
+            s.kind() == object::SectionKind::Text
+                && (s.address()..s.address() + s.size()).contains(&address)
+        })?;
+        let data = section.data().ok()?;
+        let start = (address - section.address()) as usize;
+        data.get(start..data.len().min(start + 16))
+    }
+
+    fn in_plt(&self, address: u64) -> bool {
+        self.plt
+            .iter()
+            .any(|(lo, hi)| (*lo..*hi).contains(&address))
     }
 
     /// The symbol a PLT stub at `address` jumps to through its GOT slot.
@@ -120,87 +191,43 @@ impl<'data, 'file> CallResolver<'data, 'file> {
         is_allocation: impl Fn(&str) -> bool,
     ) -> Forwards {
         let code = &code[..code.len().min(MAX_BODY_BYTES)];
-        let own_code = address..address + code.len() as u64;
         let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-        let mut info = InstructionInfoFactory::new();
         let mut out = Forwards::default();
         let mut first = true;
-        // Anything that may allocate by itself, or a forward reached by a call.
-        let mut not_pure = false;
         while decoder.can_decode() {
             let instruction = decoder.decode();
             if instruction.is_invalid() {
-                not_pure = true;
                 break;
             }
-            not_pure |= info.info(&instruction).used_memory().iter().any(|memory| {
-                matches!(
-                    memory.access(),
-                    OpAccess::Write
-                        | OpAccess::CondWrite
-                        | OpAccess::ReadWrite
-                        | OpAccess::ReadCondWrite
-                ) && memory.segment() != Register::FS
-                    && memory.base() != Register::RSP
-            });
             let branch = instruction.is_call_near()
                 || instruction.is_jmp_short_or_near()
-                || instruction.is_jcc_short_or_near();
-            let target = if branch {
-                let to = instruction.near_branch_target();
-                if to != address && entries.contains(&to) {
-                    Some(format!("{to:#x}"))
-                } else if self.plt.iter().any(|(lo, hi)| (*lo..*hi).contains(&to)) {
-                    self.plt_symbol(to)
-                        .filter(|name| is_allocation(name))
-                        .map(str::to_string)
-                } else {
-                    None
-                }
-            } else if instruction.is_call_near_indirect() || instruction.is_jmp_near_indirect() {
-                self.got_symbol(&instruction)
-                    .filter(|name| is_allocation(name))
-                    .map(str::to_string)
-            } else {
-                None
+                || instruction.is_jcc_short_or_near()
+                || instruction.is_call_near_indirect()
+                || instruction.is_jmp_near_indirect();
+            let target = match branch.then(|| self.classify(&instruction, entries)) {
+                Some(Branch::Entry(to)) if to != address => Some(format!("{to:#x}")),
+                Some(Branch::Bound(name)) if is_allocation(&name) => Some(name),
+                _ => None,
             };
-            let is_call = instruction.is_call_near() || instruction.is_call_near_indirect();
             if let Some(target) = target {
+                let is_call = instruction.is_call_near() || instruction.is_call_near_indirect();
                 let unconditional =
                     instruction.is_jmp_short_or_near() || instruction.is_jmp_near_indirect();
                 out.tail_stub |= first && unconditional;
-                out.tail |= !is_call;
-                not_pure |= is_call;
+                out.calls |= is_call;
+                if !is_call {
+                    out.tail = true;
+                    if !out.tail_targets.contains(&target) {
+                        out.tail_targets.push(target.clone());
+                    }
+                }
                 if !out.targets.contains(&target) {
                     out.targets.push(target);
                 }
-            } else if is_call {
-                not_pure |= !self.calls_errno_location(&instruction);
-            } else if branch {
-                not_pure |= !own_code.contains(&instruction.near_branch_target());
-            } else if instruction.is_jmp_near_indirect() {
-                not_pure = true;
             }
             first = false;
         }
-        out.pure_tail = !out.targets.is_empty() && !not_pure;
         out
-    }
-
-    /// True for a call to `__errno_location` (through the PLT or the GOT), which
-    /// allocates nothing.
-    fn calls_errno_location(&self, instruction: &Instruction) -> bool {
-        let symbol = if instruction.is_call_near() {
-            let to = instruction.near_branch_target();
-            self.plt
-                .iter()
-                .any(|(lo, hi)| (*lo..*hi).contains(&to))
-                .then(|| self.plt_symbol(to))
-                .flatten()
-        } else {
-            self.got_symbol(instruction)
-        };
-        symbol == Some("__errno_location")
     }
 }
 
@@ -234,26 +261,6 @@ mod tests {
     }
 
     #[test]
-    fn a_store_or_another_call_means_it_may_allocate_itself() {
-        let data = libc();
-        let file = object::File::parse(&*data).unwrap();
-        let resolver = CallResolver::new(&file);
-        // mov %rdi,(%rax) ; jmp 0x2000 (an entry)
-        let store = [0x48, 0x89, 0x38, 0xe9, 0xf8, 0x0f, 0x00, 0x00];
-        let forwards = resolver.forwards(&store, 0x1000, &[0x1000, 0x2000], |_| true);
-        assert_eq!(forwards.targets, ["0x2000"]);
-        assert!(forwards.tail && !forwards.pure_tail);
-        // call 0x3000 (not an entry) ; jmp 0x2000
-        let call = [0xe8, 0xfb, 0x1f, 0x00, 0x00, 0xe9, 0xf6, 0x0f, 0x00, 0x00];
-        let forwards = resolver.forwards(&call, 0x1000, &[0x1000, 0x2000], |_| true);
-        assert!(forwards.tail && !forwards.pure_tail, "{forwards:?}");
-        // push %rax ; jmp 0x2000: a stack write only
-        let push = [0x50, 0xe9, 0xfa, 0x0f, 0x00, 0x00];
-        let forwards = resolver.forwards(&push, 0x1000, &[0x1000, 0x2000], |_| true);
-        assert!(forwards.pure_tail, "{forwards:?}");
-    }
-
-    #[test]
     fn glibc_reallocarray_forwards_to_realloc_through_the_plt() {
         let data = libc();
         let file = object::File::parse(&*data).unwrap();
@@ -276,7 +283,6 @@ mod tests {
         );
         assert!(!forwards.tail_stub, "its first instruction is a mov");
         assert!(forwards.tail, "jmp realloc@plt");
-        // mov; mul; mov; jo; jmp realloc@plt; errno = ENOMEM (a TLS write); ret.
-        assert!(forwards.pure_tail, "{forwards:?}");
+        assert_eq!(forwards.tail_targets, ["realloc"]);
     }
 }

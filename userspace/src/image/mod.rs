@@ -16,6 +16,8 @@
 //! probed as a wrapper, whose nested call the kernel side does not count again.
 
 pub mod calls;
+mod cfi;
+mod purity;
 
 use std::{
     collections::HashMap,
@@ -87,6 +89,9 @@ pub struct ProbedEntry {
     pub wrapper: bool,
     /// It may reach another probed entry by a tail jump.
     pub tail_forward: bool,
+    /// It resizes, and its tail jumps land only in entries that do not: only a
+    /// resize of no block can forward by a tail jump (see `ProbeCookie`).
+    pub tail_only_if_null: bool,
 }
 
 impl ProbedEntry {
@@ -106,6 +111,7 @@ impl ProbedEntry {
             abi_inputs: self.point.registers[..self.shape.inputs()]
                 == Reg::ARGUMENTS[..self.shape.inputs()],
             tail_forward: self.tail_forward,
+            tail_only_if_null: self.tail_only_if_null,
             function: self.function as u8,
         }
         .encode()
@@ -142,6 +148,20 @@ pub struct AllocatorImage {
     pub skipped: Vec<SkippedEntry>,
 }
 
+/// What discovery looks for, and what the session's stacks can rely on.
+#[derive(Clone, Debug, Default)]
+pub struct Lookup {
+    /// `--allocator-symbol` prefixes, searched besides the catalogue's.
+    pub prefixes: Vec<String>,
+    /// Stacks are unwound from a stack copy with unwind tables (`--unwind auto` or
+    /// `dwarf`). An entry that *calls* its forward keeps a frame between the probed
+    /// function and the program; it is left unprobed only when that frame can be
+    /// unwound (the entry has its own table entry, [`cfi`]). Kernel frame-pointer
+    /// stacks cannot unwind it (allocators omit frame pointers): such entries stay
+    /// probed, as wrappers, in `--unwind fp`.
+    pub unwind_tables: bool,
+}
+
 /// What examining one mapped file found: whether it is an allocator image, and the
 /// facts that tell why a process made no probed call.
 #[derive(Clone, Debug)]
@@ -155,13 +175,14 @@ pub struct FileFacts {
 }
 
 /// Reads the file mapped by `pid` at `path_in_target` (with identity `key`): finds its
-/// allocation entries (`prefixes` are `--allocator-symbol` prefixes) and its imports.
+/// allocation entries (as `lookup` says) and its imports.
 pub fn examine(
     pid: u32,
     key: ImageKey,
     path_in_target: &Path,
-    prefixes: &[String],
+    lookup: &Lookup,
 ) -> Result<FileFacts, ImageError> {
+    let prefixes = lookup.prefixes.as_slice();
     // Through the process's root, so containers' own files are the ones we probe.
     let host_path = in_root(pid, path_in_target);
     let bad = |reason: String| ImageError {
@@ -179,7 +200,7 @@ pub fn examine(
     let go_runtime = file
         .symbols()
         .any(|symbol| symbol.name() == Ok("runtime.mallocgc"));
-    let image = match resolve_entries(&file, &data, prefixes) {
+    let image = match resolve_entries(&file, &data, lookup) {
         Ok(found) => Some(AllocatorImage {
             key,
             path_in_target: path_in_target.to_path_buf(),
@@ -300,8 +321,9 @@ struct Candidate {
 pub fn resolve_entries(
     file: &object::File,
     data: &[u8],
-    prefixes: &[String],
+    lookup: &Lookup,
 ) -> Result<ResolvedEntries, String> {
+    let prefixes = lookup.prefixes.as_slice();
     let mut by_name: HashMap<&str, (u64, u64)> = HashMap::new();
     for symbol in file.dynamic_symbols().chain(file.symbols()) {
         if !symbol.is_definition() || symbol.kind() != object::SymbolKind::Text {
@@ -363,10 +385,41 @@ pub fn resolve_entries(
         families: allocators::families(|name| by_name.contains_key(name)),
         ..ResolvedEntries::default()
     };
+    let is_allocation = |name: &str| allocators::is_allocation_symbol(name, prefixes);
+    let catalogue = allocators::symbols(prefixes);
+    // The shape of a forward target: a same-image entry by address, or a symbol.
+    let shape_of = |target: &str| -> Option<Shape> {
+        match target.strip_prefix("0x") {
+            Some(hex) => {
+                let address = u64::from_str_radix(hex, 16).ok()?;
+                candidates
+                    .iter()
+                    .find(|c| c.address == address)
+                    .map(|c| c.spec.shape)
+            }
+            None => catalogue
+                .iter()
+                .find(|(n, _)| n == target)
+                .map(|(_, s)| s.shape),
+        }
+    };
+    let resizes =
+        |shape: Shape| matches!(shape, Shape::Resize | Shape::ResizeArray | Shape::InPlace);
     for (candidate, forwards) in candidates.iter().zip(forwards) {
-        if !forwards.targets.is_empty()
-            && (forwards.tail_stub || forwards.pure_tail || !allocates_itself)
-        {
+        // A forward-only entry that calls its forward leaves its own frame on the
+        // stack: skipped only if that frame can be unwound (see `Lookup`).
+        let frame_unwinds = || {
+            !forwards.calls || (lookup.unwind_tables && cfi::has_fde_at(file, candidate.address))
+        };
+        let skip = !forwards.targets.is_empty()
+            && (forwards.tail_stub
+                || !allocates_itself
+                || (frame_unwinds()
+                    && purity::Purity::new(&resolver, &addresses, is_allocation).forward_only(
+                        candidate.address..candidate.address + candidate.size,
+                        candidate.spec.shape == Shape::PosixMemalign,
+                    )));
+        if skip {
             out.skipped.push(SkippedEntry {
                 symbol: candidate.symbol.clone(),
                 reason: format!("forwards to {}", forwards.targets.join(", ")),
@@ -388,6 +441,11 @@ pub fn resolve_entries(
             point,
             wrapper: !forwards.targets.is_empty(),
             tail_forward: forwards.tail,
+            tail_only_if_null: resizes(candidate.spec.shape)
+                && forwards
+                    .tail_targets
+                    .iter()
+                    .all(|t| shape_of(t).is_some_and(|shape| !resizes(shape))),
         };
         if entry.shape == Shape::Free {
             out.frees.push(entry);
@@ -452,7 +510,7 @@ mod tests {
     fn this_machines_libc_is_probed_at_emulated_instructions_only() {
         let data = fs::read(this_libc()).unwrap();
         let file = object::File::parse(&*data).unwrap();
-        let found = resolve_entries(&file, &data, &[]).unwrap();
+        let found = resolve_entries(&file, &data, &Lookup::default()).unwrap();
         assert_eq!(found.families, ["glibc"]);
         let names: Vec<&str> = found.entries.iter().map(|e| e.symbol.as_str()).collect();
         for expected in ["malloc", "calloc", "realloc", "posix_memalign", "valloc"] {
@@ -475,6 +533,28 @@ mod tests {
         assert!(!malloc.wrapper);
     }
 
+    #[test]
+    fn a_forward_only_entry_that_calls_is_skipped_only_where_its_frame_unwinds() {
+        // tcmalloc's posix_memalign calls tc_memalign and stores the block through its
+        // first argument: forward-only, with an FDE of its own.
+        let path = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
+        let data = fs::read(path).expect("cargo xtask setup installs libtcmalloc-minimal4");
+        let file = object::File::parse(&*data).unwrap();
+        let probed = |unwind_tables| {
+            let lookup = Lookup {
+                prefixes: Vec::new(),
+                unwind_tables,
+            };
+            let found = resolve_entries(&file, &data, &lookup).unwrap();
+            let entry = found.entries.iter().find(|e| e.symbol == "posix_memalign");
+            entry.map(|e| e.wrapper)
+        };
+        // Unwound from a stack copy: counted at tc_memalign, its frame unwinds.
+        assert_eq!(probed(true), None);
+        // Kernel frame-pointer stacks would lose the program's call site: a wrapper.
+        assert_eq!(probed(false), Some(true));
+    }
+
     impl ResolvedEntries {
         fn all_entries(&self) -> impl Iterator<Item = &ProbedEntry> {
             self.entries.iter().chain(&self.frees)
@@ -487,7 +567,13 @@ mod tests {
             device: 0,
             inode: 0,
         };
-        let facts = examine(std::process::id(), key, Path::new("/proc/self/exe"), &[]).unwrap();
+        let facts = examine(
+            std::process::id(),
+            key,
+            Path::new("/proc/self/exe"),
+            &Lookup::default(),
+        )
+        .unwrap();
         // The test binary links glibc dynamically and defines no malloc of its own, but
         // calls it.
         assert!(facts.image.is_none());

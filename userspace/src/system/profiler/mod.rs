@@ -59,6 +59,16 @@ pub struct SystemOptions {
     pub thread_tables: ThreadTables,
 }
 
+impl SystemOptions {
+    /// What discovery looks for, and whether stacks unwind through unprobed frames.
+    pub fn lookup(&self) -> crate::image::Lookup {
+        crate::image::Lookup {
+            prefixes: self.allocator_prefixes.clone(),
+            unwind_tables: self.unwind != crate::cli::UnwindMode::Fp,
+        }
+    }
+}
+
 /// One process's profile for one interval.
 #[derive(Clone, Debug)]
 pub struct ProcessProfile {
@@ -288,9 +298,7 @@ impl SystemProfiler {
     /// Attaches the images `pid` maps that are not attached yet.
     fn attach_images_of(&mut self, pid: u32) {
         let maps = procfs::read_maps(pid);
-        let found = self
-            .cache
-            .discover(pid, &maps, &self.options.allocator_prefixes);
+        let found = self.cache.discover(pid, &maps, &self.options.lookup());
         let keys: Vec<ImageKey> = found.iter().map(|i| i.key).collect();
         for image in found {
             if self.images.contains_key(&image.key) {

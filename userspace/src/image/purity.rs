@@ -1,0 +1,429 @@
+//! Whether a forwarding entry can allocate by itself.
+//!
+//! musl's `calloc` checks for overflow, calls `malloc`, and clears the block with
+//! `memset`; tcmalloc's `posix_memalign` calls `tc_memalign` and stores the result
+//! through its first argument. Such an entry makes no allocation of its own: every
+//! block it returns came from a probed entry it called, where the allocation is
+//! counted. Probing it as well would only add a trap and, to recognise the nested
+//! call, a user-memory read (~100 ns here) to every call.
+//!
+//! An entry is proven *forward-only* by walking every instruction reachable from its
+//! first byte (jumps followed, calls analysed) and finding nothing that could update
+//! allocator state: allocating means writing the allocator's own memory, so
+//! - every memory write must go to the stack, to TLS through `%fs`, to `errno`
+//!   (through the pointer `__errno_location` just returned) or, for
+//!   `posix_memalign`, through its unchanged first argument (the caller's out
+//!   pointer);
+//! - every call or jump leaving the entry must go to an allocation entry (a forward),
+//!   to a function known to allocate nothing (`memset`, `__errno_location`...), or to
+//!   a local function that passes the same test (depth-limited), and never through a
+//!   register or an unknown slot;
+//! - no system call (`mmap` allocates).
+//!
+//! Register facts (which register holds `errno`'s address or the out pointer) are
+//! tracked along every path and met at joins, so a write is allowed only if the fact
+//! holds on every path to it. Anything unknown, or more code than the budget, fails
+//! the proof: the entry is then probed as a wrapper, which is always correct.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use iced_x86::{
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
+    OpKind, Register,
+};
+
+use super::calls::{Branch, CallResolver};
+
+/// Instructions examined at most for one entry, callees included.
+const BUDGET: usize = 4096;
+
+/// Nested local calls followed at most.
+const MAX_DEPTH: u32 = 2;
+
+/// Registers a call preserves (System V x86-64).
+const CALLEE_SAVED: [Register; 6] = [
+    Register::RBX,
+    Register::RBP,
+    Register::R12,
+    Register::R13,
+    Register::R14,
+    Register::R15,
+];
+
+/// What is known at one instruction, on every path reaching it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Facts {
+    /// `rax` holds what `__errno_location` returned.
+    errno_in_rax: bool,
+    /// Bit `i` set: general register `i` (iced's 64-bit numbering) holds the entry's
+    /// first argument, unchanged.
+    out_pointer: u32,
+}
+
+impl Facts {
+    fn meet(self, other: Facts) -> Facts {
+        Facts {
+            errno_in_rax: self.errno_in_rax && other.errno_in_rax,
+            out_pointer: self.out_pointer & other.out_pointer,
+        }
+    }
+}
+
+/// Bit of a general-purpose register in [`Facts::out_pointer`], if it is one.
+fn bit(register: Register) -> Option<u32> {
+    let full = register.full_register();
+    (full.is_gpr64()).then(|| 1 << (full as u32 - Register::RAX as u32))
+}
+
+/// The forward-only proof for one entry.
+pub struct Purity<'a, 'data, 'file, F: Fn(&str) -> bool> {
+    resolver: &'a CallResolver<'data, 'file>,
+    /// The image's allocation entry addresses.
+    entries: &'a [u64],
+    is_allocation: F,
+    budget: usize,
+    info: InstructionInfoFactory,
+    /// Code placed at an address of no section (tests of hand-assembled code).
+    #[cfg(test)]
+    extra: Option<(u64, &'a [u8])>,
+}
+
+impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
+    /// A prover for entries of the file `resolver` reads.
+    pub fn new(
+        resolver: &'a CallResolver<'data, 'file>,
+        entries: &'a [u64],
+        is_allocation: F,
+    ) -> Self {
+        Purity {
+            resolver,
+            entries,
+            is_allocation,
+            budget: BUDGET,
+            info: InstructionInfoFactory::new(),
+            #[cfg(test)]
+            extra: None,
+        }
+    }
+
+    /// True if the entry whose code spans `code` cannot allocate by itself and
+    /// reaches at least one allocation entry. `out_pointer`: its first argument is
+    /// an out pointer it may write through (`posix_memalign`).
+    pub fn forward_only(mut self, code: Range<u64>, out_pointer: bool) -> bool {
+        let start = code.start;
+        let facts = Facts {
+            errno_in_rax: false,
+            out_pointer: if out_pointer {
+                bit(Register::RDI).unwrap_or(0)
+            } else {
+                0
+            },
+        };
+        matches!(self.walk(start, Some(code), facts, 0), Some(forwards) if forwards)
+    }
+
+    /// Walks the code reachable from `start`. `None`: it may allocate by itself;
+    /// `Some(f)`: it cannot, and `f` says whether it reaches an allocation entry.
+    /// `range`: the function's extent, when its symbol gives one; a direct jump out of
+    /// it is a tail call.
+    fn walk(
+        &mut self,
+        start: u64,
+        range: Option<Range<u64>>,
+        facts: Facts,
+        depth: u32,
+    ) -> Option<bool> {
+        let mut seen: HashMap<u64, Facts> = HashMap::new();
+        let mut work = vec![(start, facts)];
+        let mut forwards = false;
+        while let Some((address, incoming)) = work.pop() {
+            let facts = match seen.get(&address) {
+                Some(&known) if known.meet(incoming) == known => continue,
+                Some(&known) => known.meet(incoming),
+                None => incoming,
+            };
+            seen.insert(address, facts);
+            self.budget = self.budget.checked_sub(1)?;
+            let instruction = self.decode(address)?;
+            let after = self.step(&instruction, facts)?;
+            let next = instruction.next_ip();
+            match instruction.flow_control() {
+                FlowControl::Next => work.push((next, after)),
+                FlowControl::Return => {}
+                FlowControl::Call | FlowControl::IndirectCall => {
+                    forwards |= self.call(&instruction, depth)?;
+                    work.push((next, after_call(&instruction, after, self.resolver)));
+                }
+                FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch => {
+                    let to = instruction.near_branch_target();
+                    let conditional = instruction.flow_control() == FlowControl::ConditionalBranch;
+                    if conditional {
+                        work.push((next, after));
+                    }
+                    let inside = match (&range, self.resolver.classify(&instruction, self.entries))
+                    {
+                        (_, Branch::Entry(to)) if to != start => false,
+                        (Some(range), _) => range.contains(&to),
+                        (None, Branch::Local { name, .. }) => {
+                            !name.is_some_and(|n| allocates_nothing(&n))
+                        }
+                        (None, _) => false,
+                    };
+                    if inside {
+                        work.push((to, after));
+                    } else {
+                        forwards |= self.call(&instruction, depth)?;
+                    }
+                }
+                FlowControl::IndirectBranch => {
+                    // A jump through a GOT slot is a tail call; anything else (a
+                    // jump table) is code this walk cannot follow.
+                    forwards |= self.call(&instruction, depth)?;
+                }
+                // Interrupts, system calls and anything exceptional.
+                _ => return None,
+            }
+        }
+        Some(forwards)
+    }
+
+    /// Checks a call (or tail jump) leaving the code being walked. `None`: the callee
+    /// may allocate by itself; `Some(true)`: it is an allocation entry.
+    fn call(&mut self, instruction: &Instruction, depth: u32) -> Option<bool> {
+        match self.resolver.classify(instruction, self.entries) {
+            Branch::Entry(_) => Some(true),
+            Branch::Bound(name) if (self.is_allocation)(&name) => Some(true),
+            Branch::Bound(name) if allocates_nothing(&name) => Some(false),
+            Branch::Local {
+                name: Some(name), ..
+            } if allocates_nothing(&name) => Some(false),
+            Branch::Local { to, .. } if depth < MAX_DEPTH => {
+                let facts = Facts {
+                    errno_in_rax: false,
+                    out_pointer: 0,
+                };
+                // A helper that itself forwards would count twice with its caller's
+                // own forward; keep the proof simple and refuse it.
+                match self.walk(to, None, facts, depth + 1)? {
+                    false => Some(false),
+                    true => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// Checks one instruction's memory writes and returns the facts after it (for a
+    /// call, before the callee's effect, which [`after_call`] applies).
+    fn step(&mut self, instruction: &Instruction, facts: Facts) -> Option<Facts> {
+        if matches!(
+            instruction.mnemonic(),
+            Mnemonic::Syscall | Mnemonic::Sysenter | Mnemonic::Int | Mnemonic::Int3
+        ) {
+            return None;
+        }
+        let info = self.info.info(instruction);
+        for memory in info.used_memory() {
+            let writes = matches!(
+                memory.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            );
+            if !writes {
+                continue;
+            }
+            let plain = memory.index() == Register::None;
+            let allowed = memory.segment() == Register::FS
+                || memory.base() == Register::RSP
+                || (plain && facts.errno_in_rax && memory.base() == Register::RAX)
+                || (plain
+                    && memory.displacement() == 0
+                    && bit(memory.base()).is_some_and(|b| facts.out_pointer & b != 0));
+            if !allowed {
+                return None;
+            }
+        }
+        let mut after = facts;
+        let copy = instruction.mnemonic() == Mnemonic::Mov
+            && instruction.op0_kind() == OpKind::Register
+            && instruction.op1_kind() == OpKind::Register;
+        for used in info.used_registers() {
+            let written = matches!(
+                used.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            );
+            if !written {
+                continue;
+            }
+            let register = used.register().full_register();
+            if register == Register::RAX {
+                after.errno_in_rax = false;
+            }
+            if let Some(b) = bit(register) {
+                after.out_pointer &= !b;
+            }
+        }
+        if copy && instruction.op0_register().is_gpr64() {
+            let source = bit(instruction.op1_register()).unwrap_or(0);
+            if facts.out_pointer & source != 0 {
+                after.out_pointer |= bit(instruction.op0_register()).unwrap_or(0);
+            }
+        }
+        Some(after)
+    }
+
+    /// The instruction at `address`, if the file has code there.
+    fn decode(&self, address: u64) -> Option<Instruction> {
+        #[cfg(test)]
+        if let Some((at, bytes)) = self.extra {
+            if let Some(code) = address
+                .checked_sub(at)
+                .and_then(|o| bytes.get(o as usize..))
+            {
+                let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+                let instruction = decoder.decode();
+                return (!instruction.is_invalid()).then_some(instruction);
+            }
+        }
+        let code = self.resolver.code_at(address)?;
+        let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+        let instruction = decoder.decode();
+        (!instruction.is_invalid()).then_some(instruction)
+    }
+}
+
+/// The facts after a call returns: only callee-saved registers keep theirs, and `rax`
+/// holds `errno`'s address after `__errno_location`.
+fn after_call(instruction: &Instruction, facts: Facts, resolver: &CallResolver) -> Facts {
+    let kept: u32 = CALLEE_SAVED.iter().filter_map(|r| bit(*r)).sum();
+    Facts {
+        errno_in_rax: matches!(
+            resolver.classify(instruction, &[]),
+            Branch::Bound(name) | Branch::Local { name: Some(name), .. }
+                if name == "__errno_location"
+        ),
+        out_pointer: facts.out_pointer & kept,
+    }
+}
+
+/// Functions other libraries export that allocate nothing: the C library's memory
+/// and errno helpers and the page-size queries allocators use.
+fn allocates_nothing(name: &str) -> bool {
+    matches!(
+        name,
+        "__errno_location"
+            | "memset"
+            | "memcpy"
+            | "memmove"
+            | "bzero"
+            | "explicit_bzero"
+            | "getpagesize"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use object::{Object, ObjectSymbol};
+
+    use super::*;
+    use crate::allocators::is_allocation_symbol;
+
+    const MUSL: &str = "/usr/lib/x86_64-linux-musl/libc.so";
+    const TCMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
+
+    fn glibc() -> String {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        crate::procfs::parse_maps(&maps)
+            .iter()
+            .filter_map(|e| e.file_path().map(|p| p.to_string_lossy().into_owned()))
+            .find(|p| p.ends_with("/libc.so.6"))
+            .expect("tests run on glibc")
+    }
+
+    /// The proof for `symbol` of the file at `path`.
+    fn forward_only(path: &str, symbol: &str, out_pointer: bool) -> bool {
+        let data = std::fs::read(path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (cargo xtask setup installs it)"));
+        let file = object::File::parse(&*data).unwrap();
+        let resolver = CallResolver::new(&file);
+        let symbol = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok(symbol))
+            .unwrap_or_else(|| panic!("{path} defines {symbol}"));
+        let entries = [symbol.address()];
+        Purity::new(&resolver, &entries, |n| is_allocation_symbol(n, &[])).forward_only(
+            symbol.address()..symbol.address() + symbol.size(),
+            out_pointer,
+        )
+    }
+
+    /// The proof for hand-assembled `code` at 0x1000, with an entry at 0x2000.
+    fn synthetic(code: &[u8]) -> bool {
+        let glibc = std::fs::read(glibc()).unwrap();
+        let file = object::File::parse(&*glibc).unwrap();
+        let resolver = CallResolver::new(&file);
+        let entries = [0x1000, 0x2000];
+        let mut purity = Purity::new(&resolver, &entries, |_| true);
+        purity.extra = Some((0x1000, code));
+        purity.forward_only(0x1000..0x1000 + code.len() as u64, false)
+    }
+
+    #[test]
+    fn only_stack_writes_and_a_forward_is_forward_only() {
+        // push %rax ; jmp 0x2000 (an entry)
+        assert!(synthetic(&[0x50, 0xe9, 0xfa, 0x0f, 0x00, 0x00]));
+        // test %rdi,%rdi ; je +5 ; jmp 0x2000 ; ret: the other path returns nothing.
+        assert!(synthetic(&[
+            0x48, 0x85, 0xff, 0x74, 0x05, 0xe9, 0xf6, 0x0f, 0x00, 0x00, 0xc3
+        ]));
+    }
+
+    #[test]
+    fn a_heap_write_a_syscall_or_an_unknown_call_may_allocate() {
+        // mov %rdi,(%rax) ; jmp 0x2000
+        assert!(!synthetic(&[
+            0x48, 0x89, 0x38, 0xe9, 0xf8, 0x0f, 0x00, 0x00
+        ]));
+        // syscall ; jmp 0x2000
+        assert!(!synthetic(&[0x0f, 0x05, 0xe9, 0xf9, 0x0f, 0x00, 0x00]));
+        // call *%rax ; jmp 0x2000
+        assert!(!synthetic(&[0xff, 0xd0, 0xe9, 0xf9, 0x0f, 0x00, 0x00]));
+        // ret only: no forward at all.
+        assert!(!synthetic(&[0xc3]));
+    }
+
+    #[test]
+    fn glibc_reallocarray_is_forward_only_and_realloc_is_not() {
+        // mov; mul; mov; jo; jmp realloc@plt; errno = ENOMEM (a TLS write); ret.
+        assert!(forward_only(&glibc(), "reallocarray", false));
+        // realloc allocates itself (_int_realloc) and calls malloc only sometimes.
+        assert!(!forward_only(&glibc(), "realloc", false));
+    }
+
+    #[test]
+    fn musl_wrappers_are_forward_only() {
+        // Overflow check, malloc, an internal helper that only reads, memset.
+        assert!(forward_only(MUSL, "calloc", false));
+        // Overflow check, errno through __errno_location's pointer, jmp realloc.
+        assert!(forward_only(MUSL, "reallocarray", false));
+        // Stores the block through its first argument: allowed for that argument only.
+        assert!(forward_only(MUSL, "posix_memalign", true));
+        assert!(!forward_only(MUSL, "posix_memalign", false));
+        // malloc is the allocator.
+        assert!(!forward_only(MUSL, "malloc", false));
+    }
+
+    #[test]
+    fn a_global_write_may_allocate() {
+        // tcmalloc's valloc caches the page size in a global before jumping to
+        // tc_memalign: a write the proof cannot tell from allocator state.
+        assert!(!forward_only(TCMALLOC, "valloc", false));
+        assert!(forward_only(TCMALLOC, "posix_memalign", true));
+    }
+}
