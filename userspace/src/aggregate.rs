@@ -296,6 +296,7 @@ mod tests {
             sample_id: id,
             pid: 1,
             tid: 1,
+            epoch: 0,
             timestamp_ns: at,
             size,
             offset: 0,

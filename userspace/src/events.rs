@@ -49,6 +49,8 @@ pub struct RawSample {
     pub pid: u32,
     /// Thread id.
     pub tid: u32,
+    /// The epoch the call was counted in (low 32 bits): which interval it belongs to.
+    pub epoch: u32,
     /// CLOCK_MONOTONIC nanoseconds at the probe.
     pub timestamp_ns: u64,
     /// Requested bytes.
@@ -136,6 +138,7 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
         sample_id: event.sample_id,
         pid: event.pid,
         tid: event.tid,
+        epoch: event.epoch,
         timestamp_ns: event.timestamp_ns,
         size: event.size,
         offset: event.offset,
@@ -218,7 +221,7 @@ mod tests {
         stack[..4].copy_from_slice(&[0x1000, 0x2000, 0x3000, 0x4000]);
         SampleEvent {
             kind: EventKind::Sample as u32,
-            reserved: 0,
+            epoch: 0,
             sample_id: 99,
             timestamp_ns: 5,
             size: 100,

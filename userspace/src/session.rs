@@ -30,7 +30,10 @@ use crate::{
     estimate::Confidence,
     events::{Event, EventReader, RawSample},
     export::raw_samples::RawSampleLog,
-    probe::{intervals::REFRESH_INTERVAL, LiveMechanism, Sampler, SamplerConfig, ThreadTables},
+    probe::{
+        intervals::REFRESH_INTERVAL, LiveMechanism, Sampler, SamplerConfig, ThreadTables,
+        COLLECT_EXITED_EVERY,
+    },
     report::{KernelFigures, Report},
     stacks::StackResolver,
     symbolize::FrameSymbolizer,
@@ -232,6 +235,10 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut refresh = tokio::time::interval(REFRESH_INTERVAL);
     refresh.tick().await;
+    // Exited threads' entries stay frozen until collected (probe/totals.rs): free
+    // them often enough that a program churning threads keeps finding slots.
+    let mut collect = tokio::time::interval(COLLECT_EXITED_EVERY);
+    collect.tick().await;
     let deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
     let stop = loop {
         tokio::select! {
@@ -251,6 +258,9 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
             }
             _ = tokio::signal::ctrl_c() => break StopReason::Signal,
             _ = sigterm.recv() => break StopReason::Signal,
+            _ = collect.tick() => {
+                sampler.collect_exited_threads();
+            }
             _ = refresh.tick() => {
                 // The old table stays a valid exponential table: a failed refresh costs
                 // nothing but freshness, so sampling goes on.

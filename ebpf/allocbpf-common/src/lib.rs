@@ -21,7 +21,8 @@ pub const INTERVAL_TABLE_LEN: u32 = 1 << 16;
 
 /// Slots in the direct-mapped thread table (`THREAD_SLOTS`, indexed by
 /// `tid & (THREAD_SLOTS_LEN - 1)`): an array lookup the verifier inlines, where a hash
-/// lookup costs ~30 ns per call. 65,536 x 72 bytes = 4.5 MiB.
+/// lookup costs ~30 ns per call. 65,536 x 112 bytes = 7 MiB, memory-mapped by userspace
+/// (`BPF_F_MMAPABLE`) so the exact totals are read without 65,536 system calls.
 pub const THREAD_SLOTS_LEN: u32 = 1 << 16;
 
 /// Entries in the overflow hash (`THREADS`) for threads whose slot is taken by another
@@ -29,7 +30,7 @@ pub const THREAD_SLOTS_LEN: u32 = 1 << 16;
 /// unbiased (the exponential is memoryless) and totals stay exact; see docs/design.md.
 pub const MAX_OVERFLOW_THREADS: u32 = 16_384;
 
-/// Maximum number of processes whose exited threads' totals are kept.
+/// Maximum number of processes whose fallback totals (`PROCESS_TOTALS`) are kept.
 pub const MAX_PROCESSES: u32 = 16_384;
 
 /// Size of the sample ring buffer in bytes (a power of two multiple of the page size).
@@ -300,8 +301,8 @@ pub enum LiveMode {
 pub struct SampleEvent {
     /// [`EventKind::Sample`].
     pub kind: u32,
-    /// Reserved; keeps the layout free of implicit padding.
-    pub reserved: u32,
+    /// The epoch the call was counted in (low 32 bits; [`EpochCounts`]).
+    pub epoch: u32,
     /// Unique per session: identifies the sample in later [`LiveEvent`]s.
     pub sample_id: u64,
     /// `bpf_ktime_get_ns()` at the probe (CLOCK_MONOTONIC).
@@ -349,10 +350,9 @@ pub struct SampleEvent {
 pub struct ThreadState {
     /// Bytes left before the next sample point.
     pub remaining: u64,
-    /// Exact number of probed calls made by this thread.
-    pub calls: u64,
-    /// Exact number of bytes requested by this thread.
-    pub bytes: u64,
+    /// Exact calls and bytes of this thread in the current epoch and the one before,
+    /// at index `epoch & 1` ([`EpochCounts`]).
+    pub counts: [EpochCounts; 2],
     /// Stack pointer at entry of the last wrapper call (calloc, realloc, ...) that may
     /// forward to another probed function; 0 when none is pending.
     pub forward_sp: u64,
@@ -381,9 +381,62 @@ pub struct ThreadState {
     pub pending_out: u64,
     /// For realloc/reallocarray: the old block, if it is a tracked live sample.
     pub pending_old: u64,
+    /// Non-zero once the thread has exited: the entry is frozen until userspace has
+    /// collected its counts and freed it (`tid` 0, or deleted from `THREADS`).
+    pub exited: u32,
+    /// Reserved; keeps the layout free of implicit padding.
+    pub reserved: u32,
 }
 
-/// Exact call and byte totals (value of the `PROCESS_TOTALS` map, keyed by pid).
+/// Exact calls and bytes counted in one epoch.
+///
+/// The agent cuts its intervals without stopping the probes by flipping the `EPOCH`
+/// global: every probe run reads it once and counts into the half `epoch & 1`,
+/// resetting a half still holding an older epoch; its samples carry the epoch too.
+/// After a flip and a wait for running programs, the closed epoch's halves no longer
+/// change, and the interval's totals and samples are exactly that epoch's
+/// (docs/statistics.md, "One window").
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpochCounts {
+    /// The epoch these counts belong to.
+    pub epoch: u64,
+    /// Probed calls.
+    pub calls: u64,
+    /// Requested bytes.
+    pub bytes: u64,
+}
+
+impl EpochCounts {
+    /// Counts one call of `bytes` in `epoch` into a pair of halves.
+    #[inline(always)]
+    pub fn add(halves: &mut [EpochCounts; 2], epoch: u64, calls: u64, bytes: u64) {
+        let half = &mut halves[(epoch & 1) as usize];
+        if half.epoch != epoch {
+            *half = EpochCounts {
+                epoch,
+                calls: 0,
+                bytes: 0,
+            };
+        }
+        half.calls += calls;
+        half.bytes += bytes;
+    }
+}
+
+/// Value of the `PROCESS_TOTALS` map (per CPU, keyed by pid): calls counted without a
+/// thread entry (the per-CPU fallback), by epoch.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessCounts {
+    /// Indexed by `epoch & 1`.
+    pub halves: [EpochCounts; 2],
+}
+
+/// Name of the one-entry `EPOCH` array map (u64) that userspace flips at interval cuts.
+pub const EPOCH_MAP: &str = "EPOCH";
+
+/// Exact call and byte totals of a process over a window (summed by userspace).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
@@ -421,6 +474,11 @@ pub enum Counter {
 /// Number of [`Counter`] slots.
 pub const COUNTER_COUNT: u32 = 9;
 
+/// Length of the `COUNTERS` array: one set of [`Counter`]s per epoch parity, at
+/// `(epoch & 1) * COUNTER_COUNT + counter`, so an interval's sample counter covers
+/// exactly its epoch's samples ([`EpochCounts`]).
+pub const COUNTER_SLOTS: u32 = 2 * COUNTER_COUNT;
+
 /// `.rodata` global: only this tgid is profiled; 0 profiles every process.
 pub const TARGET_PID_GLOBAL: &str = "TARGET_PID";
 /// `.rodata` global: the mean sampling interval in bytes.
@@ -444,7 +502,7 @@ mod pod {
     // SAFETY: all types are #[repr(C)], Copy, and made only of integers with no implicit
     // padding, so every bit pattern is valid.
     unsafe impl aya::Pod for super::ThreadState {}
-    unsafe impl aya::Pod for super::Totals {}
+    unsafe impl aya::Pod for super::ProcessCounts {}
     unsafe impl aya::Pod for super::LiveKey {}
     unsafe impl aya::Pod for super::ProcessGate {}
 }

@@ -13,7 +13,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 
-use crate::{bump, return_address, stack_copy, EVENTS, RATE, STACK_COPY_BYTES};
+use crate::{bump, bump_in, return_address, stack_copy, EVENTS, RATE, STACK_COPY_BYTES};
 
 /// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
 /// was no sample or it was lost (a lost sample is not tracked either).
@@ -25,6 +25,7 @@ pub(crate) fn emit(
     size: u64,
     decision: Decision,
     sp: u64,
+    epoch: u64,
 ) -> u64 {
     let (offset, next_interval, flags) = match decision {
         Decision::Skip => return 0,
@@ -34,7 +35,7 @@ pub(crate) fn emit(
         } => (offset, next_interval, 0),
         Decision::Certain => (0, 0, SAMPLE_FLAG_CERTAIN),
     };
-    bump(Counter::Samples);
+    bump_in(epoch, Counter::Samples);
     let timestamp_ns = unsafe { bpf_ktime_get_ns() };
     // Unique per session without shared state: a thread's timestamps are distinct, an
     // odd multiplier is a bijection mod 2^64, and the tid separates threads (a collision
@@ -50,6 +51,7 @@ pub(crate) fn emit(
         pid_tgid,
         kind,
         flags,
+        epoch,
     };
     // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
     let sent = match unsafe { read_volatile(&STACK_COPY_BYTES) } {
@@ -60,7 +62,7 @@ pub(crate) fn emit(
         _ => stack_copy::emit::<16384>(ctx, &header),
     };
     if !sent {
-        bump(Counter::RingBufferDrops);
+        bump_in(epoch, Counter::RingBufferDrops);
         return 0;
     }
     sample_id
@@ -77,6 +79,7 @@ pub(crate) struct Header {
     pid_tgid: u64,
     kind: u32,
     flags: u32,
+    epoch: u64,
 }
 
 /// Writes `header` into a reserved event (stack fields zeroed).
@@ -87,7 +90,7 @@ pub(crate) struct Header {
 pub(crate) unsafe fn write_header(event: *mut SampleEvent, h: &Header) {
     unsafe {
         addr_of_mut!((*event).kind).write(EventKind::Sample as u32);
-        addr_of_mut!((*event).reserved).write(0);
+        addr_of_mut!((*event).epoch).write(h.epoch as u32);
         addr_of_mut!((*event).sample_id).write(h.sample_id);
         addr_of_mut!((*event).timestamp_ns).write(h.timestamp_ns);
         addr_of_mut!((*event).size).write(h.size);

@@ -35,8 +35,9 @@ use core::ptr::read_volatile;
 use allocbpf_common::{
     cookie::ProbeCookie,
     sampler::{self, array_bytes, pvalloc_bytes, Decision},
-    Counter, LiveKey, LiveMode, Shape, ThreadState, Totals, COUNTER_COUNT, INTERVAL_TABLE_LEN,
-    MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS, MAX_PROCESSES, RING_BUFFER_BYTES, THREAD_SLOTS_LEN,
+    Counter, EpochCounts, LiveKey, LiveMode, ProcessCounts, Shape, ThreadState, COUNTER_COUNT,
+    COUNTER_SLOTS, INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS, MAX_PROCESSES,
+    RING_BUFFER_BYTES, THREAD_SLOTS_LEN,
 };
 use aya_ebpf::EbpfContext;
 use aya_ebpf::{
@@ -80,31 +81,42 @@ static LIVE_MODE: u32 = LiveMode::Off as u32;
 #[map]
 static LIVE: HashMap<LiveKey, u64> = HashMap::with_max_entries(MAX_LIVE_SAMPLES, 0);
 
-/// Per-thread countdown and exact totals, direct-mapped by `tid & THREAD_SLOT_MASK`. A slot is
-/// claimed by the first thread that allocates with it free and released at that
-/// thread's exit (`thread_exit`).
-#[map]
-static THREAD_SLOTS: Array<ThreadState> = Array::with_max_entries(THREAD_SLOTS_LEN, 0);
+/// `BPF_F_MMAPABLE`: userspace maps `THREAD_SLOTS` to read and free slots without a
+/// system call per slot.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 
-/// Threads whose slot another live thread holds, keyed by tid. Entries are removed at
-/// thread exit; when full, new threads use `CPU_COUNTDOWN`.
+/// Per-thread countdown and exact totals, direct-mapped by `tid & THREAD_SLOT_MASK`. A slot is
+/// claimed by the first thread that allocates with it free. At the thread's exit it is
+/// frozen (`exited`) until userspace has collected its counts and freed it: counts
+/// never move between maps, so userspace reads them without racing an exit.
+#[map]
+static THREAD_SLOTS: Array<ThreadState> =
+    Array::with_max_entries(THREAD_SLOTS_LEN, BPF_F_MMAPABLE);
+
+/// Threads whose slot another thread holds, keyed by tid. Frozen at thread exit like a
+/// slot, and deleted by userspace; when full, new threads use `CPU_COUNTDOWN`.
 #[map]
 static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_OVERFLOW_THREADS, 0);
 
-/// Exact totals of threads that have exited (and of threads on the per-CPU fallback),
-/// keyed by tgid. Userspace adds the live threads' totals from `THREAD_SLOTS` and
-/// `THREADS` and sums the CPUs. Per-CPU because the BPF target has no atomic read-modify-write in Rust's `core`.
+/// Exact totals of calls counted without a thread entry (the per-CPU fallback), keyed
+/// by tgid, by epoch. Per-CPU because the BPF target has no atomic read-modify-write
+/// in Rust's `core`.
 #[map]
-static PROCESS_TOTALS: PerCpuHashMap<u32, Totals> =
+static PROCESS_TOTALS: PerCpuHashMap<u32, ProcessCounts> =
     PerCpuHashMap::with_max_entries(MAX_PROCESSES, 0);
+
+/// The current epoch (`EpochCounts`): userspace increments it to cut an interval.
+#[map]
+static EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Exponential intervals with mean `RATE`, written and refreshed by userspace.
 #[map]
 static INTERVALS: Array<u64> = Array::with_max_entries(INTERVAL_TABLE_LEN, 0);
 
-/// Per-CPU event counters, indexed by `Counter`.
+/// Per-CPU event counters, one set per epoch parity: `(epoch & 1) * COUNTER_COUNT +
+/// Counter`.
 #[map]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
 /// Fallback countdown for threads that found `THREADS` full.
 #[map]
@@ -142,9 +154,23 @@ fn skip_return() -> u32 {
     (unsafe { read_volatile(&LIVE_MODE) } == LiveMode::Session as u32) as u32
 }
 
+/// The current epoch.
+#[inline(always)]
+pub(crate) fn current_epoch() -> u64 {
+    EPOCH.get(0).copied().unwrap_or(0)
+}
+
+/// Counts one event in the current epoch's counters.
 #[inline(always)]
 pub(crate) fn bump(counter: Counter) {
-    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+    bump_in(current_epoch(), counter)
+}
+
+/// Counts one event in `epoch`'s counters (the epoch the run counts its call in).
+#[inline(always)]
+pub(crate) fn bump_in(epoch: u64, counter: Counter) {
+    let index = (epoch & 1) as u32 * COUNTER_COUNT + counter as u32;
+    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot, and programs do not migrate while running.
         unsafe { *slot += 1 };
     }
@@ -330,23 +356,19 @@ fn remember_wrapper(state: &mut ThreadState, cookie: &ProbeCookie, entry: &Entry
     state.forward_fn = cookie.function as u32;
 }
 
-/// Adds to a process's kept totals, creating the entry if needed.
+/// Adds one call to a process's fallback totals, creating the entry if needed.
 #[inline(always)]
-fn add_process_totals(pid: u32, calls: u64, bytes: u64) -> bool {
+fn add_process_totals(pid: u32, epoch: u64, bytes: u64) -> bool {
     if PROCESS_TOTALS.get_ptr_mut(&pid).is_none() {
         // BPF_NOEXIST: a racing creator wins and we add to its entry below.
-        let _ = PROCESS_TOTALS.insert(&pid, &Totals::default(), BPF_NOEXIST as u64);
+        let _ = PROCESS_TOTALS.insert(&pid, &ProcessCounts::default(), BPF_NOEXIST as u64);
     }
     let Some(totals) = PROCESS_TOTALS.get_ptr_mut(&pid) else {
-        bump(Counter::ProcessMapFull);
+        bump_in(epoch, Counter::ProcessMapFull);
         return false;
     };
-    // SAFETY: this CPU's slot of a live map value. The thread-exit tracepoint runs with
-    // preemption disabled, so its adds cannot interleave on one CPU.
-    unsafe {
-        (*totals).calls += calls;
-        (*totals).bytes += bytes;
-    }
+    // SAFETY: this CPU's slot of a live map value; programs do not migrate while running.
+    EpochCounts::add(unsafe { &mut (*totals).halves }, epoch, 1, bytes);
     true
 }
 
@@ -372,7 +394,7 @@ fn thread_state(pid: u32, tid: u32) -> Option<&'static mut ThreadState> {
         ..ThreadState::default()
     };
     if let Some(slot) = slot_of(tid) {
-        if slot.tid == tid {
+        if slot.tid == tid && slot.exited == 0 {
             return Some(slot);
         }
         if slot.tid == 0 {
@@ -381,8 +403,10 @@ fn thread_state(pid: u32, tid: u32) -> Option<&'static mut ThreadState> {
         }
     }
     if let Some(state) = THREADS.get_ptr_mut(&tid) {
-        // SAFETY: only this thread touches its entry; it is removed only at its exit.
-        return Some(unsafe { &mut *state });
+        // SAFETY: only this thread touches its entry; it is frozen at its exit. A frozen
+        // entry of an earlier thread with this tid (not collected yet) is not ours.
+        let state = unsafe { &mut *state };
+        return (state.exited == 0).then_some(state);
     }
     THREADS.insert(&tid, &fresh(), BPF_NOEXIST as u64).ok()?;
     // SAFETY: as above.
@@ -404,14 +428,15 @@ pub(crate) struct CallArgs {
 #[inline(always)]
 fn existing_thread_state(tid: u32) -> Option<&'static mut ThreadState> {
     if let Some(slot) = slot_of(tid) {
-        if slot.tid == tid {
+        if slot.tid == tid && slot.exited == 0 {
             return Some(slot);
         }
     }
-    // SAFETY: only this thread touches its entry; it is removed only at its exit.
+    // SAFETY: only this thread touches its entry; it is frozen at its exit.
     THREADS
         .get_ptr_mut(&tid)
         .map(|state| unsafe { &mut *state })
+        .filter(|state| state.exited == 0)
 }
 
 /// The common path of every allocation probe. `size` is 0 for calls that allocate
@@ -438,6 +463,8 @@ fn on_alloc(
     let now = now_of(ctx);
     let entry = entry_of(&now, cookie);
     let kind = cookie.function as u32;
+    // Read once: the call, its sample and the sample counter share one epoch.
+    let epoch = current_epoch();
     let live = unsafe { read_volatile(&LIVE_MODE) } != LiveMode::Off as u32;
 
     let Some(state) = thread_state(pid, tid) else {
@@ -445,14 +472,14 @@ fn on_alloc(
         // and a per-CPU countdown keeps sampling unbiased (each allocation is still
         // sampled with probability 1 - exp(-size/rate), by memorylessness). Forwarded
         // calls cannot be recognised here, nor returns awaited (no live tracking).
-        bump(Counter::ThreadMapFull);
-        if !add_process_totals(pid, 1, size) {
+        bump_in(epoch, Counter::ThreadMapFull);
+        if !add_process_totals(pid, epoch, size) {
             warn!(ctx, "allocbpf: process totals map full, pid {}", pid);
         }
         if let Some(remaining) = CPU_COUNTDOWN.get_ptr_mut(0) {
             // SAFETY: per-CPU slot.
             let decision = decide(unsafe { &mut *remaining }, size);
-            emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp);
+            emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch);
         }
         return skip_return();
     };
@@ -480,10 +507,9 @@ fn on_alloc(
     if cookie.wrapper {
         remember_wrapper(state, cookie, &entry, args.old);
     }
-    state.calls += 1;
-    state.bytes += size;
+    EpochCounts::add(&mut state.counts, epoch, 1, size);
     let decision = decide(&mut state.remaining, size);
-    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp);
+    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch);
     if !live {
         return skip_return();
     }
@@ -632,27 +658,25 @@ pub fn probe_empty(_ctx: ProbeContext) -> u32 {
     0
 }
 
-/// Thread exit: fold the thread's exact totals into its process and free its slot or
-/// overflow entry, so both hold live threads only.
+/// Thread exit: freeze the thread's slot and overflow entry (`exited`) so userspace
+/// collects their counts and frees them. Nothing moves between maps: a reader that
+/// saw the counts in the slot cannot see them again elsewhere.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     process::on_thread_exit((pid_tgid >> 32) as u32, tid);
     if let Some(slot) = slot_of(tid) {
-        if slot.tid == tid {
-            add_process_totals(slot.pid, slot.calls, slot.bytes);
-            *slot = ThreadState::default();
-            return 0;
+        if slot.tid == tid && slot.exited == 0 {
+            slot.exited = 1;
         }
     }
-    let Some(state) = THREADS.get_ptr(&tid) else {
-        return 0;
-    };
-    // SAFETY: valid map value pointer for this run.
-    let (pid, calls, bytes) = unsafe { ((*state).pid, (*state).calls, (*state).bytes) };
-    add_process_totals(pid, calls, bytes);
-    let _ = THREADS.remove(&tid);
+    // A thread may hold both: an overflow entry made while its slot was taken, then
+    // the slot once it was freed.
+    if let Some(state) = THREADS.get_ptr_mut(&tid) {
+        // SAFETY: valid map value pointer for this run; only this thread writes it.
+        unsafe { (*state).exited = 1 };
+    }
     0
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use allocbpf_common::{GateState, LiveKey, ProcessGate, Totals};
+use allocbpf_common::{GateState, LiveKey, ProcessCounts, ProcessGate};
 use aya::maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues};
 
 use super::{map_error, ProbeError, Sampler};
@@ -69,7 +69,7 @@ impl Sampler {
             return;
         }
         if let Some(map) = self.ebpf.map_mut("PROCESS_TOTALS") {
-            if let Ok(mut totals) = PerCpuHashMap::<_, u32, Totals>::try_from(map) {
+            if let Ok(mut totals) = PerCpuHashMap::<_, u32, ProcessCounts>::try_from(map) {
                 for pid in pids {
                     let _ = totals.remove(pid);
                 }

@@ -6,18 +6,18 @@ mod gates;
 pub mod intervals;
 pub mod point;
 pub mod session;
+mod totals;
 
 use std::num::NonZeroU32;
 
 use std::os::fd::OwnedFd;
 
 use allocbpf_common::{
-    Counter, LiveMode, ThreadState, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT,
-    LIVE_MODE_GLOBAL, RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL,
-    THREAD_SLOT_MASK_GLOBAL,
+    Counter, LiveMode, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, LIVE_MODE_GLOBAL,
+    RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOT_MASK_GLOBAL,
 };
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, MapData, RingBuf},
     programs::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
         RawTracePoint, UProbe,
@@ -60,7 +60,18 @@ pub enum ProbeError {
         /// The cause.
         source: aya::maps::MapError,
     },
+    /// A map could not be memory-mapped, or the CPUs counted.
+    #[error("eBPF map {map}: {source}")]
+    System {
+        /// Map name.
+        map: &'static str,
+        /// The cause.
+        source: std::io::Error,
+    },
 }
+
+/// How often the thread tables' frozen entries of exited threads are collected.
+pub const COLLECT_EXITED_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn load_error(e: impl std::error::Error + Send + Sync + 'static) -> ProbeError {
     ProbeError::Load(Box::new(e))
@@ -170,6 +181,8 @@ pub struct Sampler {
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
     /// Programs relocated for session links (`--live` on kernels that have them).
     session_programs: Option<SessionPrograms>,
+    /// Exact totals and counters by epoch.
+    book: totals::EpochBook,
 }
 
 impl Sampler {
@@ -224,6 +237,7 @@ impl Sampler {
             .map(Array::try_from)
             .transpose()
             .map_err(map_error("INTERVALS"))?;
+        let book = totals::EpochBook::new(&ebpf, (slot_mask + 1) as usize)?;
         let mut sampler = Sampler {
             ebpf,
             config,
@@ -231,6 +245,7 @@ impl Sampler {
             table: IntervalTable::new(config.rate),
             logger,
             session_programs,
+            book,
         };
         sampler.refresh_intervals()?;
         if !config.empty_probes {
@@ -413,21 +428,55 @@ impl Sampler {
 
     /// Reads the per-CPU counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters, ProbeError> {
-        let map = self
-            .ebpf
-            .map("COUNTERS")
-            .ok_or_else(|| load_error(missing("COUNTERS")))?;
-        let array = PerCpuArray::<_, u64>::try_from(map).map_err(map_error("COUNTERS"))?;
-        let mut values = [0u64; COUNTER_COUNT as usize];
-        for (index, value) in values.iter_mut().enumerate() {
-            *value = array
-                .get(&(index as u32), 0)
-                .map_err(map_error("COUNTERS"))?
-                .iter()
-                .sum();
-        }
+        Ok(Counters::from_values(self.book.counters(&self.ebpf, None)?))
+    }
+
+    /// The kernel's counters of one epoch only (see [`Sampler::next_epoch`]).
+    pub fn counters_of(&self, epoch: u64) -> Result<Counters, ProbeError> {
+        Ok(Counters::from_values(
+            self.book.counters(&self.ebpf, Some(epoch))?,
+        ))
+    }
+
+    /// Exact totals per process of the current epoch (all of them, for a sampler whose
+    /// epoch never moved). Read after detaching and `wait_for_running_programs`.
+    pub fn totals(&mut self) -> Result<std::collections::HashMap<u32, Totals>, ProbeError> {
+        let epoch = self.book.epoch();
+        self.book.window(&mut self.ebpf, epoch)
+    }
+
+    /// Exact totals per process of an ended `epoch`, read after
+    /// `wait_for_running_programs`. Each epoch is read once.
+    pub fn totals_of(
+        &mut self,
+        epoch: u64,
+    ) -> Result<std::collections::HashMap<u32, Totals>, ProbeError> {
+        self.book.window(&mut self.ebpf, epoch)
+    }
+
+    /// Starts a new epoch and returns the one that ended: an interval cut that does
+    /// not stop the probes (`probe/totals.rs`).
+    pub fn next_epoch(&mut self) -> Result<u64, ProbeError> {
+        self.book.next_epoch(&mut self.ebpf)
+    }
+
+    /// The epoch calls are counted under now.
+    pub fn epoch(&self) -> u64 {
+        self.book.epoch()
+    }
+
+    /// Collects the counts of threads that exited and frees their entries, so the
+    /// thread tables hold running threads only. Call about once a second.
+    pub fn collect_exited_threads(&mut self) -> usize {
+        self.book.collect_exited(&mut self.ebpf)
+    }
+}
+
+impl Counters {
+    /// From values indexed by [`Counter`].
+    fn from_values(values: [u64; COUNTER_COUNT as usize]) -> Counters {
         let at = |counter: Counter| values[counter as usize];
-        Ok(Counters {
+        Counters {
             samples: at(Counter::Samples),
             ring_buffer_drops: at(Counter::RingBufferDrops),
             stack_errors: at(Counter::StackErrors),
@@ -437,45 +486,7 @@ impl Sampler {
             live_map_full: at(Counter::LiveMapFull),
             live_frees: at(Counter::LiveFrees),
             live_returns: at(Counter::LiveReturns),
-        })
-    }
-
-    /// Exact totals per process: exited threads (and overflow) from `PROCESS_TOTALS`
-    /// plus the live threads in `THREAD_SLOTS` and `THREADS`.
-    pub fn totals(&self) -> Result<std::collections::HashMap<u32, Totals>, ProbeError> {
-        let started = std::time::Instant::now();
-        let mut totals: std::collections::HashMap<u32, Totals> = Default::default();
-        let mut add = |pid: u32, calls: u64, bytes: u64| {
-            let entry = totals.entry(pid).or_default();
-            entry.calls += calls;
-            entry.bytes += bytes;
-        };
-        if let Some(map) = self.ebpf.map("PROCESS_TOTALS") {
-            let per_process = PerCpuHashMap::<_, u32, Totals>::try_from(map)
-                .map_err(map_error("PROCESS_TOTALS"))?;
-            // Entries may vanish while we iterate; a failed item is skipped, not fatal.
-            for (pid, values) in per_process.iter().flatten() {
-                for value in values.iter() {
-                    add(pid, value.calls, value.bytes);
-                }
-            }
         }
-        if let Some(map) = self.ebpf.map("THREAD_SLOTS") {
-            let slots =
-                Array::<_, ThreadState>::try_from(map).map_err(map_error("THREAD_SLOTS"))?;
-            for state in slots.iter().flatten().filter(|s| s.tid != 0) {
-                add(state.pid, state.calls, state.bytes);
-            }
-        }
-        if let Some(map) = self.ebpf.map("THREADS") {
-            let threads =
-                HashMap::<_, u32, ThreadState>::try_from(map).map_err(map_error("THREADS"))?;
-            for (_tid, state) in threads.iter().flatten() {
-                add(state.pid, state.calls, state.bytes);
-            }
-        }
-        tracing::debug!("exact totals read in {:?}", started.elapsed());
-        Ok(totals)
     }
 }
 

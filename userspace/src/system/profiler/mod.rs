@@ -26,6 +26,7 @@ use crate::{
     image::{AllocatorImage, ImageKey},
     probe::{
         intervals::REFRESH_INTERVAL, Counters, ImageLinks, Sampler, SamplerConfig, ThreadTables,
+        COLLECT_EXITED_EVERY,
     },
     procfs,
     report::{KernelFigures, Report},
@@ -118,8 +119,6 @@ struct Tracked {
     exited: bool,
     /// Images this process maps (for budget detachments).
     images: Vec<ImageKey>,
-    /// Kernel totals at the start of the interval.
-    exact_base: Totals,
 }
 
 struct ImageState {
@@ -154,6 +153,11 @@ pub struct SystemProfiler {
     interval_started: SystemTime,
     interval_started_at: Instant,
     batch: Vec<Event>,
+    /// During a cut: the epoch that ended. Samples of a later epoch read meanwhile
+    /// belong to the next interval and wait in `held`.
+    cutting: Option<u64>,
+    held: Vec<Event>,
+    last_collect: Instant,
     /// Running counts.
     pub stats: SystemStats,
 }
@@ -193,6 +197,9 @@ impl SystemProfiler {
             interval_started: SystemTime::now(),
             interval_started_at: now,
             batch: Vec::new(),
+            cutting: None,
+            held: Vec::new(),
+            last_collect: Instant::now(),
             stats: SystemStats::default(),
         };
         // The unprobed cost of the calibration loop, before anything is attached.
@@ -285,7 +292,6 @@ impl SystemProfiler {
                         },
                         exited: false,
                         images: Vec::new(),
-                        exact_base: Totals::default(),
                     },
                 );
             }
@@ -361,6 +367,13 @@ impl SystemProfiler {
     fn handle(&mut self, batch: &mut Vec<Event>) {
         for event in batch.drain(..) {
             match event {
+                Event::Sample(sample)
+                    if self
+                        .cutting
+                        .is_some_and(|ended| sample.epoch != ended as u32) =>
+                {
+                    self.held.push(Event::Sample(sample));
+                }
                 Event::Sample(sample) => {
                     let pid = sample.pid;
                     if self.ignored.contains(&pid) {
@@ -447,17 +460,23 @@ impl SystemProfiler {
             }
         }
         self.reattach_due(now);
+        if now.duration_since(self.last_collect) >= COLLECT_EXITED_EVERY {
+            self.last_collect = now;
+            self.sampler().collect_exited_threads();
+        }
         self.sampler().flush_logs();
     }
 
-    /// Exact kernel totals and counters, read before a cut.
-    fn kernel_figures(&mut self) -> (Counters, HashMap<u32, Totals>) {
+    /// Exact kernel totals and counters of `epoch`, which has ended (or, at stop, is
+    /// the current one with every probe detached), after running programs are waited
+    /// for.
+    fn kernel_figures(&mut self, epoch: u64) -> (Counters, HashMap<u32, Totals>) {
         let sampler = self.sampler();
-        let counters = sampler.counters().unwrap_or_else(|error| {
+        let counters = sampler.counters_of(epoch).unwrap_or_else(|error| {
             tracing::warn!("kernel counters unavailable: {error}");
             Counters::default()
         });
-        let totals = sampler.totals().unwrap_or_else(|error| {
+        let totals = sampler.totals_of(epoch).unwrap_or_else(|error| {
             tracing::warn!("exact totals unavailable: {error}");
             HashMap::new()
         });
@@ -466,9 +485,30 @@ impl SystemProfiler {
 
     /// Cuts one profile per profiled process for the interval that ends now, and starts
     /// the next; processes that exited are forgotten after their last profile.
+    ///
+    /// One window without stopping the probes (docs/statistics.md, "One window"): a new
+    /// epoch starts, running programs are waited for, then the ended epoch's totals,
+    /// counters and samples are exactly the interval's; samples of the new epoch read
+    /// meanwhile are kept for the next interval.
     pub fn cut(&mut self) -> Vec<ProcessProfile> {
-        let figures = self.kernel_figures();
-        self.cut_with(figures)
+        let ended = match self.sampler().next_epoch() {
+            Ok(ended) => ended,
+            Err(error) => {
+                // Without a new epoch the cut is as before: totals read while probes
+                // run, off by the calls made during the read.
+                tracing::warn!("epoch not advanced: {error}");
+                self.sampler().epoch()
+            }
+        };
+        crate::probe::wait_for_running_programs();
+        let figures = self.kernel_figures(ended);
+        self.cutting = Some(ended);
+        self.drain_ring();
+        let profiles = self.cut_with(figures);
+        self.cutting = None;
+        let mut held = std::mem::take(&mut self.held);
+        self.handle(&mut held);
+        profiles
     }
 
     fn cut_with(
@@ -490,12 +530,8 @@ impl SystemProfiler {
                 // Its exit event was lost (full ring): same outcome.
                 tracked.exited = true;
             }
-            let total = totals.get(&pid).copied().unwrap_or_default();
-            let exact = Totals {
-                calls: total.calls.saturating_sub(tracked.exact_base.calls),
-                bytes: total.bytes.saturating_sub(tracked.exact_base.bytes),
-            };
-            tracked.exact_base = total;
+            // The window's own totals (one epoch), not a running sum.
+            let exact = totals.get(&pid).copied().unwrap_or_default();
             if tracked.admitted && (!tracked.aggregate.is_empty() || exact.calls > 0) {
                 tracked.aggregate.finish(now_ns, None);
                 let report = Report::build(
@@ -552,7 +588,8 @@ impl SystemProfiler {
             }
         }
         crate::probe::wait_for_running_programs();
-        let figures = self.kernel_figures();
+        let epoch = self.sampler().epoch();
+        let figures = self.kernel_figures(epoch);
         if let Some(mut sampler) = self.sampler.take() {
             sampler.flush_logs();
         }
