@@ -159,7 +159,11 @@ pub enum Command {
     Report(ReportArgs),
     /// The agent's start-up calibration workload (internal).
     #[command(name = "__calibrate", hide = true)]
-    Calibrate,
+    Calibrate {
+        /// Call the single-step calibration function instead of malloc.
+        #[arg(long)]
+        step: bool,
+    },
 }
 
 /// `allocbpf agent`. Flags override the config file.

@@ -44,8 +44,8 @@ fn live_options(cli: &Cli) -> Option<LiveOptions> {
 
 fn run(cli: Cli) -> Result<()> {
     match &cli.command {
-        Some(Command::Calibrate) => {
-            return system::budget::calibration_child().context("calibration loop")
+        Some(Command::Calibrate { step }) => {
+            return system::budget::calibration_child(*step).context("calibration loop")
         }
         Some(Command::Report(args)) => return agent::report::run(args),
         Some(Command::Agent(args)) => return agent::run(args.clone()),

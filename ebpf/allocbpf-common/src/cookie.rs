@@ -100,6 +100,9 @@ pub struct ProbeCookie {
     /// allocating, so only a resize of no block (`realloc(NULL, n)`) can end in such
     /// a jump, and only then is the return address worth reading.
     pub tail_only_if_null: bool,
+    /// The probed instruction is single-stepped by the kernel (no emulated one was
+    /// found): its hits cost ~30x more, which the overhead budget must know.
+    pub stepped: bool,
     /// [`crate::AllocFn`] discriminant.
     pub function: u8,
 }
@@ -109,6 +112,7 @@ const INPUT_SHIFT: u32 = 38;
 const ABI_BIT: u32 = 32;
 const TAIL_BIT: u32 = 33;
 const TAIL_IF_NULL_BIT: u32 = 34;
+const STEPPED_BIT: u32 = 35;
 const OVERFLOW_BIT: u32 = 50;
 const WRAPPER_BIT: u32 = 51;
 const FUNCTION_SHIFT: u32 = 52;
@@ -130,6 +134,7 @@ impl ProbeCookie {
             | (self.abi_inputs as u64) << ABI_BIT
             | (self.tail_forward as u64) << TAIL_BIT
             | (self.tail_only_if_null as u64) << TAIL_IF_NULL_BIT
+            | (self.stepped as u64) << STEPPED_BIT
             | ((self.function & 0x3f) as u64) << FUNCTION_SHIFT
     }
 
@@ -149,6 +154,7 @@ impl ProbeCookie {
             abi_inputs: (cookie >> ABI_BIT) & 1 == 1,
             tail_forward: (cookie >> TAIL_BIT) & 1 == 1,
             tail_only_if_null: (cookie >> TAIL_IF_NULL_BIT) & 1 == 1,
+            stepped: (cookie >> STEPPED_BIT) & 1 == 1,
             function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
         }
     }
@@ -169,6 +175,7 @@ mod tests {
             abi_inputs: true,
             tail_forward: true,
             tail_only_if_null: true,
+            stepped: true,
             function: 16,
         };
         assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
@@ -181,6 +188,7 @@ mod tests {
             abi_inputs: false,
             tail_forward: false,
             tail_only_if_null: false,
+            stepped: false,
             function: 0,
         };
         assert_eq!(plain.encode(), 10);
@@ -198,6 +206,7 @@ mod tests {
             abi_inputs: false,
             tail_forward: false,
             tail_only_if_null: false,
+            stepped: false,
             function: 0,
         };
         let back = ProbeCookie::decode(cookie.encode());

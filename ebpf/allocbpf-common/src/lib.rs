@@ -236,6 +236,9 @@ pub struct ProcessEvent {
 pub struct ProcessGate {
     /// Probe hits (traps into the kernel) by this process on this CPU.
     pub hits: u64,
+    /// Of those, hits at probes on an instruction the kernel single-steps (~30x the
+    /// trap of an emulated one): the budget weighs them by their measured cost.
+    pub stepped_hits: u64,
     /// A [`GateState`] discriminant, written by userspace.
     pub state: u32,
     /// Reserved; keeps the layout free of implicit padding.

@@ -457,7 +457,7 @@ fn on_alloc(
     if target != 0 && pid != target {
         return skip_return();
     }
-    if !process::admit(pid) {
+    if !process::admit(pid, cookie.stepped) {
         return skip_return();
     }
     let now = now_of(ctx);
@@ -608,10 +608,10 @@ pub fn probe_free(ctx: ProbeContext) -> u32 {
     if target != 0 && pid != target {
         return 0;
     }
-    if !process::admit(pid) {
+    let cookie = cookie_of(&ctx);
+    if !process::admit(pid, cookie.stepped) {
         return 0;
     }
-    let cookie = cookie_of(&ctx);
     let [address, _, _] = inputs(&ctx, &cookie);
     if address != 0 {
         live::free_block(pid, address);
@@ -631,7 +631,7 @@ pub fn probe_return(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     // Counted for the overhead budget: this is a second trap per call.
-    process::admit(pid);
+    process::admit(pid, false);
     let Some(state) = existing_thread_state(pid_tgid as u32) else {
         return 0;
     };

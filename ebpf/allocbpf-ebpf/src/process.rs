@@ -33,10 +33,11 @@ pub(crate) fn system_wide() -> bool {
     unsafe { read_volatile(&TARGET_PID) == 0 }
 }
 
-/// Counts one probe hit of `pid` and says whether the hit may be sampled. In
-/// single-process mode the verifier drops this whole path (`TARGET_PID` is constant).
+/// Counts one probe hit of `pid` (`stepped`: at a single-stepped instruction) and says
+/// whether the hit may be sampled. In single-process mode the verifier drops this
+/// whole path (`TARGET_PID` is constant).
 #[inline(always)]
-pub(crate) fn admit(pid: u32) -> bool {
+pub(crate) fn admit(pid: u32, stepped: bool) -> bool {
     if !system_wide() {
         return true;
     }
@@ -51,6 +52,7 @@ pub(crate) fn admit(pid: u32) -> bool {
     // SAFETY: this CPU's copy of a live map value; programs do not migrate while running.
     unsafe {
         (*gate).hits += 1;
+        (*gate).stepped_hits += stepped as u64;
         (*gate).state == GateState::Open as u32
     }
 }

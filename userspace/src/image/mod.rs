@@ -112,6 +112,7 @@ impl ProbedEntry {
                 == Reg::ARGUMENTS[..self.shape.inputs()],
             tail_forward: self.tail_forward,
             tail_only_if_null: self.tail_only_if_null,
+            stepped: !self.point.emulated,
             function: self.function as u8,
         }
         .encode()

@@ -42,9 +42,49 @@ impl Sampler {
             .map_err(map_error("PROCESS_GATES"))
     }
 
+    /// Attaches the empty program at `offset` of file `path`, for process `pid` only
+    /// (the budget's calibration of a single-stepped probe).
+    pub fn attach_empty_at(
+        &mut self,
+        path: &std::path::Path,
+        offset: u64,
+        pid: u32,
+    ) -> Result<aya::programs::uprobe::UProbeLinkId, ProbeError> {
+        use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+        let program: &mut aya::programs::UProbe = super::program_of(&mut self.ebpf, "probe_empty")?;
+        if program.fd().is_err() {
+            program.load().map_err(super::load_error)?;
+        }
+        let scope = match std::num::NonZeroU32::new(pid) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: None,
+        };
+        program
+            .attach(point, path, scope)
+            .map_err(|source| ProbeError::Attach {
+                symbol: format!("+{offset:#x}"),
+                path: path.display().to_string(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Detaches what [`Sampler::attach_empty_at`] attached.
+    pub fn detach_empty(&mut self, link: aya::programs::uprobe::UProbeLinkId) {
+        if let Ok(program) =
+            super::program_of::<aya::programs::UProbe>(&mut self.ebpf, "probe_empty")
+        {
+            let _ = program.detach(link);
+        }
+    }
+
     /// Probe hits per process counted in the kernel since it was first seen (summed
-    /// over CPUs), with its gate state.
-    pub fn gate_hits(&self) -> Result<HashMap<u32, (u64, u32)>, ProbeError> {
+    /// over CPUs): all of them and those at single-stepped probe points, with its gate
+    /// state.
+    pub fn gate_hits(&self) -> Result<HashMap<u32, (u64, u64, u32)>, ProbeError> {
         let map = self
             .ebpf
             .map("PROCESS_GATES")
@@ -56,8 +96,9 @@ impl Sampler {
             .flatten()
             .map(|(pid, values)| {
                 let hits = values.iter().map(|g| g.hits).sum();
+                let stepped = values.iter().map(|g| g.stepped_hits).sum();
                 let state = values.iter().map(|g| g.state).max().unwrap_or(0);
-                (pid, (hits, state))
+                (pid, (hits, stepped, state))
             })
             .collect())
     }

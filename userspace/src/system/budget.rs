@@ -50,10 +50,23 @@ impl Default for BudgetOptions {
 /// What one probe hit costs, measured at start-up.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HitCost {
-    /// A hit of a sampled (open) process: trap plus program, nanoseconds.
+    /// A hit of a sampled (open) process at an emulated probe point: trap plus
+    /// program, nanoseconds.
     pub sampled_ns: f64,
     /// A hit of a paused process: trap plus the gate lookup.
     pub paused_ns: f64,
+    /// What a hit at a single-stepped instruction costs on top (the out-of-line step
+    /// and its second trap), measured on an instruction of our own.
+    pub stepped_extra_ns: f64,
+}
+
+/// Probe hits of one process, as the kernel counted them (running sums).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hits {
+    /// Every hit.
+    pub all: u64,
+    /// Hits at single-stepped probe points (a subset of `all`).
+    pub stepped: u64,
 }
 
 /// What the budget decided for one process.
@@ -98,7 +111,7 @@ pub struct Budget {
     pub options: BudgetOptions,
     /// The measured cost of a hit.
     pub cost: HitCost,
-    last_hits: HashMap<u32, u64>,
+    last_hits: HashMap<u32, Hits>,
     last_check: Option<Instant>,
     backed_off: HashMap<u32, BackedOff>,
     /// Last back-off per process and when it ended (for doubling).
@@ -135,7 +148,7 @@ impl Budget {
     }
 
     /// Checks cumulative hits per process at `now`; returns what to do.
-    pub fn check(&mut self, hits: &HashMap<u32, u64>, now: Instant) -> Vec<BudgetAction> {
+    pub fn check(&mut self, hits: &HashMap<u32, Hits>, now: Instant) -> Vec<BudgetAction> {
         let mut actions = Vec::new();
         let elapsed = self
             .last_check
@@ -147,10 +160,14 @@ impl Budget {
             if elapsed <= 0.0 {
                 continue;
             }
-            let rate = total.saturating_sub(previous) as f64 / elapsed;
+            let rate = total.all.saturating_sub(previous.all) as f64 / elapsed;
+            // Each single-stepped hit costs its step on top: the cost of the probes
+            // this process actually hits, not of glibc's malloc.
+            let stepped = total.stepped.saturating_sub(previous.stepped) as f64 / elapsed;
+            let extra = stepped * self.cost.stepped_extra_ns;
             match self.backed_off.get_mut(&pid) {
                 None => {
-                    let fraction = rate * self.cost.sampled_ns * 1e-9;
+                    let fraction = (rate * self.cost.sampled_ns + extra) * 1e-9;
                     if fraction > self.options.cpu_fraction {
                         let backoff = self.next_backoff(pid, now);
                         self.backed_off.insert(
@@ -170,7 +187,7 @@ impl Budget {
                     }
                 }
                 Some(state) if !state.detached => {
-                    let fraction = rate * self.cost.paused_ns * 1e-9;
+                    let fraction = (rate * self.cost.paused_ns + extra) * 1e-9;
                     if fraction > self.options.detach_fraction {
                         state.detached = true;
                         self.detachments += 1;
@@ -221,25 +238,66 @@ pub const CALIBRATION_ITERATIONS: u32 = 200_000;
 /// The calibration workload, run in a child process (`allocbpf __calibrate`): waits for
 /// a line on stdin (so the parent can set its gate first), then times
 /// [`CALIBRATION_ITERATIONS`] malloc/free pairs and prints nanoseconds per pair.
-pub fn calibration_child() -> std::io::Result<()> {
+/// With `step`, it calls [`calibration_step`] instead (a tenth as many times: a
+/// single-stepped probe costs ~14 us).
+pub fn calibration_child(step: bool) -> std::io::Result<()> {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
+    let iterations = if step {
+        CALIBRATION_ITERATIONS / 10
+    } else {
+        CALIBRATION_ITERATIONS
+    };
     let started = Instant::now();
-    for i in 0..CALIBRATION_ITERATIONS {
+    for i in 0..iterations {
+        if step {
+            std::hint::black_box(calibration_step(std::hint::black_box(u64::from(i))));
+            continue;
+        }
         // SAFETY: plain libc allocation, freed at once; black_box keeps the calls.
         unsafe {
             let p = libc::malloc(std::hint::black_box(64 + (i as usize & 63)));
             libc::free(std::hint::black_box(p));
         }
     }
-    let ns = started.elapsed().as_nanos() as f64 / f64::from(CALIBRATION_ITERATIONS);
+    let ns = started.elapsed().as_nanos() as f64 / f64::from(iterations);
     println!("{ns}");
     Ok(())
+}
+
+/// A function whose first instruction (`nop`, +0) the kernel emulates and whose second
+/// (`lea`, +1) it single-steps: the calibration probes each in turn to measure what a
+/// single-stepped probe costs on this machine.
+#[unsafe(naked)]
+pub extern "C" fn calibration_step(x: u64) -> u64 {
+    core::arch::naked_asm!("nop", "lea rax, [rdi + rdi * 2]", "ret")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hits(all: &[(u32, u64)]) -> HashMap<u32, Hits> {
+        all.iter()
+            .map(|&(pid, all)| (pid, Hits { all, stepped: 0 }))
+            .collect()
+    }
+
+    #[test]
+    fn single_stepped_hits_weigh_their_measured_cost() {
+        let mut b = budget();
+        let t0 = Instant::now();
+        let sec = Duration::from_secs(1);
+        let stepped = |all, stepped| HashMap::from([(9, Hits { all, stepped })]);
+        assert!(b.check(&stepped(0, 0), t0).is_empty());
+        // 1,000 hits/s at 1 us is 0.1% of a CPU; single-stepped, 14% of one.
+        assert!(b.check(&stepped(1_000, 0), t0 + sec).is_empty());
+        let actions = b.check(&stepped(2_000, 1_000), t0 + 2 * sec);
+        assert!(
+            matches!(actions[0], BudgetAction::Pause { pid: 9, fraction, .. } if (fraction - 0.014).abs() < 1e-9),
+            "{actions:?}"
+        );
+    }
 
     fn budget() -> Budget {
         Budget::new(
@@ -247,6 +305,7 @@ mod tests {
             HitCost {
                 sampled_ns: 1000.0,
                 paused_ns: 500.0,
+                stepped_extra_ns: 13_000.0,
             },
         )
     }
@@ -257,22 +316,22 @@ mod tests {
         let t0 = Instant::now();
         let sec = Duration::from_secs(1);
         // 1% of a CPU at 1 us per hit is 10,000 hits/s.
-        assert!(b.check(&HashMap::from([(7, 0), (8, 0)]), t0).is_empty());
-        let actions = b.check(&HashMap::from([(7, 20_000), (8, 5_000)]), t0 + sec);
+        assert!(b.check(&hits(&[(7, 0), (8, 0)]), t0).is_empty());
+        let actions = b.check(&hits(&[(7, 20_000), (8, 5_000)]), t0 + sec);
         assert_eq!(actions.len(), 1);
         assert!(
             matches!(actions[0], BudgetAction::Pause { pid: 7, backoff, .. } if backoff == Duration::from_secs(10))
         );
         // Paused, 200,000 hits/s x 0.5 us = 10% of a CPU in traps alone: detach.
-        let actions = b.check(&HashMap::from([(7, 220_000), (8, 6_000)]), t0 + 2 * sec);
+        let actions = b.check(&hits(&[(7, 220_000), (8, 6_000)]), t0 + 2 * sec);
         assert!(matches!(
             actions[0],
             BudgetAction::DetachImages { pid: 7, .. }
         ));
-        let actions = b.check(&HashMap::from([(7, 220_000)]), t0 + 12 * sec);
+        let actions = b.check(&hits(&[(7, 220_000)]), t0 + 12 * sec);
         assert_eq!(actions, vec![BudgetAction::Resume { pid: 7 }]);
         // Caught again: twice as long.
-        let actions = b.check(&HashMap::from([(7, 400_000)]), t0 + 13 * sec);
+        let actions = b.check(&hits(&[(7, 400_000)]), t0 + 13 * sec);
         assert!(
             matches!(actions[0], BudgetAction::Pause { pid: 7, backoff, .. } if backoff == Duration::from_secs(20))
         );

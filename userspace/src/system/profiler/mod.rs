@@ -223,10 +223,11 @@ impl SystemProfiler {
         if let Some(options) = profiler.options.budget {
             let cost = profiler.calibrate(baseline)?;
             tracing::info!(
-                "overhead budget: {:.1}% of a CPU per process; a probe hit costs {:.0} ns sampled, {:.0} ns paused",
+                "overhead budget: {:.1}% of a CPU per process; a probe hit costs {:.0} ns sampled, {:.0} ns paused, {:.0} ns more where the probed instruction is single-stepped",
                 options.cpu_fraction * 100.0,
                 cost.sampled_ns,
-                cost.paused_ns
+                cost.paused_ns,
+                cost.stepped_extra_ns
             );
             profiler.budget = Some(Budget::new(options, cost));
         }

@@ -12,7 +12,7 @@ use allocbpf_common::GateState;
 use anyhow::{Context, Result};
 
 use super::{ImageKey, SystemProfiler};
-use crate::system::budget::{BudgetAction, HitCost};
+use crate::system::budget::{calibration_step, BudgetAction, HitCost, Hits};
 
 /// The median of calibration runs (an odd number of them).
 pub(super) fn median(mut runs: Vec<f64>) -> f64 {
@@ -29,10 +29,10 @@ impl SystemProfiler {
                 return;
             }
         };
-        let hits: HashMap<u32, u64> = hits
+        let hits: HashMap<u32, Hits> = hits
             .into_iter()
             .filter(|(pid, _)| !self.ignored.contains(pid))
-            .map(|(pid, (hits, _))| (pid, hits))
+            .map(|(pid, (all, stepped, _))| (pid, Hits { all, stepped }))
             .collect();
         let Some(budget) = self.budget.as_mut() else {
             return;
@@ -136,7 +136,10 @@ impl SystemProfiler {
 
     /// Measures what a probe hit costs: a child process times malloc/free pairs with
     /// its gate open (sampled) and paused, three times each; `baseline` is the same loop
-    /// timed before any probe was attached. Medians, because this machine is noisy.
+    /// timed before any probe was attached. Then what a single-stepped probe adds: the
+    /// child calls [`calibration_step`] with an empty program on its emulated first
+    /// instruction, then on its single-stepped second one. Medians, because this
+    /// machine is noisy.
     pub(super) fn calibrate(&mut self, baseline: f64) -> Result<HitCost> {
         let hits_per_pair = if self.options.live.is_some() {
             2.0
@@ -150,16 +153,56 @@ impl SystemProfiler {
             paused.push(self.calibration_run(GateState::Paused)?);
         }
         let per_hit = |ns: f64| ((ns - baseline) / hits_per_pair).max(1.0);
+        let stepped_extra_ns = match self.stepped_extra() {
+            Ok(ns) => ns,
+            Err(error) => {
+                // The figure measured on the development machines (docs/design.md).
+                tracing::warn!("single-step cost not measured ({error:#}); assuming 14 us");
+                14_000.0
+            }
+        };
         Ok(HitCost {
             sampled_ns: per_hit(median(sampled)),
             paused_ns: per_hit(median(paused)),
+            stepped_extra_ns,
         })
     }
 
-    pub(super) fn calibration_run(&mut self, gate: GateState) -> Result<f64> {
+    /// What a probe on a single-stepped instruction costs more than one on an emulated
+    /// instruction, in nanoseconds per hit.
+    fn stepped_extra(&mut self) -> Result<f64> {
         let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
-        let mut child = Command::new(exe)
-            .arg("__calibrate")
+        let offset = own_file_offset(calibration_step as *const () as usize as u64)
+            .context("locating the calibration function in our executable")?;
+        let mut emulated = Vec::new();
+        let mut stepped = Vec::new();
+        for _ in 0..3 {
+            emulated.push(self.child_run(true, GateState::Open, Some((&exe, offset)))?);
+            stepped.push(self.child_run(true, GateState::Open, Some((&exe, offset + 1)))?);
+        }
+        Ok((median(stepped) - median(emulated)).max(0.0))
+    }
+
+    pub(super) fn calibration_run(&mut self, gate: GateState) -> Result<f64> {
+        self.child_run(false, gate, None)
+    }
+
+    /// Runs the calibration child (`step`: its single-step loop) with its gate set to
+    /// `gate` and, if `probe` names a file offset, the empty program attached there for
+    /// the child alone. Returns the child's nanoseconds per iteration.
+    fn child_run(
+        &mut self,
+        step: bool,
+        gate: GateState,
+        probe: Option<(&std::path::Path, u64)>,
+    ) -> Result<f64> {
+        let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
+        let mut command = Command::new(exe);
+        command.arg("__calibrate");
+        if step {
+            command.arg("--step");
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -168,6 +211,10 @@ impl SystemProfiler {
         let pid = child.id();
         self.ignored.insert(pid);
         self.sampler().set_gate(pid, gate)?;
+        let link = match probe {
+            Some((path, offset)) => Some(self.sampler().attach_empty_at(path, offset, pid)?),
+            None => None,
+        };
         child
             .stdin
             .take()
@@ -179,6 +226,9 @@ impl SystemProfiler {
             .read_line(&mut line)
             .context("reading the calibration result")?;
         let status = child.wait()?;
+        if let Some(link) = link {
+            self.sampler().detach_empty(link);
+        }
         // Nobody reads the ring buffer during start-up: empty it now, or the sampled
         // runs' records would crowd out every process's samples (they are ignored).
         self.drain_ring();
@@ -189,4 +239,13 @@ impl SystemProfiler {
             .with_context(|| format!("calibration child printed {line:?} ({status})"))?;
         Ok(ns)
     }
+}
+
+/// The file offset, in our own executable, of the code at `address` in this process.
+fn own_file_offset(address: u64) -> Option<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    crate::procfs::parse_maps(&maps)
+        .into_iter()
+        .find(|entry| entry.range.contains(&address))
+        .map(|entry| address - entry.range.start + entry.offset)
 }
