@@ -21,7 +21,7 @@ pub const INTERVAL_TABLE_LEN: u32 = 1 << 16;
 
 /// Slots in the direct-mapped thread table (`THREAD_SLOTS`, indexed by
 /// `tid & (THREAD_SLOTS_LEN - 1)`): an array lookup the verifier inlines, where a hash
-/// lookup costs ~30 ns per call. 65,536 x 112 bytes = 7 MiB, memory-mapped by userspace
+/// lookup costs ~30 ns per call. 65,536 x 152 bytes = 9.5 MiB, memory-mapped by userspace
 /// (`BPF_F_MMAPABLE`) so the exact totals are read without 65,536 system calls.
 pub const THREAD_SLOTS_LEN: u32 = 1 << 16;
 

@@ -406,20 +406,52 @@ pub fn resolve_entries(
     };
     let resizes =
         |shape: Shape| matches!(shape, Shape::Resize | Shape::ResizeArray | Shape::InPlace);
-    for (candidate, forwards) in candidates.iter().zip(forwards) {
+    // Which entries are skipped, and which of those because they are forward-only and
+    // *call* their forward.
+    let mut skipped: Vec<bool> = Vec::new();
+    let mut calling_forwarder: Vec<bool> = Vec::new();
+    for (candidate, forwards) in candidates.iter().zip(&forwards) {
         // A forward-only entry that calls its forward leaves its own frame on the
         // stack: skipped only if that frame can be unwound (see `Lookup`).
         let frame_unwinds = || {
             !forwards.calls || (lookup.unwind_tables && cfi::has_fde_at(file, candidate.address))
         };
-        let skip = !forwards.targets.is_empty()
-            && (forwards.tail_stub
-                || !allocates_itself
-                || (frame_unwinds()
-                    && purity::Purity::new(&resolver, &addresses, is_allocation).forward_only(
-                        candidate.address..candidate.address + candidate.size,
-                        candidate.spec.shape == Shape::PosixMemalign,
-                    )));
+        let stub = !forwards.targets.is_empty() && (forwards.tail_stub || !allocates_itself);
+        let forward_only = !stub
+            && !forwards.targets.is_empty()
+            && frame_unwinds()
+            && purity::Purity::new(&resolver, &addresses, is_allocation).forward_only(
+                candidate.address..candidate.address + candidate.size,
+                candidate.spec.shape == Shape::PosixMemalign,
+            );
+        skipped.push(stub || forward_only);
+        calling_forwarder.push(forward_only && forwards.calls);
+    }
+    // A probed wrapper recognises its nested call by a return address inside its own
+    // code: a call through an unprobed entry that calls would not be recognised and
+    // would count twice. So an entry a probed wrapper reaches stays probed (as a
+    // wrapper itself), until no such entry is left.
+    loop {
+        let reached = |i: usize| {
+            let c = &candidates[i];
+            let by_address = format!("{:#x}", c.address);
+            candidates.iter().enumerate().any(|(j, _)| {
+                !skipped[j]
+                    && forwards[j]
+                        .targets
+                        .iter()
+                        .any(|t| *t == by_address || *t == c.symbol)
+            })
+        };
+        let Some(i) =
+            (0..candidates.len()).find(|&i| skipped[i] && calling_forwarder[i] && reached(i))
+        else {
+            break;
+        };
+        skipped[i] = false;
+        calling_forwarder[i] = false;
+    }
+    for ((candidate, forwards), skip) in candidates.iter().zip(&forwards).zip(skipped) {
         if skip {
             out.skipped.push(SkippedEntry {
                 symbol: candidate.symbol.clone(),

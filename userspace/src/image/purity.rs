@@ -10,8 +10,9 @@
 //! An entry is proven *forward-only* by walking every instruction reachable from its
 //! first byte (jumps followed, calls analysed) and finding nothing that could update
 //! allocator state: allocating means writing the allocator's own memory, so
-//! - every memory write must go to the stack, to TLS through `%fs`, to `errno`
-//!   (through the pointer `__errno_location` just returned) or, for
+//! - every memory write must go to the stack, be a constant stored to TLS through
+//!   `%fs` or to `errno` through the pointer `__errno_location` just returned (errno
+//!   codes are constants; thread caches are updated from registers), or, for
 //!   `posix_memalign`, through its unchanged first argument (the caller's out
 //!   pointer);
 //! - every call or jump leaving the entry must go to an allocation entry (a forward),
@@ -236,9 +237,29 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
                 continue;
             }
             let plain = memory.index() == Register::None;
-            let allowed = memory.segment() == Register::FS
-                || memory.base() == Register::RSP
-                || (plain && facts.errno_in_rax && memory.base() == Register::RAX)
+            // errno is set to a constant (ENOMEM, EINVAL): a TLS or errno write is
+            // allowed only as a store of an immediate. A thread cache's free list or
+            // counter in TLS is updated from registers, which this refuses.
+            let constant_store =
+                instruction.mnemonic() == Mnemonic::Mov && instruction.op_count() == 2 && {
+                    let source = instruction.op1_kind();
+                    matches!(
+                        source,
+                        OpKind::Immediate8
+                            | OpKind::Immediate16
+                            | OpKind::Immediate32
+                            | OpKind::Immediate8to32
+                            | OpKind::Immediate8to64
+                            | OpKind::Immediate32to64
+                    )
+                };
+            let allowed = memory.base() == Register::RSP
+                || (constant_store && memory.segment() == Register::FS)
+                || (constant_store
+                    && plain
+                    && memory.displacement() == 0
+                    && facts.errno_in_rax
+                    && memory.base() == Register::RAX)
                 || (plain
                     && memory.displacement() == 0
                     && bit(memory.base()).is_some_and(|b| facts.out_pointer & b != 0));

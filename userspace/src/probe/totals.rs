@@ -72,22 +72,43 @@ impl MappedSlots {
         })
     }
 
-    /// A copy of slot `index`.
-    fn get(&self, index: usize) -> ThreadState {
+    /// A copy of slot `index`, or `None` for a free slot. `tid` and `exited` are read
+    /// first: a slot being claimed meanwhile (a free slot holds zero counts, see
+    /// [`MappedSlots::free`]) shows at worst a new thread's zero counts.
+    fn get(&self, index: usize) -> Option<ThreadState> {
         assert!(index < self.len);
-        // SAFETY: in bounds of the mapping; the kernel may write concurrently, which a
-        // volatile copy tolerates (only frozen or closed-epoch fields are used).
-        unsafe { std::ptr::read_volatile(self.base.add(index)) }
+        // SAFETY: in bounds of the mapping; the kernel may write concurrently, which
+        // volatile reads tolerate (only frozen or closed-epoch fields are used).
+        unsafe {
+            let slot = self.base.add(index);
+            if std::ptr::addr_of!((*slot).tid).read_volatile() == 0 {
+                return None;
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            Some(std::ptr::read_volatile(slot))
+        }
     }
 
-    /// Frees a frozen slot: its `tid` is cleared last, so a thread claiming it (which
-    /// checks `tid == 0`, then writes the whole slot) never races our other writes.
+    /// Frees a frozen slot: its counts are zeroed (still frozen), then `tid`, so a thread claiming it
+    /// (which checks `tid == 0`, then writes the whole slot) never meets stale counts
+    /// or a stale `exited`.
     fn free(&self, index: usize) {
         assert!(index < self.len);
         // SAFETY: in bounds; a frozen slot has no other writer until `tid` is 0.
         unsafe {
+            let slot = self.base.add(index);
+            let tid = (*slot).tid;
+            std::ptr::write_volatile(
+                slot,
+                // Still frozen: a thread reusing the tid must not adopt it half-zeroed.
+                ThreadState {
+                    tid,
+                    exited: 1,
+                    ..ThreadState::default()
+                },
+            );
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            std::ptr::addr_of_mut!((*self.base.add(index)).tid).write_volatile(0);
+            std::ptr::addr_of_mut!((*slot).tid).write_volatile(0);
         }
     }
 }
@@ -139,8 +160,10 @@ impl EpochBook {
     pub fn collect_exited(&mut self, ebpf: &mut Ebpf) -> usize {
         let mut freed = 0;
         for index in 0..self.slots.len {
-            let state = self.slots.get(index);
-            if state.tid != 0 && state.exited != 0 {
+            let Some(state) = self.slots.get(index) else {
+                continue;
+            };
+            if state.exited != 0 {
                 self.keep(&state);
                 self.slots.free(index);
                 freed += 1;
@@ -233,8 +256,7 @@ impl EpochBook {
             }
         };
         for index in 0..self.slots.len {
-            let state = self.slots.get(index);
-            if state.tid != 0 {
+            if let Some(state) = self.slots.get(index) {
                 state.counts.iter().for_each(|half| add(state.pid, half));
             }
         }

@@ -368,12 +368,20 @@ impl SystemProfiler {
     fn handle(&mut self, batch: &mut Vec<Event>) {
         for event in batch.drain(..) {
             match event {
+                // During a cut, a sample of the new epoch and every event after it
+                // wait for the next interval, in order: a block's `Freed` must not be
+                // handled before its held sample, or the block would stay live.
                 Event::Sample(sample)
-                    if self
-                        .cutting
-                        .is_some_and(|ended| sample.epoch != ended as u32) =>
+                    if self.cutting.is_some_and(|ended| {
+                        !self.held.is_empty() || sample.epoch != ended as u32
+                    }) =>
                 {
                     self.held.push(Event::Sample(sample));
+                }
+                event @ (Event::Freed { .. } | Event::Untracked { .. })
+                    if self.cutting.is_some() && !self.held.is_empty() =>
+                {
+                    self.held.push(event);
                 }
                 Event::Sample(sample) => {
                     let pid = sample.pid;
@@ -495,10 +503,10 @@ impl SystemProfiler {
         let ended = match self.sampler().next_epoch() {
             Ok(ended) => ended,
             Err(error) => {
-                // Without a new epoch the cut is as before: totals read while probes
-                // run, off by the calls made during the read.
-                tracing::warn!("epoch not advanced: {error}");
-                self.sampler().epoch()
+                // Reading a running epoch would count its calls again at the next
+                // cut: the interval stays open instead, and is cut next time.
+                tracing::warn!("interval not cut, the epoch could not advance: {error}");
+                return Vec::new();
             }
         };
         crate::probe::wait_for_running_programs();

@@ -215,17 +215,25 @@ impl SystemProfiler {
             Some((path, offset)) => Some(self.sampler().attach_empty_at(path, offset, pid)?),
             None => None,
         };
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(b"go\n")
-            .context("starting the calibration loop")?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped"))
-            .read_line(&mut line)
-            .context("reading the calibration result")?;
-        let status = child.wait()?;
+        let mut run = || -> Result<(String, std::process::ExitStatus)> {
+            child
+                .stdin
+                .take()
+                .expect("piped")
+                .write_all(b"go\n")
+                .context("starting the calibration loop")?;
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().expect("piped"))
+                .read_line(&mut line)
+                .context("reading the calibration result")?;
+            Ok((line, child.wait()?))
+        };
+        let result = run();
+        if result.is_err() {
+            // Never leave the child or its probe behind.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         if let Some(link) = link {
             self.sampler().detach_empty(link);
         }
@@ -233,6 +241,7 @@ impl SystemProfiler {
         // runs' records would crowd out every process's samples (they are ignored).
         self.drain_ring();
         self.ignored.remove(&pid);
+        let (line, status) = result?;
         let ns: f64 = line
             .trim()
             .parse()
