@@ -90,8 +90,7 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// frozen (`exited`) until userspace has collected its counts and freed it: counts
 /// never move between maps, so userspace reads them without racing an exit.
 #[map]
-static THREAD_SLOTS: Array<ThreadState> =
-    Array::with_max_entries(THREAD_SLOTS_LEN, BPF_F_MMAPABLE);
+static THREAD_SLOTS: Array<ThreadState> = Array::with_max_entries(THREAD_SLOTS_LEN, BPF_F_MMAPABLE);
 
 /// Threads whose slot another thread holds, keyed by tid. Frozen at thread exit like a
 /// slot, and deleted by userspace; when full, new threads use `CPU_COUNTDOWN`.
