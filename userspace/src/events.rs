@@ -157,6 +157,11 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
     })
 }
 
+/// The reader looks at the ring at least this often. The kernel side wakes it at most
+/// once per [`allocbpf_common::RING_WAKEUP_INTERVAL_NS`] per CPU (a wakeup costs the
+/// traced thread ~10 us), so records written after a wakeup may wait this long.
+pub const RING_POLL_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Asynchronous reader of the sample ring buffer.
 pub struct EventReader {
     ring: AsyncFd<RingBuf<MapData>>,
@@ -173,9 +178,17 @@ impl EventReader {
         Ok(Self { ring, malformed: 0 })
     }
 
-    /// Waits until records are available, then appends all of them to `out`.
+    /// Waits until records are available, or at most [`RING_POLL_EVERY`], then appends
+    /// all of them to `out` (possibly none).
     pub async fn read_batch(&mut self, out: &mut Vec<Event>) -> std::io::Result<()> {
-        let mut guard = self.ring.readable_mut().await?;
+        let Ok(ready) = tokio::time::timeout(RING_POLL_EVERY, self.ring.readable_mut()).await
+        else {
+            // Records that did not wake us (the kernel side wakes at most once per
+            // `RING_WAKEUP_INTERVAL_NS` per CPU) are collected here.
+            self.drain(out);
+            return Ok(());
+        };
+        let mut guard = ready?;
         let ring = guard.get_inner_mut();
         let mut malformed = 0;
         while let Some(item) = ring.next() {

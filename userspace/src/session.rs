@@ -220,7 +220,7 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     }
 
     let mut collector = Collector {
-        stacks: StackResolver::new(options.unwind),
+        stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
         aggregate: if options.live.is_some() {
             Aggregate::with_live_tracking()
         } else {

@@ -18,14 +18,16 @@ pub struct StackResolver {
 }
 
 impl StackResolver {
-    /// A resolver for `mode`.
-    pub fn new(mode: UnwindMode) -> Self {
+    /// A resolver for `mode`, in a session that discovers entries with `prefixes`
+    /// (`--allocator-symbol`).
+    pub fn new(mode: UnwindMode, prefixes: &[String]) -> Self {
+        let prefixes = prefixes.to_vec();
         Self {
             normalizer: AddressNormalizer::new(),
             unwinder: match mode {
                 UnwindMode::Fp => None,
-                UnwindMode::Auto => Some(StackUnwinder::new(Fallback::FramePointers)),
-                UnwindMode::Dwarf => Some(StackUnwinder::new(Fallback::Stop)),
+                UnwindMode::Auto => Some(StackUnwinder::new(Fallback::FramePointers, prefixes)),
+                UnwindMode::Dwarf => Some(StackUnwinder::new(Fallback::Stop, prefixes)),
             },
         }
     }

@@ -12,6 +12,12 @@
 //! containers' files are the ones the process runs. Their unwind sections are cached by
 //! build id (or path for files without one) in a bounded cache, so many processes of one
 //! program share one copy.
+//!
+//! One more rule comes from the code itself: an allocation entry left unprobed because
+//! every block it returns comes from a probed entry it *calls* (musl's `calloc` calls
+//! `malloc`) has its frame at that call derived by [`crate::image`] (a
+//! [`CallFrame`]), since musl has neither unwind tables nor frame pointers. A stack
+//! sampled in `malloc` steps through `calloc` by that rule.
 
 use std::{
     collections::HashMap,
@@ -28,7 +34,10 @@ use framehop::{
 };
 use object::{Object, ObjectSection, ObjectSegment};
 
-use crate::procfs::{self, MapsEntry};
+use crate::{
+    image::{self, CallFrame, Lookup},
+    procfs::{self, MapsEntry},
+};
 
 /// Unwind sections cached at most (distinct files).
 const MAX_CACHED_FILES: usize = 256;
@@ -55,11 +64,20 @@ struct FileSections {
     /// (file offset range, vaddr) of the executable loadable segments, to compute
     /// load biases.
     segments: Vec<(Range<u64>, u64)>,
+    /// Frames of unprobed allocation entries at their calls, by return address
+    /// (file virtual address).
+    call_frames: HashMap<u64, CallFrame>,
 }
 
 impl FileSections {
-    fn read(data: &[u8]) -> Option<FileSections> {
+    fn read(data: &[u8], lookup: &Lookup) -> Option<FileSections> {
         let file = object::File::parse(data).ok()?;
+        let call_frames = image::resolve_entries(&file, data, lookup)
+            .map(|entries| entries.call_frames)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|frame| (frame.return_address, frame))
+            .collect();
         let section = |name: &str| {
             let s = file.section_by_name(name)?;
             let bytes: Arc<[u8]> = Arc::from(s.data().ok()?);
@@ -81,6 +99,7 @@ impl FileSections {
                     (offset..offset + size, s.address())
                 })
                 .collect(),
+            call_frames,
         })
     }
 
@@ -103,17 +122,43 @@ impl FileSections {
     }
 }
 
+/// One executable mapping of a process.
+struct MappedRange {
+    range: Range<u64>,
+    /// Its file has unwind information.
+    has_info: bool,
+    /// Load bias: file virtual address + bias = process address.
+    bias: u64,
+    file: Arc<FileSections>,
+}
+
 /// A process's modules, as framehop needs them.
 struct ProcessModules {
     unwinder: UnwinderX86_64<Arc<[u8]>>,
-    /// Executable ranges and whether their file has unwind information.
-    ranges: Vec<(Range<u64>, bool)>,
+    ranges: Vec<MappedRange>,
     read_at: Instant,
+}
+
+impl ProcessModules {
+    fn range_of(&self, address: u64) -> Option<&MappedRange> {
+        self.ranges.iter().find(|r| r.range.contains(&address))
+    }
+
+    /// The derived frame rule at return address `address`, if any.
+    fn call_frame(&self, address: u64) -> Option<&CallFrame> {
+        let range = self.range_of(address)?;
+        range
+            .file
+            .call_frames
+            .get(&address.wrapping_sub(range.bias))
+    }
 }
 
 /// Unwinds copied user stacks for any number of processes.
 pub struct StackUnwinder {
     fallback: Fallback,
+    /// What discovery looks for: the same entries, so the same derived frames.
+    lookup: Lookup,
     cache: CacheX86_64,
     files: HashMap<FileKey, Arc<FileSections>>,
     /// The same sections by device and inode: a file seen before is not read again.
@@ -139,10 +184,15 @@ fn build_id(data: &[u8]) -> Option<Vec<u8>> {
 }
 
 impl StackUnwinder {
-    /// An unwinder for `auto` (frame-pointer fallback) or `dwarf` (stop) mode.
-    pub fn new(fallback: Fallback) -> Self {
+    /// An unwinder for `auto` (frame-pointer fallback) or `dwarf` (stop) mode, for a
+    /// session that discovers entries with `prefixes` (`--allocator-symbol`).
+    pub fn new(fallback: Fallback, prefixes: Vec<String>) -> Self {
         Self {
             fallback,
+            lookup: Lookup {
+                prefixes,
+                unwind_tables: true,
+            },
             cache: CacheX86_64::new(),
             files: HashMap::new(),
             by_inode: HashMap::new(),
@@ -174,7 +224,7 @@ impl StackUnwinder {
         let sections = match self.files.get(&key) {
             Some(sections) => sections.clone(),
             None => {
-                let sections = Arc::new(FileSections::read(&data)?);
+                let sections = Arc::new(FileSections::read(&data, &self.lookup)?);
                 if self.files.len() >= MAX_CACHED_FILES {
                     // Bounded: drop an arbitrary entry; processes keep their own Arc.
                     if let Some(victim) = self.files.keys().next().cloned() {
@@ -214,7 +264,12 @@ impl StackUnwinder {
             let Some(bias) = file.bias(mapping.range.start, mapping.offset) else {
                 continue;
             };
-            ranges.push((mapping.range.clone(), file.has_unwind_info()));
+            ranges.push(MappedRange {
+                range: mapping.range.clone(),
+                has_info: file.has_unwind_info(),
+                bias,
+                file: file.clone(),
+            });
             let info = ExplicitModuleSectionInfo {
                 base_svma: 0,
                 text_svma: file.text.as_ref().map(|t| t.0.clone()),
@@ -248,7 +303,7 @@ impl StackUnwinder {
     pub fn unwind(&mut self, pid: u32, regs: [u64; 3], stack: &[u8]) -> Vec<u64> {
         let started = Instant::now();
         let [ip, sp, bp] = regs;
-        let known = |p: &ProcessModules| p.ranges.iter().any(|(r, _)| r.contains(&ip));
+        let known = |p: &ProcessModules| p.range_of(ip).is_some();
         let stale = match self.processes.get(&pid) {
             None => true,
             Some(p) => !known(p) && p.read_at.elapsed() >= REFRESH_EVERY,
@@ -264,34 +319,51 @@ impl StackUnwinder {
             let bytes = stack.get(offset..offset + 8).ok_or(())?;
             Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
         };
-        let mut frames = process.unwinder.iter_frames(
-            ip,
-            UnwindRegsX86_64::new(ip, sp, bp),
-            &mut self.cache,
-            &mut read_stack,
-        );
+        let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
+        let mut frame = FrameAddress::from_instruction_pointer(ip);
         let mut addresses = Vec::new();
-        while let Ok(Some(frame)) = frames.next() {
-            let FrameAddress::ReturnAddress(address) = frame else {
-                continue; // the probed function's own entry
+        while addresses.len() < MAX_FRAMES {
+            // A derived frame first (exact for that call site), else framehop.
+            let derived = match frame {
+                FrameAddress::ReturnAddress(address) => process.call_frame(address.get()),
+                FrameAddress::InstructionPointer(_) => None,
             };
-            let address = u64::from(address);
+            let caller = match derived {
+                Some(rule) => {
+                    rule.unwind(regs.sp(), regs.bp(), &mut read_stack)
+                        .map(|(address, sp, bp)| {
+                            regs.set_ip(address);
+                            regs.set_sp(sp);
+                            regs.set_bp(bp);
+                            address
+                        })
+                }
+                None => process
+                    .unwinder
+                    .unwind_frame(frame, &mut regs, &mut self.cache, &mut read_stack)
+                    .ok()
+                    .flatten(),
+            };
+            let Some((address, next)) =
+                caller.and_then(|a| Some((a, FrameAddress::from_return_address(a)?)))
+            else {
+                break;
+            };
+            addresses.push(address);
             if self.fallback == Fallback::Stop {
-                // Only frames whose caller's code has unwind information were unwound
-                // from tables; beyond a module without them, stop.
-                let covered = process
-                    .ranges
-                    .iter()
-                    .any(|(r, has_info)| r.contains(&address) && *has_info);
+                // Only frames whose caller's code has unwind information (or a derived
+                // frame) were unwound from tables; beyond a module without them, stop.
+                let covered = process.range_of(address).is_some_and(|r| {
+                    r.has_info
+                        || r.file
+                            .call_frames
+                            .contains_key(&address.wrapping_sub(r.bias))
+                });
                 if !covered {
-                    addresses.push(address);
                     break;
                 }
             }
-            addresses.push(address);
-            if addresses.len() >= MAX_FRAMES {
-                break;
-            }
+            frame = next;
         }
         self.unwound += 1;
         self.elapsed += started.elapsed();

@@ -40,6 +40,11 @@ pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 /// `dwarf`, ~17.5 KB per sample at the default 16 KiB): ~1,900 samples in flight.
 pub const RING_BUFFER_BYTES_WITH_STACKS: u32 = 32 << 20;
 
+/// A ring-buffer record wakes the reader only if no record on its CPU did in this many
+/// nanoseconds (the others wait for the reader's next read or poll): a wakeup costs the
+/// traced thread ~10 us here. Userspace polls the ring at least every 50 ms.
+pub const RING_WAKEUP_INTERVAL_NS: u64 = 5_000_000;
+
 /// Sampled allocations tracked until freed (`--live`): the `LIVE` hash map. At the
 /// default 512 KiB rate this covers ~32 GiB of sampled live heap; beyond it new samples
 /// are counted as untracked (`Counter::LiveMapFull`) and reported, never guessed.

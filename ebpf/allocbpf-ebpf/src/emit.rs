@@ -13,7 +13,9 @@ use aya_ebpf::{
     EbpfContext,
 };
 
-use crate::{bump, bump_in, return_address, stack_copy, EVENTS, RATE, STACK_COPY_BYTES};
+use crate::{
+    bump, bump_in, return_address, stack_copy, wakeup::wakeup_flags, EVENTS, RATE, STACK_COPY_BYTES,
+};
 
 /// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
 /// was no sample or it was lost (a lost sample is not tracked either).
@@ -135,6 +137,6 @@ fn emit_fp(ctx: &ProbeContext, header: &Header) -> bool {
             addr_of_mut!((*event).stack_len).write((written as u32) / 8);
         }
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags(header.timestamp_ns));
     true
 }

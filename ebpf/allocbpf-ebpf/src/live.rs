@@ -17,7 +17,7 @@
 use allocbpf_common::{Counter, EventKind, LiveEvent, LiveKey, Shape, ThreadState};
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_user};
 
-use crate::{bump, is_return_trampoline, Now, EVENTS, LIVE};
+use crate::{bump, is_return_trampoline, wakeup::wakeup_flags, Now, EVENTS, LIVE};
 
 /// True if this program run is the return of the thread's awaited call.
 ///
@@ -155,14 +155,18 @@ pub(crate) fn free_block(pid: u32, address: u64) {
 
 #[inline(always)]
 fn send(kind: EventKind, pid: u32, sample_id: u64) {
+    // SAFETY: a plain helper call.
+    let timestamp_ns = unsafe { bpf_ktime_get_ns() };
     let event = LiveEvent {
         kind: kind as u32,
         pid,
         sample_id,
-        // SAFETY: a plain helper call.
-        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        timestamp_ns,
     };
-    if EVENTS.output::<LiveEvent>(&event, 0).is_err() {
+    if EVENTS
+        .output::<LiveEvent>(&event, wakeup_flags(timestamp_ns))
+        .is_err()
+    {
         bump(Counter::RingBufferDrops);
     }
 }

@@ -29,6 +29,7 @@ mod emit;
 mod live;
 mod process;
 mod stack_copy;
+mod wakeup;
 
 use core::ptr::read_volatile;
 

@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 
-use crate::{EVENTS, TARGET_PID};
+use crate::{wakeup::wakeup_flags, EVENTS, TARGET_PID};
 
 /// Probe hits and sampling state per process (system-wide mode). LRU: on a host with
 /// more processes than entries, the least recently allocating lose their counts (and a
@@ -61,13 +61,14 @@ pub(crate) fn admit(pid: u32, stepped: bool) -> bool {
 /// discovery of a new image until userspace's periodic scan).
 #[inline(always)]
 fn emit_process_event(kind: EventKind, pid: u32) {
+    // SAFETY: helper without arguments.
+    let timestamp_ns = unsafe { bpf_ktime_get_ns() };
     let event = ProcessEvent {
         kind: kind as u32,
         pid,
-        // SAFETY: helper without arguments.
-        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        timestamp_ns,
     };
-    let _ = EVENTS.output::<ProcessEvent>(&event, 0);
+    let _ = EVENTS.output::<ProcessEvent>(&event, wakeup_flags(timestamp_ns));
 }
 
 /// A process replaced its program: its new libc may be an image no probe covers yet.

@@ -13,6 +13,7 @@ use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext, 
 
 use crate::{
     emit::{write_header, Header},
+    wakeup::wakeup_flags,
     EVENTS,
 };
 
@@ -46,7 +47,7 @@ pub(crate) fn emit<const N: usize>(ctx: &ProbeContext, header: &Header) -> bool 
         let copied = copy_stack::<N>(stack, sp);
         addr_of_mut!((*event).user_stack_len).write(copied as u32);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags(header.timestamp_ns));
     true
 }
 

@@ -17,7 +17,10 @@
 
 pub mod calls;
 mod cfi;
+mod frame;
 mod purity;
+
+pub use frame::CallFrame;
 
 use std::{
     collections::HashMap,
@@ -306,6 +309,9 @@ pub struct ResolvedEntries {
     pub frees: Vec<ProbedEntry>,
     /// Entries not probed.
     pub skipped: Vec<SkippedEntry>,
+    /// The frames of unprobed entries at their calls to probed ones, for unwinding
+    /// stacks sampled in the callee ([`frame`]).
+    pub call_frames: Vec<CallFrame>,
 }
 
 /// A defined entry before the probe decision.
@@ -411,19 +417,27 @@ pub fn resolve_entries(
     let mut skipped: Vec<bool> = Vec::new();
     let mut calling_forwarder: Vec<bool> = Vec::new();
     for (candidate, forwards) in candidates.iter().zip(&forwards) {
-        // A forward-only entry that calls its forward leaves its own frame on the
-        // stack: skipped only if that frame can be unwound (see `Lookup`).
-        let frame_unwinds = || {
-            !forwards.calls || (lookup.unwind_tables && cfi::has_fde_at(file, candidate.address))
-        };
         let stub = !forwards.targets.is_empty() && (forwards.tail_stub || !allocates_itself);
-        let forward_only = !stub
-            && !forwards.targets.is_empty()
-            && frame_unwinds()
-            && purity::Purity::new(&resolver, &addresses, is_allocation).forward_only(
-                candidate.address..candidate.address + candidate.size,
-                candidate.spec.shape == Shape::PosixMemalign,
-            );
+        let proof = (!stub && !forwards.targets.is_empty())
+            .then(|| {
+                purity::Purity::new(&resolver, &addresses, is_allocation).forward_only(
+                    candidate.address..candidate.address + candidate.size,
+                    candidate.spec.shape == Shape::PosixMemalign,
+                )
+            })
+            .flatten();
+        // A forward-only entry that calls its forward leaves its own frame on the
+        // stack: skipped only if that frame can be unwound (see `Lookup`), from its
+        // unwind table entry or from the frame derived from its code.
+        let frames = proof.as_ref().and_then(|p| p.call_frames.as_ref());
+        let frame_unwinds = !forwards.calls
+            || (lookup.unwind_tables
+                && (cfi::has_fde_at(file, candidate.address) || frames.is_some()));
+        let forward_only = proof.is_some() && frame_unwinds;
+        if forward_only && forwards.calls {
+            out.call_frames
+                .extend(frames.into_iter().flatten().copied());
+        }
         skipped.push(stub || forward_only);
         calling_forwarder.push(forward_only && forwards.calls);
     }

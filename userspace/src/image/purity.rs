@@ -19,7 +19,12 @@
 //!   to a function known to allocate nothing (`memset`, `__errno_location`...), or to
 //!   a local function that passes the same test (depth-limited), and never through a
 //!   register or an unknown slot;
-//! - no system call (`mmap` allocates).
+//! - no system call (`mmap` allocates);
+//! - one more kind of write is allowed: storing the page size (a value
+//!   `getpagesize` just returned) to a global, as tcmalloc's `valloc` caches it. Such a
+//!   store is idempotent: every call writes the same value, so it cannot be the state
+//!   change an allocation needs (each allocation must leave different state behind to
+//!   return a different block).
 //!
 //! Register facts (which register holds `errno`'s address or the out pointer) are
 //! tracked along every path and met at joins, so a write is allowed only if the fact
@@ -35,6 +40,7 @@ use iced_x86::{
 };
 
 use super::calls::{Branch, CallResolver};
+use super::frame::{CallFrame, FrameState};
 
 /// Instructions examined at most for one entry, callees included.
 const BUDGET: usize = 4096;
@@ -60,6 +66,11 @@ struct Facts {
     /// Bit `i` set: general register `i` (iced's 64-bit numbering) holds the entry's
     /// first argument, unchanged.
     out_pointer: u32,
+    /// Bit `i` set: general register `i` holds the page size (`getpagesize`'s result,
+    /// possibly sign-extended).
+    page_size: u32,
+    /// The entry's stack frame (its own code only; a local callee's is not followed).
+    frame: FrameState,
 }
 
 impl Facts {
@@ -67,6 +78,8 @@ impl Facts {
         Facts {
             errno_in_rax: self.errno_in_rax && other.errno_in_rax,
             out_pointer: self.out_pointer & other.out_pointer,
+            page_size: self.page_size & other.page_size,
+            frame: self.frame.meet(other.frame),
         }
     }
 }
@@ -77,6 +90,14 @@ fn bit(register: Register) -> Option<u32> {
     (full.is_gpr64()).then(|| 1 << (full as u32 - Register::RAX as u32))
 }
 
+/// What the proof found about a forward-only entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForwardOnly {
+    /// The entry's frame at each of its calls to an allocation entry (none if it only
+    /// tail-jumps), or `None` if some call's frame could not be derived.
+    pub call_frames: Option<Vec<CallFrame>>,
+}
+
 /// The forward-only proof for one entry.
 pub struct Purity<'a, 'data, 'file, F: Fn(&str) -> bool> {
     resolver: &'a CallResolver<'data, 'file>,
@@ -85,6 +106,10 @@ pub struct Purity<'a, 'data, 'file, F: Fn(&str) -> bool> {
     is_allocation: F,
     budget: usize,
     info: InstructionInfoFactory,
+    /// The frames at the entry's calls to allocation entries.
+    call_frames: Vec<CallFrame>,
+    /// Some such call's frame could not be derived.
+    unknown_frame: bool,
     /// Code placed at an address of no section (tests of hand-assembled code).
     #[cfg(test)]
     extra: Option<(u64, &'a [u8])>,
@@ -103,15 +128,17 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
             is_allocation,
             budget: BUDGET,
             info: InstructionInfoFactory::new(),
+            call_frames: Vec::new(),
+            unknown_frame: false,
             #[cfg(test)]
             extra: None,
         }
     }
 
-    /// True if the entry whose code spans `code` cannot allocate by itself and
+    /// `Some` if the entry whose code spans `code` cannot allocate by itself and
     /// reaches at least one allocation entry. `out_pointer`: its first argument is
     /// an out pointer it may write through (`posix_memalign`).
-    pub fn forward_only(mut self, code: Range<u64>, out_pointer: bool) -> bool {
+    pub fn forward_only(mut self, code: Range<u64>, out_pointer: bool) -> Option<ForwardOnly> {
         let start = code.start;
         let facts = Facts {
             errno_in_rax: false,
@@ -120,8 +147,15 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
             } else {
                 0
             },
+            page_size: 0,
+            frame: FrameState::ENTRY,
         };
-        matches!(self.walk(start, Some(code), facts, 0), Some(forwards) if forwards)
+        match self.walk(start, Some(code), facts, 0)? {
+            true => Some(ForwardOnly {
+                call_frames: (!self.unknown_frame).then_some(self.call_frames),
+            }),
+            false => None,
+        }
     }
 
     /// Walks the code reachable from `start`. `None`: it may allocate by itself;
@@ -153,7 +187,14 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
                 FlowControl::Next => work.push((next, after)),
                 FlowControl::Return => {}
                 FlowControl::Call | FlowControl::IndirectCall => {
-                    forwards |= self.call(&instruction, depth)?;
+                    let allocates = self.call(&instruction, depth)?;
+                    if allocates && depth == 0 {
+                        match CallFrame::at(next, facts.frame) {
+                            Some(frame) => self.call_frames.push(frame),
+                            None => self.unknown_frame = true,
+                        }
+                    }
+                    forwards |= allocates;
                     work.push((next, after_call(&instruction, after, self.resolver)));
                 }
                 FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch => {
@@ -203,6 +244,8 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
                 let facts = Facts {
                     errno_in_rax: false,
                     out_pointer: 0,
+                    page_size: 0,
+                    frame: FrameState::Unknown,
                 };
                 // A helper that itself forwards would count twice with its caller's
                 // own forward; keep the proof simple and refuse it.
@@ -253,7 +296,16 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
                             | OpKind::Immediate32to64
                     )
                 };
+            // `mov %reg, global(%rip)` of the page size: idempotent (module docs).
+            let page_size_store = instruction.mnemonic() == Mnemonic::Mov
+                && instruction.op_count() == 2
+                && instruction.op1_kind() == OpKind::Register
+                && bit(instruction.op1_register()).is_some_and(|b| facts.page_size & b != 0)
+                // iced resolves `rip`-relative operands to absolute addresses.
+                && matches!(memory.base(), Register::RIP | Register::None)
+                && plain;
             let allowed = memory.base() == Register::RSP
+                || page_size_store
                 || (constant_store && memory.segment() == Register::FS)
                 || (constant_store
                     && plain
@@ -268,6 +320,12 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
             }
         }
         let mut after = facts;
+        after.frame = facts.frame.step(instruction, |register| {
+            info.used_registers().iter().any(|used| {
+                used.register().full_register() == register
+                    && !matches!(used.access(), OpAccess::Read | OpAccess::CondRead)
+            })
+        });
         let copy = instruction.mnemonic() == Mnemonic::Mov
             && instruction.op0_kind() == OpKind::Register
             && instruction.op1_kind() == OpKind::Register;
@@ -288,6 +346,7 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
             }
             if let Some(b) = bit(register) {
                 after.out_pointer &= !b;
+                after.page_size &= !b;
             }
         }
         if copy && instruction.op0_register().is_gpr64() {
@@ -295,6 +354,16 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
             if facts.out_pointer & source != 0 {
                 after.out_pointer |= bit(instruction.op0_register()).unwrap_or(0);
             }
+        }
+        // A register copy or sign extension (`movslq %eax,%rdi`) keeps the page size.
+        let extends = matches!(
+            instruction.mnemonic(),
+            Mnemonic::Mov | Mnemonic::Movsxd | Mnemonic::Movsx
+        ) && instruction.op_count() == 2
+            && instruction.op0_kind() == OpKind::Register
+            && instruction.op1_kind() == OpKind::Register;
+        if extends && bit(instruction.op1_register()).is_some_and(|b| facts.page_size & b != 0) {
+            after.page_size |= bit(instruction.op0_register()).unwrap_or(0);
         }
         Some(after)
     }
@@ -319,17 +388,25 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
     }
 }
 
-/// The facts after a call returns: only callee-saved registers keep theirs, and `rax`
-/// holds `errno`'s address after `__errno_location`.
+/// The facts after a call returns: only callee-saved registers keep theirs; `rax`
+/// holds `errno`'s address after `__errno_location` and the page size after
+/// `getpagesize`.
 fn after_call(instruction: &Instruction, facts: Facts, resolver: &CallResolver) -> Facts {
     let kept: u32 = CALLEE_SAVED.iter().filter_map(|r| bit(*r)).sum();
+    let callee = match resolver.classify(instruction, &[]) {
+        Branch::Bound(name)
+        | Branch::Local {
+            name: Some(name), ..
+        } => Some(name),
+        _ => None,
+    };
+    let returns = |wanted: &str| callee.as_deref() == Some(wanted);
+    let rax = bit(Register::RAX).unwrap_or(0);
     Facts {
-        errno_in_rax: matches!(
-            resolver.classify(instruction, &[]),
-            Branch::Bound(name) | Branch::Local { name: Some(name), .. }
-                if name == "__errno_location"
-        ),
+        errno_in_rax: returns("__errno_location"),
         out_pointer: facts.out_pointer & kept,
+        page_size: (facts.page_size & kept) | if returns("getpagesize") { rax } else { 0 },
+        frame: facts.frame,
     }
 }
 
@@ -369,6 +446,11 @@ mod tests {
 
     /// The proof for `symbol` of the file at `path`.
     fn forward_only(path: &str, symbol: &str, out_pointer: bool) -> bool {
+        proof(path, symbol, out_pointer).is_some()
+    }
+
+    /// The proof's result for `symbol` of the file at `path`.
+    fn proof(path: &str, symbol: &str, out_pointer: bool) -> Option<ForwardOnly> {
         let data = std::fs::read(path)
             .unwrap_or_else(|e| panic!("{path}: {e} (cargo xtask setup installs it)"));
         let file = object::File::parse(&*data).unwrap();
@@ -392,7 +474,9 @@ mod tests {
         let entries = [0x1000, 0x2000];
         let mut purity = Purity::new(&resolver, &entries, |_| true);
         purity.extra = Some((0x1000, code));
-        purity.forward_only(0x1000..0x1000 + code.len() as u64, false)
+        purity
+            .forward_only(0x1000..0x1000 + code.len() as u64, false)
+            .is_some()
     }
 
     #[test]
@@ -441,10 +525,45 @@ mod tests {
     }
 
     #[test]
-    fn a_global_write_may_allocate() {
-        // tcmalloc's valloc caches the page size in a global before jumping to
-        // tc_memalign: a write the proof cannot tell from allocator state.
-        assert!(!forward_only(TCMALLOC, "valloc", false));
+    fn musl_calloc_call_frame_is_derived() {
+        // push %r12 ; push %rbp ; push %rbx ; ... call malloc: 24 bytes, rbp second.
+        let frames = proof(MUSL, "calloc", false).unwrap().call_frames.unwrap();
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        assert_eq!((frames[0].depth, frames[0].rbp_pushed_at), (24, Some(16)));
+        // posix_memalign: push %rbx ; call aligned_alloc.
+        let frames = proof(MUSL, "posix_memalign", true)
+            .unwrap()
+            .call_frames
+            .unwrap();
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        assert_eq!((frames[0].depth, frames[0].rbp_pushed_at), (8, None));
+        // reallocarray only tail-jumps: no call frame needed.
+        assert_eq!(
+            proof(MUSL, "reallocarray", false).unwrap().call_frames,
+            Some(vec![])
+        );
+    }
+
+    #[test]
+    fn caching_the_page_size_in_a_global_is_forward_only() {
+        // tcmalloc's valloc and pvalloc store getpagesize()'s result in a global, then
+        // jump to tc_memalign.
+        assert!(forward_only(TCMALLOC, "valloc", false));
+        assert!(forward_only(TCMALLOC, "pvalloc", false));
         assert!(forward_only(TCMALLOC, "posix_memalign", true));
+    }
+
+    #[test]
+    fn a_global_write_of_anything_but_the_page_size_may_allocate() {
+        // mov %rdi,0x10(%rip) ; jmp 0x2000: a global updated from an argument.
+        assert!(!synthetic(&[
+            0x48, 0x89, 0x3d, 0x10, 0x00, 0x00, 0x00, 0xe9, 0xf4, 0x0f, 0x00, 0x00
+        ]));
+        // movq $1,0x10(%rip) ; jmp 0x2000: a constant, but not the page size (a flag
+        // or a lock is state, too).
+        assert!(!synthetic(&[
+            0x48, 0xc7, 0x05, 0x10, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0xe9, 0xf0, 0x0f,
+            0x00, 0x00
+        ]));
     }
 }

@@ -180,7 +180,7 @@ impl SystemProfiler {
         sampler.set_gate(me, GateState::Excluded)?;
         let now = Instant::now();
         let mut profiler = SystemProfiler {
-            stacks: StackResolver::new(options.unwind),
+            stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
             options,
             sampler: Some(sampler),
             reader,
