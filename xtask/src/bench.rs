@@ -160,7 +160,7 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part]) -> Result<()> {
         pairs(&allocbpf, rounds, iterations)?;
     }
     if parts.contains(&Part::Entries) {
-        crate::bench_entries::entries(&allocbpf, rounds.min(3), 50_000)?;
+        crate::bench_entries::entries(&allocbpf, rounds, 150_000)?;
     }
     if parts.contains(&Part::Redis) {
         crate::bench_entries::redis(&allocbpf, rounds.min(3), 200_000)?;
