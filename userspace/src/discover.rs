@@ -4,7 +4,7 @@
 //! inode, both the images found and the files that turned out to define no allocator
 //! (most executables), so rescanning a process costs one read of its maps.
 
-use std::collections::HashMap;
+use std::collections::{hash_map::Entry, HashMap};
 
 use crate::{
     image::{examine, AllocatorImage, FileFacts, ImageKey, Lookup},
@@ -66,19 +66,19 @@ impl ImageCache {
                 device: entry.device,
                 inode: entry.inode,
             };
-            let Some(path) = entry.file_path() else {
-                continue;
-            };
-            if !self.known.contains_key(&key) && !crate::procfs::in_root(pid, path).exists() {
-                // The process is gone (or the file is): not a verdict worth caching.
-                continue;
+            if let Entry::Vacant(slot) = self.known.entry(key) {
+                let facts = match examine(pid, entry, lookup) {
+                    Ok(facts) => Some(facts),
+                    // The process (or its mapping) is gone: no verdict worth caching.
+                    Err(error) if error.gone => continue,
+                    Err(error) => {
+                        tracing::debug!("pid {pid}: {error}");
+                        None
+                    }
+                };
+                slot.insert(facts);
             }
-            let known = self.known.entry(key).or_insert_with(|| {
-                examine(pid, key, path, lookup)
-                    .map_err(|error| tracing::debug!("pid {pid}: {error}"))
-                    .ok()
-            });
-            if let Some(image) = known.as_ref().and_then(|facts| facts.image.as_ref()) {
+            if let Some(image) = self.known[&key].as_ref().and_then(|f| f.image.as_ref()) {
                 images.push(image.clone());
             }
         }

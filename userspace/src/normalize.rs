@@ -12,7 +12,7 @@ use std::{
 
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 
-use crate::procfs;
+use crate::procfs::{self, MapsEntry};
 
 /// An executable or shared object that frames point into.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -62,8 +62,8 @@ pub enum Frame {
 /// A module is identified by its build id when it has one (so one library seen through
 /// several processes or containers is one module, symbolized once), else by its path.
 /// While the process that maps it lives, its file is opened through
-/// `/proc/PID/map_files/` (or `/proc/PID/root/`) and kept open, so it can be
-/// symbolized after the process exits, and even if the file was deleted or replaced.
+/// `/proc/PID/map_files/` and kept open, so it can be symbolized after the process
+/// exits, and even if the file was deleted or replaced.
 #[derive(Debug, Default)]
 pub struct ModuleTable {
     modules: Vec<Module>,
@@ -77,20 +77,10 @@ enum ModuleKey {
     Path(PathBuf),
 }
 
-/// Opens the file `pid` maps at `path` the way the process sees it (see [`procfs`]).
-fn open_mapped_file(pid: u32, path: &Path) -> Option<std::fs::File> {
-    match procfs::read_maps(pid)
-        .iter()
-        .find(|e| e.file_path() == Some(path))
-    {
-        Some(entry) => procfs::open_mapped(pid, entry),
-        None => std::fs::File::open(procfs::in_root(pid, path)).ok(),
-    }
-}
-
 impl ModuleTable {
-    /// The id of `module` (mapped by `pid`), adding it if new.
-    pub fn intern(&mut self, pid: u32, module: Module) -> u32 {
+    /// The id of `module` (mapped by `pid` as `mapping`), adding it if new; its file
+    /// is then opened through the mapping ([`procfs::open_mapped`]), never by path.
+    pub fn intern(&mut self, pid: u32, module: Module, mapping: Option<&MapsEntry>) -> u32 {
         let key = match &module.build_id {
             Some(id) => ModuleKey::BuildId(id.clone()),
             None => ModuleKey::Path(module.path.clone()),
@@ -99,21 +89,23 @@ impl ModuleTable {
             return id;
         }
         let id = self.modules.len() as u32;
-        self.files.push(open_mapped_file(pid, &module.path));
+        self.files.push(mapping.and_then(|mapping| {
+            procfs::open_mapped(pid, mapping)
+                .map_err(|error| tracing::debug!("pid {pid}: {error}"))
+                .ok()
+        }));
         self.modules.push(module);
         self.index.insert(key, id);
         id
     }
 
     /// A path blazesym can open for module `id`: the file kept open at intern time
-    /// (`/proc/self/fd/N`), else the module's own path.
+    /// (`/proc/self/fd/N`). `None` if it could not be opened then: the module's path
+    /// is another process's to point anywhere, and is never opened.
     pub fn symbolization_path(&self, id: u32) -> Option<PathBuf> {
         use std::os::fd::AsRawFd;
-        let module = self.modules.get(id as usize)?;
-        Some(match self.files.get(id as usize).and_then(Option::as_ref) {
-            Some(file) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
-            None => module.path.clone(),
-        })
+        let file = self.files.get(id as usize)?.as_ref()?;
+        Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
     }
 
     /// The module with this id.
@@ -140,6 +132,11 @@ const MAPS_REFRESH_LIMIT: Duration = Duration::from_secs(1);
 pub struct AddressNormalizer {
     normalizer: Normalizer,
     refreshed: Instant,
+    /// The mappings behind blazesym's `/proc/PID/map_files/START-END` paths (it reads
+    /// build ids through them, never through the paths the maps print, which belong
+    /// to the process). Read from the process's maps on a miss; reset with the
+    /// normalizer, so bounded like its own cache.
+    mappings: HashMap<PathBuf, MapsEntry>,
     /// Modules seen so far.
     pub modules: ModuleTable,
 }
@@ -156,6 +153,7 @@ impl AddressNormalizer {
         Self {
             normalizer: Self::caching_normalizer(),
             refreshed: Instant::now(),
+            mappings: HashMap::new(),
             modules: ModuleTable::default(),
         }
     }
@@ -179,9 +177,15 @@ impl AddressNormalizer {
     /// module table (what frames refer to) is kept.
     pub fn forget(&mut self, _pid: u32) {
         if self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT {
-            self.normalizer = Self::caching_normalizer();
-            self.refreshed = Instant::now();
+            self.reset();
         }
+    }
+
+    /// Drops every cached map (blazesym's and ours).
+    fn reset(&mut self) {
+        self.normalizer = Self::caching_normalizer();
+        self.mappings.clear();
+        self.refreshed = Instant::now();
     }
 
     /// Normalizes `addrs` of process `pid`; addresses no mapping covers (or of a
@@ -193,8 +197,7 @@ impl AddressNormalizer {
             && self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT
             && Path::new(&format!("/proc/{pid}")).exists()
         {
-            self.normalizer = Self::caching_normalizer();
-            self.refreshed = Instant::now();
+            self.reset();
             return self.normalize_once(pid, addrs);
         }
         frames
@@ -205,38 +208,70 @@ impl AddressNormalizer {
         if addrs.is_empty() {
             return Vec::new();
         }
-        let opts = NormalizeOpts::default();
-        let Ok(output) = self
-            .normalizer
-            .normalize_user_addrs_opts(pid.into(), addrs, &opts)
-        else {
+        // map_files: blazesym reads build ids through the mapping itself.
+        let opts = NormalizeOpts {
+            map_files: true,
+            ..Default::default()
+        };
+        let Self {
+            normalizer,
+            mappings,
+            modules,
+            ..
+        } = self;
+        let Ok(output) = normalizer.normalize_user_addrs_opts(pid.into(), addrs, &opts) else {
             return unknown();
         };
         let mut ids: HashMap<usize, Option<u32>> = HashMap::new();
-        output
-            .outputs
-            .iter()
-            .zip(addrs)
-            .map(|(&(offset, meta_index), &addr)| {
-                let id =
-                    *ids.entry(meta_index)
-                        .or_insert_with(|| match output.meta.get(meta_index) {
-                            Some(UserMeta::Elf(elf)) => Some(self.modules.intern(
-                                pid,
-                                Module {
-                                    path: elf.path.clone(),
-                                    build_id: elf.build_id.as_ref().map(|b| b.to_vec()),
-                                },
-                            )),
-                            _ => None,
-                        });
-                match id {
-                    Some(module) => Frame::Module { module, offset },
-                    None => Frame::Unknown(addr),
+        let mut frames = Vec::with_capacity(addrs.len());
+        for (&(offset, meta_index), &addr) in output.outputs.iter().zip(addrs) {
+            let id = match ids.get(&meta_index) {
+                Some(&id) => id,
+                None => {
+                    let id = match output.meta.get(meta_index) {
+                        Some(UserMeta::Elf(elf)) => {
+                            let mapping = mapping_of(mappings, pid, &elf.path);
+                            // The path as the process names it, for display only.
+                            let path = mapping
+                                .as_ref()
+                                .and_then(|m| m.file_path())
+                                .map_or_else(|| elf.path.clone(), Path::to_path_buf);
+                            let module = Module {
+                                path,
+                                build_id: elf.build_id.as_ref().map(|b| b.to_vec()),
+                            };
+                            Some(modules.intern(pid, module, mapping.as_ref()))
+                        }
+                        _ => None,
+                    };
+                    ids.insert(meta_index, id);
+                    id
                 }
-            })
-            .collect()
+            };
+            frames.push(match id {
+                Some(module) => Frame::Module { module, offset },
+                None => Frame::Unknown(addr),
+            });
+        }
+        frames
     }
+}
+
+/// The mapping of `pid` behind blazesym's map_files path `path`, from `cache` or else
+/// the process's maps.
+fn mapping_of(cache: &mut HashMap<PathBuf, MapsEntry>, pid: u32, path: &Path) -> Option<MapsEntry> {
+    if !cache.contains_key(path) {
+        for entry in procfs::read_maps(pid) {
+            if entry.file_path().is_some() {
+                let key = format!(
+                    "/proc/{pid}/map_files/{:x}-{:x}",
+                    entry.range.start, entry.range.end
+                );
+                cache.insert(PathBuf::from(key), entry);
+            }
+        }
+    }
+    cache.get(path).cloned()
 }
 
 #[cfg(test)]
@@ -263,14 +298,14 @@ mod tests {
             path: "/lib/a.so".into(),
             build_id: Some(vec![0xab, 0x01]),
         };
-        assert_eq!(table.intern(1, m.clone()), 0);
-        assert_eq!(table.intern(1, m.clone()), 0);
+        assert_eq!(table.intern(1, m.clone(), None), 0);
+        assert_eq!(table.intern(1, m.clone(), None), 0);
         // Same build id under another path (another container): the same module.
         let moved = Module {
             path: "/other/root/lib/a.so".into(),
             ..m.clone()
         };
-        assert_eq!(table.intern(1, moved), 0);
+        assert_eq!(table.intern(1, moved, None), 0);
         assert_eq!(m.build_id_hex(), "ab01");
         assert_eq!(table.all().len(), 1);
     }

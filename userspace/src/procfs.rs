@@ -2,13 +2,21 @@
 //! sees them.
 //!
 //! One parser for the maps, and one way to open a mapped file: through
-//! `/proc/PID/map_files/START-END` (the very file mapped, even if deleted or replaced),
-//! else through `/proc/PID/root/` (the process's own mount namespace: containers).
+//! `/proc/PID/map_files/START-END`, which the kernel resolves to the very file mapped
+//! (even if deleted, replaced, or in another mount namespace), never through the path
+//! the maps print. That path belongs to another, possibly hostile, user: it may now
+//! be a FIFO (an `open` that never returns), a symlink to `/dev/zero` (a read without
+//! end) or to a host file (an absolute symlink resolves against our root). A mapping
+//! is never a FIFO or a device, and map_files follows no path the process controls.
+//! The file opened is still checked: a regular file with the mapping's device and
+//! inode, read with a size cap ([`MAX_MAPPED_FILE_BYTES`]).
 
 use std::{
-    fs::File,
+    fs::{File, OpenOptions},
+    io::{self, Read},
     ops::Range,
-    path::{Path, PathBuf},
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
+    path::Path,
 };
 
 /// One line of `/proc/PID/maps`.
@@ -70,20 +78,121 @@ pub fn read_maps(pid: u32) -> Vec<MapsEntry> {
         .unwrap_or_default()
 }
 
-/// `path` as `pid` sees it: under `/proc/PID/root`.
-pub fn in_root(pid: u32, path: &Path) -> PathBuf {
-    Path::new(&format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path))
+/// Mapped files larger than this are not read. Allocators and programs' code are far
+/// smaller (Debian's libc.so.6 is 1.9 MB, redis-server 1.9 MB, a Rust binary with debug
+/// info a few hundred MB at most); a process must not make the agent read gigabytes by
+/// mapping a huge sparse file. Files are read rather than mapped: the owner of a mapped
+/// file could truncate it under our mapping and kill the agent with `SIGBUS`.
+pub const MAX_MAPPED_FILE_BYTES: u64 = 512 << 20;
+
+/// Why a mapped file was not opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum MappedFileError {
+    /// The process or the mapping is gone, or map_files refused.
+    #[error("cannot open {path}: {source}")]
+    Open {
+        /// The map_files path.
+        path: String,
+        /// The errno.
+        source: io::Error,
+    },
+    /// Not a regular file.
+    #[error("{path} is not a regular file")]
+    NotRegular {
+        /// The map_files path.
+        path: String,
+    },
+    /// Not the file the maps name (device or inode differ).
+    #[error("{path} is device {device:#x} inode {inode}, not the mapping's")]
+    NotTheMapping {
+        /// The map_files path.
+        path: String,
+        /// Its device (major << 32 | minor).
+        device: u64,
+        /// Its inode.
+        inode: u64,
+    },
+    /// Over [`MAX_MAPPED_FILE_BYTES`].
+    #[error("{path} has {size} bytes, over the {MAX_MAPPED_FILE_BYTES}-byte cap")]
+    TooLarge {
+        /// The map_files path.
+        path: String,
+        /// Its size.
+        size: u64,
+    },
+    /// Reading failed.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The map_files path.
+        path: String,
+        /// The errno.
+        source: io::Error,
+    },
 }
 
-/// Opens the file of mapping `entry` of `pid`: through map_files, else the root.
-pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Option<File> {
-    let map_files = format!(
+/// A device number as `/proc/PID/maps` prints it, in [`MapsEntry::device`]'s encoding.
+fn maps_device(st_dev: u64) -> u64 {
+    let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
+    u64::from(major) << 32 | u64::from(minor)
+}
+
+/// Opens the file of mapping `entry` of `pid` through `/proc/PID/map_files/` only,
+/// without blocking on special files, and checks that it is a regular file with the
+/// mapping's device and inode.
+pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError> {
+    let path = format!(
         "/proc/{pid}/map_files/{:x}-{:x}",
         entry.range.start, entry.range.end
     );
-    File::open(map_files)
-        .ok()
-        .or_else(|| File::open(in_root(pid, entry.file_path()?)).ok())
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|source| MappedFileError::Open {
+            path: path.clone(),
+            source,
+        })?;
+    let meta = file.metadata().map_err(|source| MappedFileError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    if !meta.file_type().is_file() {
+        return Err(MappedFileError::NotRegular { path });
+    }
+    let device = maps_device(meta.dev());
+    if device != entry.device || meta.ino() != entry.inode {
+        return Err(MappedFileError::NotTheMapping {
+            path,
+            device,
+            inode: meta.ino(),
+        });
+    }
+    Ok(file)
+}
+
+/// Reads all of `file` (opened by [`open_mapped`]), at most [`MAX_MAPPED_FILE_BYTES`].
+pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError> {
+    let path = what.display().to_string();
+    let read_error = |source| MappedFileError::Read {
+        path: path.clone(),
+        source,
+    };
+    let size = file.metadata().map_err(read_error)?.len();
+    if size > MAX_MAPPED_FILE_BYTES {
+        return Err(MappedFileError::TooLarge { path, size });
+    }
+    let mut data = Vec::with_capacity(size as usize);
+    // The size may change under us: never read past the cap.
+    file.take(MAX_MAPPED_FILE_BYTES + 1)
+        .read_to_end(&mut data)
+        .map_err(read_error)?;
+    if data.len() as u64 > MAX_MAPPED_FILE_BYTES {
+        return Err(MappedFileError::TooLarge {
+            path,
+            size: data.len() as u64,
+        });
+    }
+    Ok(data)
 }
 
 #[cfg(test)]
@@ -113,9 +222,39 @@ garbage
         );
         assert_eq!(entries[2].file_path(), None);
         assert_eq!(entries[3].name, "");
-        assert_eq!(
-            in_root(7, Path::new("/usr/lib/libc.so.6")),
-            Path::new("/proc/7/root/usr/lib/libc.so.6")
-        );
+    }
+
+    /// Our own executable mapping of libc.
+    fn own_libc() -> MapsEntry {
+        read_maps(std::process::id())
+            .into_iter()
+            .find(|e| e.executable && e.name.contains("libc.so"))
+            .expect("tests run on glibc")
+    }
+
+    #[test]
+    fn a_mapped_file_opens_through_map_files_and_is_checked() {
+        let libc = own_libc();
+        let file = open_mapped(std::process::id(), &libc).unwrap();
+        let data = read_mapped(&file, Path::new("libc")).unwrap();
+        assert!(data.starts_with(b"\x7fELF"));
+        // Another inode than the mapping's: refused, whatever the file is.
+        let wrong = MapsEntry {
+            inode: libc.inode + 1,
+            ..libc.clone()
+        };
+        assert!(matches!(
+            open_mapped(std::process::id(), &wrong),
+            Err(MappedFileError::NotTheMapping { .. })
+        ));
+        // A range that is not a mapping: no file at all (nothing else is tried).
+        let unmapped = MapsEntry {
+            range: 0x1000..0x2000,
+            ..libc
+        };
+        assert!(matches!(
+            open_mapped(std::process::id(), &unmapped),
+            Err(MappedFileError::Open { .. })
+        ));
     }
 }

@@ -21,7 +21,6 @@
 
 use std::{
     collections::HashMap,
-    io::Read,
     ops::Range,
     path::PathBuf,
     sync::Arc,
@@ -213,9 +212,10 @@ impl StackUnwinder {
             return Some(sections.clone());
         }
         // The process's own view: works for deleted/replaced files and containers.
-        let mut data = Vec::new();
-        procfs::open_mapped(pid, mapping)?
-            .read_to_end(&mut data)
+        let path = mapping.file_path()?;
+        let data = procfs::open_mapped(pid, mapping)
+            .and_then(|file| procfs::read_mapped(&file, path))
+            .map_err(|error| tracing::debug!("pid {pid}: {error}"))
             .ok()?;
         let key = match build_id(&data) {
             Some(id) => FileKey::BuildId(id),

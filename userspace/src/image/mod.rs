@@ -24,8 +24,10 @@ pub use frame::CallFrame;
 
 use std::{
     collections::HashMap,
-    fs,
+    fs::File,
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use allocbpf_common::{
@@ -37,7 +39,7 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 use crate::{
     allocators::{self, EntrySpec},
     probe::point::{self, ProbePoint},
-    procfs::{in_root, MapsEntry},
+    procfs::{self, MapsEntry},
 };
 
 /// An image's identity: the device and inode of its file.
@@ -69,6 +71,9 @@ pub struct ImageError {
     pub path: PathBuf,
     /// What went wrong.
     pub reason: String,
+    /// The mapping could not be opened (the process exited or unmapped it): no verdict
+    /// about the file itself.
+    pub gone: bool,
 }
 
 /// One entry of an image, ready to attach.
@@ -136,10 +141,13 @@ pub struct SkippedEntry {
 pub struct AllocatorImage {
     /// Device and inode.
     pub key: ImageKey,
-    /// The path as the process that revealed it sees it (from its maps).
+    /// The path as the process that revealed it sees it (from its maps), for messages
+    /// only: it is another user's path, never opened.
     pub path_in_target: PathBuf,
-    /// A path to the same file that works from our mount namespace.
-    pub host_path: PathBuf,
+    /// The file itself, opened through map_files and checked ([`procfs::open_mapped`]).
+    /// Probes attach through it ([`AllocatorImage::attach_path`]), so what is probed is
+    /// the file that was examined, whatever the path names meanwhile.
+    pub file: Arc<File>,
     /// The allocator families its symbols reveal (`glibc`, `jemalloc`...).
     pub families: Vec<&'static str>,
     /// Allocation entries to probe, one per distinct address (glibc 2.36 exports
@@ -178,23 +186,27 @@ pub struct FileFacts {
     pub go_runtime: bool,
 }
 
-/// Reads the file mapped by `pid` at `path_in_target` (with identity `key`): finds its
-/// allocation entries (as `lookup` says) and its imports.
-pub fn examine(
-    pid: u32,
-    key: ImageKey,
-    path_in_target: &Path,
-    lookup: &Lookup,
-) -> Result<FileFacts, ImageError> {
+/// Reads the file of `pid`'s mapping `mapping` (through map_files, checked, size
+/// capped: [`procfs`]): finds its allocation entries (as `lookup` says) and its imports.
+pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFacts, ImageError> {
     let prefixes = lookup.prefixes.as_slice();
-    // Through the process's root, so containers' own files are the ones we probe.
-    let host_path = in_root(pid, path_in_target);
-    let bad = |reason: String| ImageError {
+    let path_in_target = mapping.file_path().unwrap_or(Path::new(&mapping.name));
+    let bad = |reason: String, gone: bool| ImageError {
         path: path_in_target.to_path_buf(),
         reason,
+        gone,
     };
-    let data = fs::read(&host_path).map_err(|e| bad(e.to_string()))?;
-    let file = object::File::parse(&*data).map_err(|e| bad(e.to_string()))?;
+    let opened = procfs::open_mapped(pid, mapping).map_err(|e| {
+        let gone = matches!(e, procfs::MappedFileError::Open { .. });
+        bad(e.to_string(), gone)
+    })?;
+    let data =
+        procfs::read_mapped(&opened, path_in_target).map_err(|e| bad(e.to_string(), false))?;
+    let key = ImageKey {
+        device: mapping.device,
+        inode: mapping.inode,
+    };
+    let file = object::File::parse(&*data).map_err(|e| bad(e.to_string(), false))?;
     let imports_allocation = file.dynamic_symbols().any(|symbol| {
         symbol.is_undefined()
             && symbol
@@ -208,7 +220,7 @@ pub fn examine(
         Ok(found) => Some(AllocatorImage {
             key,
             path_in_target: path_in_target.to_path_buf(),
-            host_path,
+            file: Arc::new(opened),
             families: found.families,
             entries: found.entries,
             frees: found.frees,
@@ -227,6 +239,12 @@ pub fn examine(
 }
 
 impl AllocatorImage {
+    /// The path probes attach through: our own descriptor of the examined file
+    /// (`/proc/self/fd/N`), which the kernel resolves to that very inode.
+    pub fn attach_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
     /// Every probed entry, allocations first.
     pub fn all_entries(&self) -> impl Iterator<Item = &ProbedEntry> {
         self.entries.iter().chain(&self.frees)
@@ -526,6 +544,8 @@ fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+
     use crate::procfs::parse_maps;
 
     const MAPS: &str = "\
@@ -610,17 +630,13 @@ mod tests {
 
     #[test]
     fn a_file_without_allocation_entries_is_refused() {
-        let key = ImageKey {
-            device: 0,
-            inode: 0,
-        };
-        let facts = examine(
-            std::process::id(),
-            key,
-            Path::new("/proc/self/exe"),
-            &Lookup::default(),
-        )
-        .unwrap();
+        let pid = std::process::id();
+        let exe = fs::read_link("/proc/self/exe").unwrap();
+        let mapping = procfs::read_maps(pid)
+            .into_iter()
+            .find(|e| e.executable && e.file_path() == Some(exe.as_path()))
+            .unwrap();
+        let facts = examine(pid, &mapping, &Lookup::default()).unwrap();
         // The test binary links glibc dynamically and defines no malloc of its own, but
         // calls it.
         assert!(facts.image.is_none());

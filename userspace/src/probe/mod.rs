@@ -354,7 +354,7 @@ impl Sampler {
             let link = programs
                 .attach(
                     entry.shape.program(),
-                    &image.host_path,
+                    &image.attach_path(),
                     entry.probe_file_offset(),
                     entry.cookie(),
                     self.config.pid,
@@ -387,7 +387,7 @@ impl Sampler {
             cookie: Some(cookie),
         };
         let link = program
-            .attach(point, &image.host_path, scope)
+            .attach(point, image.attach_path(), scope)
             .map_err(|source| ProbeError::Attach {
                 symbol: entry.symbol.clone(),
                 path: image.path_in_target.display().to_string(),

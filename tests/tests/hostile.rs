@@ -1,0 +1,85 @@
+//! A process that turns the path of its own executable into a trap must not stop the
+//! profiler, nor make it open anything but the file the process maps.
+//!
+//! `workloads/swapexe.c` unlinks its executable and puts at that path a FIFO (opening
+//! it blocks until a writer comes: the old agent hung there for good), a symlink to
+//! `/dev/zero` (a read without end) or a symlink to the C library (the old agent then
+//! took libc for this file and probed it a second time). System-wide allocbpf must
+//! finish on time, profile the process through its real mappings, and never take the
+//! path for the file.
+
+use std::{path::PathBuf, time::Duration};
+
+use allocbpf_e2e::{compile_workload, require_root, run_allocbpf, scratch_dir, Workload};
+use serde_json::Value;
+
+/// A private copy of the hostile binary (it deletes its own executable).
+fn hostile_copy(mode: &str) -> PathBuf {
+    let built = compile_workload("swapexe", &["-O1"]).unwrap();
+    let copy = scratch_dir(&format!("hostile-{mode}")).join("swapexe");
+    std::fs::copy(&built, &copy).unwrap();
+    copy
+}
+
+/// Runs system-wide allocbpf for 2 s against a `swapexe MODE` process; checks that it
+/// ends in time, that the process is profiled, and that its swapped path is never
+/// taken for an allocator.
+fn profile_hostile(mode: &str) {
+    require_root();
+    let binary = hostile_copy(mode);
+    let mut workload = Workload::start(&binary, &[mode]).unwrap();
+    workload
+        .stdout
+        .wait_for("swapped", Duration::from_secs(10))
+        .unwrap();
+    let out = binary.with_file_name("profile.json");
+    let finished = run_allocbpf(
+        &[
+            "--comm",
+            "^swapexe$",
+            "--duration",
+            "2s",
+            "--format",
+            "json",
+            "--output",
+            out.to_str().unwrap(),
+            "-v",
+        ],
+        // Start-up (examining every process's files) plus 2 s; a hang is a failure.
+        Duration::from_secs(90),
+    )
+    .unwrap();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    // The swapped path is never examined as a file: no image, no probe named after it.
+    let path = binary.display().to_string();
+    for line in finished.stderr.lines() {
+        assert!(
+            !(line.contains(&path) && (line.contains("probed at") || line.contains("entries)"))),
+            "the swapped path was taken for an allocator: {line}"
+        );
+    }
+    let json: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let text = json.to_string();
+    assert!(
+        text.contains(&format!("{}", workload.pid)),
+        "pid {} not in the profile: {text:.2000}",
+        workload.pid
+    );
+    let samples = json["totals"]["samples"].as_u64().unwrap_or(0);
+    assert!(samples > 0, "no sample: {:#}", json["totals"]);
+}
+
+#[test]
+fn an_executable_swapped_for_a_fifo_does_not_hang_the_profiler() {
+    profile_hostile("fifo");
+}
+
+#[test]
+fn an_executable_swapped_for_a_symlink_to_dev_zero_is_not_read() {
+    profile_hostile("zero");
+}
+
+#[test]
+fn an_executable_swapped_for_a_symlink_to_libc_is_not_taken_for_libc() {
+    profile_hostile("libc");
+}
