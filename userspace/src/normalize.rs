@@ -6,7 +6,9 @@
 
 use std::{
     collections::HashMap,
+    fs::File,
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -67,8 +69,12 @@ pub enum Frame {
 #[derive(Debug, Default)]
 pub struct ModuleTable {
     modules: Vec<Module>,
-    files: Vec<Option<std::fs::File>>,
+    files: Vec<Option<Arc<File>>>,
     index: HashMap<ModuleKey, u32>,
+    /// Modules by the device and inode of a mapping they were seen through: after the
+    /// process exits its build id can no longer be read (map_files is gone), but the
+    /// cached maps still say which file an address is in.
+    by_inode: HashMap<(u64, u64), u32>,
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -78,24 +84,38 @@ enum ModuleKey {
 }
 
 impl ModuleTable {
-    /// The id of `module` (mapped by `pid` as `mapping`), adding it if new; its file
-    /// is then opened through the mapping ([`procfs::open_mapped`]), never by path.
-    pub fn intern(&mut self, pid: u32, module: Module, mapping: Option<&MapsEntry>) -> u32 {
+    /// The id of `module`, seen through `mapping` whose file (opened through the
+    /// mapping, [`procfs::open_mapped`], never by path) is `file`; added if new.
+    pub fn intern(
+        &mut self,
+        module: Module,
+        mapping: Option<&MapsEntry>,
+        file: Option<Arc<File>>,
+    ) -> u32 {
+        let inode = mapping.map(|m| (m.device, m.inode));
+        if module.build_id.is_none() {
+            // No build id: the process may have exited since it was read.
+            if let Some(&id) = inode.and_then(|i| self.by_inode.get(&i)) {
+                return id;
+            }
+        }
         let key = match &module.build_id {
             Some(id) => ModuleKey::BuildId(id.clone()),
             None => ModuleKey::Path(module.path.clone()),
         };
-        if let Some(&id) = self.index.get(&key) {
-            return id;
+        let id = match self.index.get(&key) {
+            Some(&id) => id,
+            None => {
+                let id = self.modules.len() as u32;
+                self.files.push(file);
+                self.modules.push(module);
+                self.index.insert(key, id);
+                id
+            }
+        };
+        if let Some(inode) = inode {
+            self.by_inode.insert(inode, id);
         }
-        let id = self.modules.len() as u32;
-        self.files.push(mapping.and_then(|mapping| {
-            procfs::open_mapped(pid, mapping)
-                .map_err(|error| tracing::debug!("pid {pid}: {error}"))
-                .ok()
-        }));
-        self.modules.push(module);
-        self.index.insert(key, id);
         id
     }
 
@@ -134,9 +154,10 @@ pub struct AddressNormalizer {
     refreshed: Instant,
     /// The mappings behind blazesym's `/proc/PID/map_files/START-END` paths (it reads
     /// build ids through them, never through the paths the maps print, which belong
-    /// to the process). Read from the process's maps on a miss; reset with the
+    /// to the process), with their files opened while the process lives. Read from
+    /// the process's maps at [`AddressNormalizer::prime`] or on a miss; reset with the
     /// normalizer, so bounded like its own cache.
-    mappings: HashMap<PathBuf, MapsEntry>,
+    mappings: MappedFiles,
     /// Modules seen so far.
     pub modules: ModuleTable,
 }
@@ -153,7 +174,7 @@ impl AddressNormalizer {
         Self {
             normalizer: Self::caching_normalizer(),
             refreshed: Instant::now(),
-            mappings: HashMap::new(),
+            mappings: MappedFiles::default(),
             modules: ModuleTable::default(),
         }
     }
@@ -169,6 +190,7 @@ impl AddressNormalizer {
     /// Reads and caches `pid`'s memory maps now, while it lives.
     pub fn prime(&mut self, pid: u32) {
         let _ = self.normalize_once(pid, &[0]);
+        self.mappings.read(pid);
     }
 
     /// Drops the cached maps of every process (blazesym caches per process and cannot
@@ -184,7 +206,7 @@ impl AddressNormalizer {
     /// Drops every cached map (blazesym's and ours).
     fn reset(&mut self) {
         self.normalizer = Self::caching_normalizer();
-        self.mappings.clear();
+        self.mappings = MappedFiles::default();
         self.refreshed = Instant::now();
     }
 
@@ -230,17 +252,18 @@ impl AddressNormalizer {
                 None => {
                     let id = match output.meta.get(meta_index) {
                         Some(UserMeta::Elf(elf)) => {
-                            let mapping = mapping_of(mappings, pid, &elf.path);
+                            let mapped = mappings.get(pid, &elf.path);
                             // The path as the process names it, for display only.
-                            let path = mapping
+                            let path = mapped
                                 .as_ref()
-                                .and_then(|m| m.file_path())
+                                .and_then(|(m, _)| m.file_path())
                                 .map_or_else(|| elf.path.clone(), Path::to_path_buf);
                             let module = Module {
                                 path,
                                 build_id: elf.build_id.as_ref().map(|b| b.to_vec()),
                             };
-                            Some(modules.intern(pid, module, mapping.as_ref()))
+                            let (mapping, file) = mapped.unzip();
+                            Some(modules.intern(module, mapping.as_ref(), file.flatten()))
                         }
                         _ => None,
                     };
@@ -257,21 +280,46 @@ impl AddressNormalizer {
     }
 }
 
-/// The mapping of `pid` behind blazesym's map_files path `path`, from `cache` or else
-/// the process's maps.
-fn mapping_of(cache: &mut HashMap<PathBuf, MapsEntry>, pid: u32, path: &Path) -> Option<MapsEntry> {
-    if !cache.contains_key(path) {
+/// Mappings of processes by blazesym's map_files path, with their files.
+#[derive(Debug, Default)]
+struct MappedFiles {
+    by_path: HashMap<PathBuf, (MapsEntry, Option<Arc<File>>)>,
+    /// One open file per device and inode.
+    files: HashMap<(u64, u64), Option<Arc<File>>>,
+}
+
+impl MappedFiles {
+    /// Reads `pid`'s executable file mappings and opens their files.
+    fn read(&mut self, pid: u32) {
         for entry in procfs::read_maps(pid) {
-            if entry.file_path().is_some() {
-                let key = format!(
-                    "/proc/{pid}/map_files/{:x}-{:x}",
-                    entry.range.start, entry.range.end
-                );
-                cache.insert(PathBuf::from(key), entry);
+            if !entry.executable || entry.file_path().is_none() {
+                continue;
             }
+            let file = self
+                .files
+                .entry((entry.device, entry.inode))
+                .or_insert_with(|| {
+                    procfs::open_mapped(pid, &entry)
+                        .map_err(|error| tracing::debug!("pid {pid}: {error}"))
+                        .ok()
+                        .map(Arc::new)
+                })
+                .clone();
+            let key = format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                entry.range.start, entry.range.end
+            );
+            self.by_path.insert(PathBuf::from(key), (entry, file));
         }
     }
-    cache.get(path).cloned()
+
+    /// The mapping of `pid` behind blazesym's map_files path `path`, and its file.
+    fn get(&mut self, pid: u32, path: &Path) -> Option<(MapsEntry, Option<Arc<File>>)> {
+        if !self.by_path.contains_key(path) {
+            self.read(pid);
+        }
+        self.by_path.get(path).cloned()
+    }
 }
 
 #[cfg(test)]
@@ -298,14 +346,14 @@ mod tests {
             path: "/lib/a.so".into(),
             build_id: Some(vec![0xab, 0x01]),
         };
-        assert_eq!(table.intern(1, m.clone(), None), 0);
-        assert_eq!(table.intern(1, m.clone(), None), 0);
+        assert_eq!(table.intern(m.clone(), None, None), 0);
+        assert_eq!(table.intern(m.clone(), None, None), 0);
         // Same build id under another path (another container): the same module.
         let moved = Module {
             path: "/other/root/lib/a.so".into(),
             ..m.clone()
         };
-        assert_eq!(table.intern(1, moved, None), 0);
+        assert_eq!(table.intern(moved, None, None), 0);
         assert_eq!(m.build_id_hex(), "ab01");
         assert_eq!(table.all().len(), 1);
     }

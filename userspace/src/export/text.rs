@@ -139,9 +139,36 @@ fn write_leaks(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `name` safe for a terminal: symbol names and comms come from other users'
+/// binaries, and a control character (an escape sequence that rewrites the screen) or a
+/// bidirectional override (text that reads differently than it is) is shown escaped,
+/// as `\u{1b}`, never written raw.
+fn printable(name: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char =
+        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !name.chars().any(unsafe_char) {
+        return name.into();
+    }
+    name.chars()
+        .map(|c| {
+            if unsafe_char(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 /// Innermost frames first, joined with `<`, cut after [`FRAMES_SHOWN`].
 fn stack_text(names: &[&str]) -> String {
-    let shown: Vec<&str> = names.iter().rev().take(FRAMES_SHOWN).copied().collect();
+    let shown: Vec<String> = names
+        .iter()
+        .rev()
+        .take(FRAMES_SHOWN)
+        .map(|name| printable(name).into_owned())
+        .collect();
     let more = names.len().saturating_sub(FRAMES_SHOWN);
     if more > 0 {
         format!("{} < ({more} more)", shown.join(" < "))
@@ -158,7 +185,16 @@ fn format_interval(lo: f64, hi: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::export::test_report;
+
+    #[test]
+    fn hostile_names_are_escaped() {
+        assert_eq!(printable("malloc"), "malloc");
+        assert_eq!(printable("evil\x1b[2Jname"), "evil\\u{1b}[2Jname");
+        assert_eq!(printable("a\u{202e}b"), "a\\u{202e}b");
+        assert_eq!(stack_text(&["x\ny"]), "x\\u{a}y");
+    }
 
     #[test]
     fn table_names_sites_and_totals() {
