@@ -10,9 +10,7 @@ use std::{
 };
 
 use allocbpf_e2e::{
-    agent::{
-        metric, parse_stored_name, scrape, stored_profiles, write_config, AgentProcess, Receiver,
-    },
+    agent::{metric, parse_stored_name, stored_profiles, write_config, AgentProcess, Receiver},
     compile_workload, go_pprof, require_root, scratch_dir, Workload,
 };
 
@@ -90,7 +88,36 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         "the copy must be invisible from the host namespace"
     );
     std::thread::sleep(Duration::from_secs(5));
-    let metrics = scrape("127.0.0.1:19464").unwrap();
+    // 200 idle connections (anybody on the network can open them): the endpoint keeps
+    // at most 16, closes each within 2 s, and still answers a scrape.
+    let idle: Vec<std::net::TcpStream> = (0..200)
+        .map(|_| std::net::TcpStream::connect("127.0.0.1:19464").unwrap())
+        .collect();
+    let flooded = Instant::now();
+    let metrics = loop {
+        let answer = scrape_within("127.0.0.1:19464", Duration::from_secs(3));
+        match answer {
+            Ok(text) if text.contains("allocbpf_samples_total") => break text,
+            _ if flooded.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            other => panic!("no answer under 200 idle connections: {other:?}"),
+        }
+    };
+    for mut connection in idle {
+        connection
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        let read = std::io::Read::read(&mut connection, &mut byte);
+        let closed = matches!(read, Ok(0))
+            || matches!(read, Err(ref e) if e.kind() == std::io::ErrorKind::ConnectionReset);
+        assert!(closed, "an idle metrics connection was kept open: {read:?}");
+    }
+    assert!(
+        metric(&metrics, "allocbpf_metrics_connections_refused_total").unwrap_or(0.0) > 0.0,
+        "{metrics}"
+    );
     inside.wait(Duration::from_secs(30)).unwrap();
     before.wait(Duration::from_secs(30)).unwrap();
     let log = agent.terminate(Duration::from_secs(60)).unwrap();
@@ -162,7 +189,7 @@ fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
     let config = write_config(
         &scratch,
         &format!(
-            "comm = \"^agentwl\"\nmetrics_address = \"off\"\n[push]\nurl = \"http://127.0.0.1:{port}\"\napplication = \"allocbpf-test\"\ntimeout = \"2s\"\n"
+            "comm = \"^agentwl\"\nmetrics_address = \"off\"\n[push]\nurl = \"http://127.0.0.1:{port}\"\napplication = \"allocbpf-test\"\ntimeout = \"2s\"\n# The receiver is local plain HTTP; credentials over http:// must be allowed.\nallow_insecure_http = true\n"
         ),
     );
     let test_started_ms = unix_ms();
@@ -247,6 +274,18 @@ fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
 
 /// An agent with `config` storing into `store`, cutting every `interval`, with `extra`
 /// flags and `env` variables.
+/// `GET /metrics` with every read and write bounded by `timeout`.
+fn scrape_within(address: &str, timeout: Duration) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
+}
+
 fn start_filtered(
     config: &Path,
     store: &Path,

@@ -245,3 +245,22 @@ fn kernel_thread_is_not_a_target() {
         .expect("kthreadd is visible (tests run in the host pid namespace)");
     assert_fails_with(&["--pid", &kthreadd.to_string()], "is a kernel thread");
 }
+
+#[test]
+fn an_agent_whose_metrics_address_is_taken_refuses_to_start() {
+    require_root();
+    // Another service holds the port.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let store = scratch_dir("metrics-taken").join("store");
+    assert_fails_with(
+        &[
+            "agent",
+            "--store",
+            store.to_str().unwrap(),
+            "--metrics-address",
+            &address,
+        ],
+        &format!("binding the metrics endpoint {address}"),
+    );
+}

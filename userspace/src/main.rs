@@ -58,6 +58,7 @@ fn run(cli: Cli) -> Result<()> {
     };
     preflight::check_privileges()?;
     preflight::check_kernel()?;
+    preflight::raise_descriptor_limit();
     let options = SessionOptions {
         pid,
         rate: cli.rate,
@@ -91,6 +92,7 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
     let filter = ProcessFilter::new(&cli.filter)?;
     preflight::check_privileges()?;
     preflight::check_kernel()?;
+    preflight::raise_descriptor_limit();
     if cli.leaks {
         anyhow::bail!("--leaks needs --pid (system-wide mode reports in-use bytes with --live)");
     }

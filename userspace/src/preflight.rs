@@ -62,6 +62,32 @@ pub fn check_privileges() -> Result<(), PreflightError> {
     }
 }
 
+/// Raises the soft limit on open descriptors to the hard limit and returns it: the
+/// profiler holds one descriptor per allocator image and per module of a sampled
+/// process, which on a busy host exceeds the usual soft limit of 1,024.
+pub fn raise_descriptor_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return raised.rlim_cur;
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
 /// Fails unless the kernel has the features allocbpf needs.
 pub fn check_kernel() -> Result<(), PreflightError> {
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {

@@ -51,6 +51,7 @@ struct PushFile {
     tenant: Option<String>,
     timeout: Option<String>,
     spool_max_bytes: Option<String>,
+    allow_insecure_http: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -88,6 +89,8 @@ pub struct PushConfig {
     pub timeout: Duration,
     /// Bound of the on-disk spool of undelivered profiles.
     pub spool_max_bytes: u64,
+    /// Credentials may be sent over plain `http://` (off by default).
+    pub allow_insecure_http: bool,
 }
 
 /// The agent's effective configuration.
@@ -149,6 +152,17 @@ impl AgentConfig {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     bail!("push URL {url:?} must start with http:// or https://");
                 }
+                let authority = url
+                    .split_once("://")
+                    .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+                if authority.contains('@') {
+                    // Not echoed: the URL holds a secret.
+                    bail!(
+                        "the push URL must not carry credentials (user:password@host): they \
+                         would show in logs and in the process list; put them in \
+                         push.credentials_file (mode 0600) or ALLOCBPF_PUSH_TOKEN"
+                    );
+                }
                 Some(PushConfig {
                     url: url.trim_end_matches('/').to_string(),
                     application: push_file.application.unwrap_or_else(|| "allocbpf".into()),
@@ -165,6 +179,7 @@ impl AgentConfig {
                         256 << 20,
                         1 << 40,
                     )?,
+                    allow_insecure_http: push_file.allow_insecure_http.unwrap_or(false),
                 })
             }
         };
@@ -326,6 +341,11 @@ cpu_percent = 2.5
         std::fs::write(&path, "colour = \"blue\"\n").unwrap();
         let error = format!("{:#}", AgentConfig::load(&args).unwrap_err());
         assert!(error.contains("unknown field"), "{error}");
+        // Credentials in the URL are refused, and the secret is not echoed.
+        std::fs::write(&path, "[push]\nurl = \"https://joe:hunter2@p:4040/\"\n").unwrap();
+        let error = format!("{:#}", AgentConfig::load(&args).unwrap_err());
+        assert!(error.contains("must not carry credentials"), "{error}");
+        assert!(!error.contains("hunter2"), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -2,7 +2,11 @@
 
 use std::{
     net::SocketAddr,
-    sync::{atomic::AtomicU64, atomic::Ordering, Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -63,6 +67,14 @@ const COUNTERS: &[(&str, &str)] = &[
         "budget_detachments",
         "Image detachments for the overhead budget",
     ),
+    (
+        "metrics_accept_errors",
+        "Failed accepts on the metrics endpoint (descriptors exhausted)",
+    ),
+    (
+        "metrics_connections_refused",
+        "Metrics connections closed at once: too many open",
+    ),
 ];
 
 const GAUGES: &[(&str, &str)] = &[
@@ -122,6 +134,13 @@ impl Metrics {
             if value > current {
                 counter.inc_by(value - current);
             }
+        }
+    }
+
+    /// Adds one to counter `name`.
+    pub fn count(&self, name: &str) {
+        if let Some((_, counter)) = self.counters.iter().find(|(n, _)| *n == name) {
+            counter.inc();
         }
     }
 
@@ -190,25 +209,71 @@ pub fn own_cpu_and_rss() -> (f64, u64) {
     (cpu, rss)
 }
 
-/// Serves `metrics` on `address` until the task is dropped: any GET gets the text.
-pub async fn serve(address: SocketAddr, metrics: Arc<Mutex<Metrics>>) -> Result<()> {
-    let listener = TcpListener::bind(address)
-        .await
-        .with_context(|| format!("binding the metrics endpoint {address}"))?;
-    tracing::info!("metrics on http://{address}/metrics");
+/// Connections served at once; more are closed at accept. Each costs a task and a
+/// descriptor, and anybody on the network may open them.
+const MAX_CONNECTIONS: usize = 16;
+
+/// A connection is closed if it has not sent its request, or taken the answer, within
+/// this long.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pause after a failed accept (descriptors exhausted): a failing accept returns at
+/// once, and retrying at once would spin a core.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Binds the metrics endpoint. Failing to bind is an error the agent reports at start:
+/// a configured endpoint that silently does not exist would look like a dead agent.
+pub async fn bind(address: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(address).await.with_context(|| {
+        format!(
+            "binding the metrics endpoint {address} (metrics_address in the config, \
+             or --metrics-address; \"off\" disables it)"
+        )
+    })
+}
+
+/// Serves `metrics` on `listener` until the task is dropped: any GET gets the text.
+/// At most [`MAX_CONNECTIONS`] at once, each closed after [`CONNECTION_TIMEOUT`].
+pub async fn serve(listener: TcpListener, metrics: Arc<Mutex<Metrics>>) {
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!("metrics on http://{address}/metrics");
+    }
+    let active = Arc::new(AtomicUsize::new(0));
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
+        let mut stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                metrics
+                    .lock()
+                    .expect("metrics lock")
+                    .count("metrics_accept_errors");
+                tracing::debug!("metrics endpoint: accept failed: {error}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
         };
+        if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            metrics
+                .lock()
+                .expect("metrics lock")
+                .count("metrics_connections_refused");
+            continue; // dropped: closed at once
+        }
+        active.fetch_add(1, Ordering::Relaxed);
         let body = metrics.lock().expect("metrics lock").render();
+        let active = active.clone();
         tokio::spawn(async move {
-            let mut request = [0u8; 1024];
-            let _ = stream.read(&mut request).await;
-            let response = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, async {
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            })
+            .await;
+            active.fetch_sub(1, Ordering::Relaxed);
         });
     }
 }

@@ -55,6 +55,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let store = ProfileStore::open(&config.store, config.retention)?;
     preflight::check_privileges()?;
     preflight::check_kernel()?;
+    preflight::raise_descriptor_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -117,10 +118,14 @@ impl Agent {
     }
 
     async fn run(mut self, filter: ProcessFilter) -> Result<()> {
-        let metrics_task = self
-            .config
-            .metrics_address
-            .map(|address| tokio::spawn(metrics::serve(address, self.metrics.clone())));
+        // Bound before anything is attached: a configured endpoint that cannot exist is
+        // an error at start, not a silent task failure.
+        let listener = match self.config.metrics_address {
+            Some(address) => Some(metrics::bind(address).await?),
+            None => None,
+        };
+        let metrics_task =
+            listener.map(|listener| tokio::spawn(metrics::serve(listener, self.metrics.clone())));
         let mut profiler = SystemProfiler::start(system_options(&self.config, filter))?;
         tracing::info!(
             "agent started: {} image(s) attached, interval {}s, store {}{}",
@@ -137,11 +142,15 @@ impl Agent {
         let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
         let mut metrics_tick = tokio::time::interval(METRICS_REFRESH);
         let mut cut = new_cut_timer(self.config.interval);
+        let mut read_error = None;
         loop {
             tokio::select! {
                 read = profiler.read() => {
                     if let Err(error) = read {
+                        // Stop, flush what was collected, then exit non-zero: a
+                        // supervisor restarts an agent that can no longer sample.
                         tracing::error!("reading the ring buffer failed: {error}; stopping");
+                        read_error = Some(error);
                         break;
                     }
                 }
@@ -183,7 +192,10 @@ impl Agent {
                 .spool_files
                 .load(std::sync::atomic::Ordering::Relaxed)
         );
-        Ok(())
+        match read_error {
+            Some(error) => Err(anyhow::Error::new(error).context("reading the ring buffer")),
+            None => Ok(()),
+        }
     }
 
     /// Stores (and spools for push) one profile per process.

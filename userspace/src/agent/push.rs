@@ -64,8 +64,22 @@ pub enum Credentials {
 impl Credentials {
     /// From `file` (`Bearer TOKEN`, `USER:PASSWORD`, or a bare token), else from
     /// `ALLOCBPF_PUSH_TOKEN` or `ALLOCBPF_PUSH_USER` + `ALLOCBPF_PUSH_PASSWORD`.
+    /// A credentials file others can read is refused: it would give any local user
+    /// the profile store.
     pub fn load(file: Option<&Path>) -> Result<Credentials> {
         if let Some(path) = file {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path)
+                .with_context(|| format!("reading the credentials file {}", path.display()))?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                bail!(
+                    "the credentials file {} can be read by others (mode {:o}): chmod 600 it",
+                    path.display(),
+                    mode & 0o777
+                );
+            }
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading the credentials file {}", path.display()))?;
             return Ok(Self::parse(text.trim()));
@@ -171,7 +185,7 @@ struct Spool {
 
 impl Spool {
     fn open(dir: &Path, max_bytes: u64) -> Result<Spool> {
-        std::fs::create_dir_all(dir)
+        super::store::create_private_dir(dir)
             .with_context(|| format!("creating the spool directory {}", dir.display()))?;
         let mut files: Vec<(PathBuf, u64)> = std::fs::read_dir(dir)?
             .flatten()
@@ -201,8 +215,8 @@ impl Spool {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.join(format!("{seq:016}.spool"));
         let temp = self.dir.join(format!("{seq:016}.tmp"));
-        std::fs::write(&temp, &record).with_context(|| format!("writing {}", temp.display()))?;
-        std::fs::rename(&temp, &path)?;
+        super::store::write_private(&temp, &path, &record)
+            .with_context(|| format!("writing {}", path.display()))?;
         let mut guard = self.files.lock().expect("spool lock");
         let (files, bytes) = &mut *guard;
         files.push_back((path, record.len() as u64));
@@ -264,6 +278,16 @@ impl Pusher {
     /// Opens the spool under `store` and starts delivering.
     pub fn start(config: PushConfig, store: &Path, stats: Arc<PushStats>) -> Result<Pusher> {
         let credentials = Credentials::load(config.credentials_file.as_deref())?;
+        if credentials != Credentials::None
+            && config.url.starts_with("http://")
+            && !config.allow_insecure_http
+        {
+            bail!(
+                "push credentials over plain http:// ({}) would travel in clear text: use \
+                 https://, or set push.allow_insecure_http = true",
+                config.url
+            );
+        }
         let spool = Arc::new(Spool::open(&store.join("spool"), config.spool_max_bytes)?);
         let (sender, receiver) = mpsc::channel();
         let thread = {
@@ -343,7 +367,11 @@ fn deliver(
     stats: Arc<PushStats>,
     receiver: mpsc::Receiver<Message>,
 ) {
-    let agent = ureq::AgentBuilder::new().timeout(config.timeout).build();
+    // No redirects: following one would send the credentials to another server.
+    let agent = ureq::AgentBuilder::new()
+        .timeout(config.timeout)
+        .redirects(0)
+        .build();
     let mut backoff = BACKOFF_INITIAL;
     let mut next_attempt = Instant::now();
     let mut flush_until: Option<Instant> = None;
@@ -439,6 +467,12 @@ fn send_one(
         request = request.set("X-Scope-OrgID", tenant);
     }
     match request.send_bytes(&body) {
+        // Redirects are not followed (they would carry the credentials elsewhere).
+        Ok(response) if (300..400).contains(&response.status()) => bail!(
+            "HTTP {}: redirected to {:?}, not followed (set push.url to the final address)",
+            response.status(),
+            response.header("Location").unwrap_or("")
+        ),
         Ok(_) => Ok(()),
         Err(ureq::Error::Status(code, response)) => {
             let text = response.into_string().unwrap_or_default();
@@ -454,6 +488,24 @@ fn send_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_credentials_file_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let path =
+            std::env::temp_dir().join(format!("allocbpf-credentials-{}", std::process::id()));
+        std::fs::write(&path, "Bearer t0ken\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let error = format!("{:#}", Credentials::load(Some(&path)).unwrap_err());
+        assert!(error.contains("chmod 600"), "{error}");
+        assert!(!error.contains("t0ken"), "{error}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(
+            Credentials::load(Some(&path)).unwrap(),
+            Credentials::Bearer("t0ken".into())
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn credentials_and_names() {

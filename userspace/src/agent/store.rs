@@ -10,11 +10,17 @@
 //! milliseconds (UTC), COMM the command name with `/` and non-printable characters
 //! replaced by `_`. Every profile also carries its labels as `key=value` comments.
 //! Retention deletes profiles older than `max_age`, then the oldest while the store is
-//! larger than `max_bytes`. Files are written to a temporary name and renamed, so a
-//! reader never sees a partial profile.
+//! larger than `max_bytes`. Files are written to a temporary name, synced and renamed,
+//! so a reader never sees a partial profile, even after a crash.
+//!
+//! Profiles reveal other users' binaries, paths and stacks: directories are created
+//! 0700 and files 0600 ([`create_private_dir`], [`write_private`]), whatever the umask.
 
 use std::{
     collections::VecDeque,
+    fs::{DirBuilder, OpenOptions, Permissions},
+    io::{self, Write},
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -22,6 +28,26 @@ use std::{
 use anyhow::{Context, Result};
 
 use super::config::Retention;
+
+/// Creates `dir` and its missing parents with mode 0700, and makes `dir` itself 0700 if
+/// it existed with wider permissions.
+pub(super) fn create_private_dir(dir: &Path) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::set_permissions(dir, Permissions::from_mode(0o700))
+}
+
+/// Writes `bytes` to `temp` (mode 0600, synced) and renames it to `path`.
+pub(super) fn write_private(temp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(temp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(temp, path)
+}
 
 /// One stored profile, as its file name describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,7 +159,8 @@ impl ProfileStore {
     /// the directory cannot be written.
     pub fn open(root: &Path, retention: Retention) -> Result<ProfileStore> {
         let profiles = root.join("profiles");
-        std::fs::create_dir_all(&profiles)
+        create_private_dir(root)
+            .and_then(|()| create_private_dir(&profiles))
             .with_context(|| format!("creating the store directory {}", profiles.display()))?;
         let probe = profiles.join(".write-test");
         std::fs::write(&probe, b"").with_context(|| {
@@ -182,12 +209,12 @@ impl ProfileStore {
     ) -> Result<PathBuf> {
         let (start_ms, end_ms) = (unix_ms(start), unix_ms(end));
         let dir = self.root.join("profiles").join(day_of(end_ms));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        create_private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let comm = sanitize(comm);
         let path = dir.join(format!("{start_ms}-{end_ms}-{pid}-{comm}.pb.gz"));
         let temp = dir.join(format!(".{start_ms}-{pid}.tmp"));
-        std::fs::write(&temp, gzipped).with_context(|| format!("writing {}", temp.display()))?;
-        std::fs::rename(&temp, &path).with_context(|| format!("renaming to {}", path.display()))?;
+        write_private(&temp, &path, gzipped)
+            .with_context(|| format!("writing {}", path.display()))?;
         self.total_bytes += gzipped.len() as u64;
         self.index.push_back(StoredProfile {
             path: path.clone(),
@@ -272,6 +299,12 @@ mod tests {
         }
         let listed = list(&root).unwrap();
         assert_eq!(listed.len(), 5);
+        // Private whatever the umask: profiles reveal other users' binaries.
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(&root.join("profiles")), 0o700);
+        assert_eq!(mode(listed[0].path.parent().unwrap()), 0o700);
+        assert_eq!(mode(&listed[0].path), 0o600);
         assert_eq!(listed[0].comm, "a_b_c");
         assert_eq!(listed[0].pid, 10);
         // Ends at -2h, -1.5h, -1h, -0.5h, 0: two are older than 1h; 300 bytes > 250.

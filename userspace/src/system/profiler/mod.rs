@@ -144,6 +144,11 @@ pub struct SystemProfiler {
     cache: ImageCache,
     build_ids: BuildIdCache,
     exec_queue: VecDeque<(Instant, u32, usize)>,
+    /// Processes that exited without ever being tracked (no sample: cron jobs,
+    /// scripts): their kernel entries (fallback totals, gates, live blocks) are
+    /// removed at the next cut, so bounded maps hold running processes only and a
+    /// reused pid starts clean.
+    untracked_exits: HashSet<u32>,
     last_scan: Instant,
     last_refresh: Instant,
     budget: Option<Budget>,
@@ -189,6 +194,7 @@ impl SystemProfiler {
             cache: ImageCache::default(),
             build_ids: BuildIdCache::default(),
             exec_queue: VecDeque::new(),
+            untracked_exits: HashSet::new(),
             last_scan: now,
             last_refresh: now,
             budget: None,
@@ -431,8 +437,12 @@ impl SystemProfiler {
                 }
                 Event::Exit { pid } => {
                     self.stats.exit_events += 1;
-                    if let Some(tracked) = self.processes.get_mut(&pid) {
-                        tracked.exited = true;
+                    match self.processes.get_mut(&pid) {
+                        Some(tracked) => tracked.exited = true,
+                        // Bounded by the host's pid space.
+                        None => {
+                            self.untracked_exits.insert(pid);
+                        }
                     }
                 }
             }
@@ -571,6 +581,13 @@ impl SystemProfiler {
         for pid in &gone {
             self.processes.remove(pid);
             self.stacks.forget(*pid);
+        }
+        // Processes never tracked are in no report: their entries go too (a pid reused
+        // since has sampled and is tracked, and is left alone).
+        for pid in std::mem::take(&mut self.untracked_exits) {
+            if !self.processes.contains_key(&pid) {
+                gone.insert(pid);
+            }
         }
         if let Some(sampler) = self.sampler.as_mut() {
             sampler.forget_processes(&gone);
