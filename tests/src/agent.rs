@@ -111,6 +111,8 @@ pub struct Received {
     pub headers: Vec<(String, String)>,
     /// The body.
     pub body: Vec<u8>,
+    /// The status it was answered with.
+    pub status: u16,
 }
 
 impl Received {
@@ -180,6 +182,7 @@ pub struct Receiver {
     /// Requests received so far.
     pub received: Arc<Mutex<Vec<Received>>>,
     stop: Arc<Mutex<bool>>,
+    status: Arc<std::sync::atomic::AtomicU16>,
     port: u16,
 }
 
@@ -191,16 +194,19 @@ impl Receiver {
         let port = listener.local_addr()?.port();
         let received = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(Mutex::new(false));
+        let status = Arc::new(std::sync::atomic::AtomicU16::new(200));
         {
             let received = received.clone();
             let stop = stop.clone();
+            let status = status.clone();
             thread::spawn(move || loop {
                 if *stop.lock().unwrap() {
                     return;
                 }
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        if let Ok(request) = read_request(stream) {
+                        let code = status.load(std::sync::atomic::Ordering::Relaxed);
+                        if let Ok(request) = read_request(stream, code) {
                             received.lock().unwrap().push(request);
                         }
                     }
@@ -211,8 +217,15 @@ impl Receiver {
         Ok(Receiver {
             received,
             stop,
+            status,
             port,
         })
+    }
+
+    /// Answers every request from now on with `code` (200 at start).
+    pub fn answer(&self, code: u16) {
+        self.status
+            .store(code, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The port.
@@ -228,7 +241,7 @@ impl Drop for Receiver {
     }
 }
 
-fn read_request(mut stream: TcpStream) -> Result<Received> {
+fn read_request(mut stream: TcpStream, status: u16) -> Result<Received> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut data = Vec::new();
@@ -263,11 +276,16 @@ fn read_request(mut stream: TcpStream) -> Result<Received> {
         anyhow::ensure!(n > 0, "connection closed in body");
         body.extend_from_slice(&buf[..n]);
     }
-    stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let reason = if status == 200 { "OK" } else { "Test" };
+    stream.write_all(
+        format!("HTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )?;
     Ok(Received {
         target,
         headers,
         body,
+        status,
     })
 }
 

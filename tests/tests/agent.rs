@@ -390,3 +390,83 @@ fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
         "the oldest profile was kept: {left:?} (written {written}); log: {log}"
     );
 }
+
+/// Delivery never stops on what can never succeed: a corrupt spool record and the
+/// profiles a receiver answers 400 are dropped and counted at once, a 500 is retried,
+/// and when the receiver answers 200 again the spool drains. A `.tmp` left by a crash
+/// is removed.
+#[test]
+fn rejected_and_corrupt_records_are_dropped_and_delivery_goes_on() {
+    require_root();
+    let _one = ONE_AGENT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let scratch = scratch_dir("agent-reject");
+    let store = scratch.join("store");
+    let spool = store.join("spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    // First in line: a record that does not parse; beside it, half a write.
+    let corrupt = spool.join("0000000000000000.spool");
+    std::fs::write(&corrupt, b"not json\nnot a profile").unwrap();
+    let leftover = spool.join("0000000000000001.tmp");
+    std::fs::write(&leftover, b"half").unwrap();
+    let receiver = Receiver::start(0).unwrap();
+    receiver.answer(400);
+    let config = write_config(
+        &scratch,
+        &format!(
+            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19465\"\n[push]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
+            receiver.port()
+        ),
+    );
+    let agent = start_filtered(&config, &store, "1s", &["--rate", "64KiB"], &[]);
+    let mut work = Workload::start(&workload(), &["20"]).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!corrupt.exists(), "the corrupt record blocks the spool");
+    assert!(
+        !leftover.exists(),
+        "the .tmp left by a crash is still there"
+    );
+    let status_count = |code: u16| {
+        receiver
+            .received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.status == code)
+            .count()
+    };
+    let rejected = status_count(400);
+    assert!(
+        rejected >= 2,
+        "only {rejected} profile(s) reached the 400 receiver"
+    );
+    // A server error: retried, so profiles wait in the spool.
+    receiver.answer(500);
+    std::thread::sleep(Duration::from_secs(4));
+    let waiting = std::fs::read_dir(&spool).unwrap().count();
+    assert!(waiting >= 1, "nothing kept for retry during the 500s");
+    receiver.answer(200);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < deadline {
+        let left = std::fs::read_dir(&spool).unwrap().count();
+        if left == 0 && status_count(200) >= waiting {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        status_count(200) >= waiting,
+        "{} delivered after the outage, {waiting} were waiting",
+        status_count(200)
+    );
+    let metrics = scrape_within("127.0.0.1:19465", Duration::from_secs(3)).unwrap();
+    // Every 400 and the corrupt record.
+    let counted = metric(&metrics, "allocbpf_push_rejected_total").unwrap_or(0.0);
+    assert!(
+        counted >= rejected as f64 + 1.0,
+        "{counted} rejected counted: {metrics}"
+    );
+    work.wait(Duration::from_secs(30)).unwrap();
+    agent.terminate(Duration::from_secs(60)).unwrap();
+}

@@ -60,6 +60,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Profiles dropped because the push spool was full",
     ),
     (
+        "push_rejected",
+        "Profiles dropped because they can never be delivered (corrupt spool record, 4xx)",
+    ),
+    (
         "budget_backoffs",
         "Processes backed off for exceeding their overhead budget",
     ),
@@ -164,6 +168,7 @@ impl Metrics {
         self.total("push_delivered", push.delivered.load(Ordering::Relaxed));
         self.total("export_errors", push.errors.load(Ordering::Relaxed));
         self.total("push_dropped", push.dropped.load(Ordering::Relaxed));
+        self.total("push_rejected", push.rejected.load(Ordering::Relaxed));
         self.gauge("attached_images", system.images_attached);
         self.gauge("tracked_processes", system.processes_tracked);
         self.gauge("budget_paused_processes", system.budget_paused);

@@ -15,6 +15,7 @@ pub mod config;
 pub mod metrics;
 pub mod push;
 pub mod report;
+mod spool;
 pub mod store;
 
 use std::{

@@ -13,19 +13,23 @@
 //! one form field "profile" (filename profile.pprof): the gzipped pprof
 //! ```
 //!
-//! Every profile is first written to the spool (`STORE/spool/`), then delivered by a
-//! separate thread, oldest first, and deleted once the server answered 2xx. Failures
-//! are retried with exponential back-off (1 s doubling to 60 s). The spool is bounded
-//! in bytes: when a new profile does not fit, the oldest are dropped and counted. It
-//! survives restarts. Sampling never waits for any of this.
+//! Every profile is first written to the spool (`STORE/spool/`, [`super::spool`]), then
+//! delivered by a separate thread, oldest first, and deleted once the server answered
+//! 2xx. What can never succeed is dropped and counted (`rejected`), so one bad record
+//! cannot stop delivery: a spool record that does not parse or has vanished, and a
+//! 4xx the request itself caused (400 too-long labels, 413 too many samples, 422...).
+//! What may succeed later is retried with exponential back-off (1 s doubling to 60 s):
+//! network errors, 5xx, 408 and 429, and 3xx, 401, 403, 404 (a configuration problem
+//! a reload fixes). The spool is bounded in bytes: when a new profile does not fit, the
+//! oldest are dropped and counted. It survives restarts. Sampling never waits for any
+//! of this.
 
 use std::{
-    collections::VecDeque,
     io::Read,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{
         atomic::{AtomicU64, Ordering},
-        mpsc, Arc, Mutex,
+        mpsc, Arc,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -33,7 +37,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::config::PushConfig;
+use super::{config::PushConfig, spool::Spool};
 
 /// Delivery counts, shared with the metrics endpoint.
 #[derive(Debug, Default)]
@@ -44,6 +48,9 @@ pub struct PushStats {
     pub errors: AtomicU64,
     /// Profiles dropped because the spool was full.
     pub dropped: AtomicU64,
+    /// Profiles dropped because they can never be delivered (corrupt or vanished
+    /// spool record, a 4xx the request caused).
+    pub rejected: AtomicU64,
     /// Bytes in the spool.
     pub spool_bytes: AtomicU64,
     /// Profiles in the spool.
@@ -172,89 +179,6 @@ pub fn pyroscope_name(application: &str, labels: &[(String, String)]) -> String 
         .map(|(k, v)| format!("{k}={}", clean(v)))
         .collect();
     format!("{application}{{{}}}", pairs.join(","))
-}
-
-/// The bounded on-disk queue of undelivered profiles.
-#[derive(Debug)]
-struct Spool {
-    dir: PathBuf,
-    max_bytes: u64,
-    files: Mutex<(VecDeque<(PathBuf, u64)>, u64)>,
-    next: AtomicU64,
-}
-
-impl Spool {
-    fn open(dir: &Path, max_bytes: u64) -> Result<Spool> {
-        super::store::create_private_dir(dir)
-            .with_context(|| format!("creating the spool directory {}", dir.display()))?;
-        let mut files: Vec<(PathBuf, u64)> = std::fs::read_dir(dir)?
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "spool"))
-            .map(|e| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
-            .collect();
-        files.sort();
-        let next = files
-            .last()
-            .and_then(|(p, _)| p.file_stem()?.to_str()?.parse::<u64>().ok())
-            .map_or(0, |n| n + 1);
-        let bytes = files.iter().map(|f| f.1).sum();
-        Ok(Spool {
-            dir: dir.to_path_buf(),
-            max_bytes,
-            files: Mutex::new((files.into(), bytes)),
-            next: AtomicU64::new(next),
-        })
-    }
-
-    /// Adds a profile; drops the oldest while it does not fit. Returns how many were
-    /// dropped.
-    fn push(&self, meta: &PushMeta, gzipped: &[u8]) -> Result<u64> {
-        let mut record = serde_json::to_vec(meta)?;
-        record.push(b'\n');
-        record.extend_from_slice(gzipped);
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        let path = self.dir.join(format!("{seq:016}.spool"));
-        let temp = self.dir.join(format!("{seq:016}.tmp"));
-        super::store::write_private(&temp, &path, &record)
-            .with_context(|| format!("writing {}", path.display()))?;
-        let mut guard = self.files.lock().expect("spool lock");
-        let (files, bytes) = &mut *guard;
-        files.push_back((path, record.len() as u64));
-        *bytes += record.len() as u64;
-        let mut dropped = 0;
-        while *bytes > self.max_bytes && files.len() > 1 {
-            let (oldest, size) = files.pop_front().expect("non-empty");
-            let _ = std::fs::remove_file(oldest);
-            *bytes -= size;
-            dropped += 1;
-        }
-        Ok(dropped)
-    }
-
-    fn front(&self) -> Option<PathBuf> {
-        self.files
-            .lock()
-            .expect("spool lock")
-            .0
-            .front()
-            .map(|f| f.0.clone())
-    }
-
-    /// Deletes `path` if it is still the oldest (it may have been dropped meanwhile).
-    fn delivered(&self, path: &Path) {
-        let mut guard = self.files.lock().expect("spool lock");
-        let (files, bytes) = &mut *guard;
-        if files.front().is_some_and(|f| f.0 == path) {
-            let (_, size) = files.pop_front().expect("non-empty");
-            *bytes -= size;
-            let _ = std::fs::remove_file(path);
-        }
-    }
-
-    fn sizes(&self) -> (u64, u64) {
-        let guard = self.files.lock().expect("spool lock");
-        (guard.0.len() as u64, guard.1)
-    }
 }
 
 enum Message {
@@ -388,7 +312,18 @@ fn deliver(
                         backoff = BACKOFF_INITIAL;
                         publish_sizes(&spool, &stats);
                     }
-                    Err(error) => {
+                    Err(Failure::Permanent(error)) => {
+                        // Never deliverable: dropped, so the ones behind it go on.
+                        spool.delivered(&path);
+                        stats.rejected.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "push to {} rejected {}: {error:#}; dropped",
+                            config.url,
+                            path.display()
+                        );
+                        publish_sizes(&spool, &stats);
+                    }
+                    Err(Failure::Retry(error)) => {
                         stats.errors.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
                             "push to {} failed: {error:#}; retrying in {}s ({} profile(s) spooled)",
@@ -428,19 +363,47 @@ fn deliver(
     }
 }
 
+/// Why one delivery failed.
+enum Failure {
+    /// It can never succeed: drop the record.
+    Permanent(anyhow::Error),
+    /// It may succeed later: retry after a back-off.
+    Retry(anyhow::Error),
+}
+
+/// A status the request itself caused, which sending it again cannot change. 401,
+/// 403, 404 and 3xx are configuration (credentials, URL) that a reload may fix; 408
+/// and 429 ask to retry.
+fn permanent_status(code: u16) -> bool {
+    (400..500).contains(&code) && !matches!(code, 401 | 403 | 404 | 408 | 429)
+}
+
 fn send_one(
     agent: &ureq::Agent,
     config: &PushConfig,
     credentials: &Credentials,
     path: &Path,
-) -> Result<()> {
+) -> std::result::Result<(), Failure> {
     let mut record = Vec::new();
-    std::fs::File::open(path)?.read_to_end(&mut record)?;
-    let split = record
+    let read = std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut record));
+    match read {
+        Ok(_) => {}
+        // Deleted under us (the spool directory removed): nothing left to send.
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Failure::Permanent(error.into()))
+        }
+        Err(error) => return Err(Failure::Retry(error.into())),
+    }
+    let parsed = record
         .iter()
         .position(|&b| b == b'\n')
-        .context("spool record without metadata")?;
-    let meta: PushMeta = serde_json::from_slice(&record[..split])?;
+        .context("spool record without metadata")
+        .and_then(|split| {
+            let meta: PushMeta =
+                serde_json::from_slice(&record[..split]).context("spool record metadata")?;
+            Ok((split, meta))
+        });
+    let (split, meta) = parsed.map_err(Failure::Permanent)?;
     let profile = &record[split + 1..];
     let boundary = format!("allocbpf{:016x}", rand::random::<u64>());
     let mut body = format!(
@@ -468,26 +431,43 @@ fn send_one(
     }
     match request.send_bytes(&body) {
         // Redirects are not followed (they would carry the credentials elsewhere).
-        Ok(response) if (300..400).contains(&response.status()) => bail!(
-            "HTTP {}: redirected to {:?}, not followed (set push.url to the final address)",
-            response.status(),
-            response.header("Location").unwrap_or("")
-        ),
+        Ok(response) if (300..400).contains(&response.status()) => {
+            Err(Failure::Retry(anyhow::anyhow!(
+                "HTTP {}: redirected to {:?}, not followed (set push.url to the final address)",
+                response.status(),
+                response.header("Location").unwrap_or("")
+            )))
+        }
         Ok(_) => Ok(()),
         Err(ureq::Error::Status(code, response)) => {
             let text = response.into_string().unwrap_or_default();
-            bail!(
+            let error = anyhow::anyhow!(
                 "HTTP {code}: {}",
                 text.chars().take(200).collect::<String>()
-            )
+            );
+            Err(if permanent_status(code) {
+                Failure::Permanent(error)
+            } else {
+                Failure::Retry(error)
+            })
         }
-        Err(error) => Err(error.into()),
+        Err(error) => Err(Failure::Retry(error.into())),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statuses_the_request_caused_are_permanent() {
+        for code in [400, 413, 415, 422] {
+            assert!(permanent_status(code), "{code}");
+        }
+        for code in [200, 301, 401, 403, 404, 408, 429, 500, 503] {
+            assert!(!permanent_status(code), "{code}");
+        }
+    }
 
     #[test]
     fn a_credentials_file_others_can_read_is_refused() {
