@@ -43,6 +43,13 @@ impl AgentProcess {
         Ok(AgentProcess { child, stderr })
     }
 
+    /// Sends SIGHUP and returns the agent's verdict: its next `SIGHUP: config ...` line.
+    pub fn reload(&mut self, timeout: Duration) -> Result<String> {
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) };
+        self.stderr.wait_for("SIGHUP: config", timeout)
+    }
+
     /// Sends SIGTERM and waits for the exit; returns all of stderr.
     pub fn terminate(mut self, timeout: Duration) -> Result<String> {
         // SAFETY: plain kill(2) on our child.

@@ -470,3 +470,86 @@ fn rejected_and_corrupt_records_are_dropped_and_delivery_goes_on() {
     work.wait(Duration::from_secs(30)).unwrap();
     agent.terminate(Duration::from_secs(60)).unwrap();
 }
+
+/// SIGHUP applies a config whole or not at all, and reads the push credentials again
+/// each time (a rotated token is used without a restart).
+#[test]
+fn sighup_rereads_credentials_and_rejects_a_broken_config_whole() {
+    require_root();
+    let _one = ONE_AGENT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let scratch = scratch_dir("agent-sighup");
+    let store = scratch.join("store");
+    let receiver = Receiver::start(0).unwrap();
+    let credentials = scratch.join("credentials");
+    let write_credentials = |text: &str, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&credentials, text).unwrap();
+        std::fs::set_permissions(&credentials, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    write_credentials("Bearer first\n", 0o600);
+    let config_text = |extra: &str| {
+        format!(
+            "comm = \"^agentwl\"\nmetrics_address = \"off\"\n{extra}[push]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\nallow_insecure_http = true\ncredentials_file = \"{}\"\n",
+            receiver.port(),
+            credentials.display()
+        )
+    };
+    let config = write_config(&scratch, &config_text(""));
+    let mut agent = start_filtered(&config, &store, "1s", &["--rate", "64KiB"], &[]);
+    let mut work = Workload::start(&workload(), &["16"]).unwrap();
+    let tokens = || -> Vec<String> {
+        receiver
+            .received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|r| {
+                r.headers
+                    .iter()
+                    .find(|(k, _)| k == "authorization")
+                    .map(|(_, v)| v.clone())
+            })
+            .collect()
+    };
+    let wait_for_token = |token: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if tokens().iter().any(|t| t == token) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("no push with {token:?}; seen {:?}", tokens());
+    };
+    wait_for_token("Bearer first");
+
+    // A config that does not parse: nothing of it applies.
+    write_config(&scratch, &config_text("colour = \"blue\"\n"));
+    let verdict = agent.reload(Duration::from_secs(10)).unwrap();
+    assert!(verdict.contains("not reloaded"), "{verdict}");
+    // A config whose push cannot start (credentials readable by others): rejected whole,
+    // the running push goes on.
+    write_config(&scratch, &config_text(""));
+    write_credentials("Bearer second\n", 0o644);
+    let verdict = agent.reload(Duration::from_secs(10)).unwrap();
+    assert!(
+        verdict.contains("not reloaded") && verdict.contains("chmod 600"),
+        "{verdict}"
+    );
+    let before_rotation = tokens().len();
+    // The token rotated properly: used from the reload on, with no restart.
+    write_credentials("Bearer second\n", 0o600);
+    let verdict = agent.reload(Duration::from_secs(10)).unwrap();
+    assert!(verdict.contains("config reloaded"), "{verdict}");
+    wait_for_token("Bearer second");
+    let after: Vec<String> = tokens().split_off(before_rotation);
+    let first_new = after.iter().position(|t| t == "Bearer second").unwrap();
+    assert!(
+        after[first_new..].iter().all(|t| t == "Bearer second"),
+        "the old token was used after the rotation: {after:?}"
+    );
+    work.wait(Duration::from_secs(30)).unwrap();
+    agent.terminate(Duration::from_secs(60)).unwrap();
+}

@@ -279,22 +279,35 @@ impl Agent {
                 return None;
             }
         };
+        // Every fallible part before anything changes: a reload applies whole or not
+        // at all. The push is restarted on every reload, so a changed credentials file
+        // is read again; its spool is the running store's (a store change waits for a
+        // restart).
+        let push = match config.push.clone() {
+            Some(push) => {
+                match Pusher::prepare(push, &self.config.store, self.push_stats.clone()) {
+                    Ok(prepared) => Some(prepared),
+                    Err(error) => {
+                        tracing::error!("SIGHUP: config not reloaded: push: {error:#}");
+                        return None;
+                    }
+                }
+            }
+            None => None,
+        };
         profiler.set_filter(filter);
         self.store.set_retention(config.retention);
-        if config.push != self.config.push {
-            // The spool stays on disk: nothing undelivered is lost by the switch.
-            self.pusher = None;
-            self.pusher = match config.push.clone() {
-                Some(push) => match Pusher::start(push, &config.store, self.push_stats.clone()) {
-                    Ok(pusher) => Some(pusher),
-                    Err(error) => {
-                        tracing::error!("SIGHUP: push not restarted: {error:#}");
-                        None
-                    }
-                },
-                None => None,
-            };
-        }
+        // The old pusher finishes its request in flight in the background; the new one
+        // waits for it before sending, so the main thread never waits on the network.
+        let previous = self.pusher.take().and_then(Pusher::retire);
+        self.pusher = match push.map(|prepared| prepared.start(previous)) {
+            Some(Ok(pusher)) => Some(pusher),
+            Some(Err(error)) => {
+                tracing::error!("SIGHUP: push not restarted: {error:#}");
+                None
+            }
+            None => None,
+        };
         for (what, changed) in [
             ("rate", config.rate != self.config.rate),
             ("live", config.live != self.config.live),

@@ -28,7 +28,7 @@ use std::{
     io::Read,
     path::Path,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc, Arc,
     },
     thread::JoinHandle,
@@ -195,12 +195,29 @@ pub struct Pusher {
     spool: Arc<Spool>,
     sender: mpsc::Sender<Message>,
     thread: Option<JoinHandle<()>>,
+    /// Set to make the delivery thread stop after the request in flight.
+    stop: Arc<AtomicBool>,
+    stats: Arc<PushStats>,
+}
+
+/// A push whose fallible parts (credentials, their transport, the spool) are ready:
+/// [`PreparedPush::start`] cannot fail on them, so a reload can check everything
+/// before it changes anything.
+pub struct PreparedPush {
+    config: PushConfig,
+    credentials: Credentials,
+    spool: Arc<Spool>,
     stats: Arc<PushStats>,
 }
 
 impl Pusher {
-    /// Opens the spool under `store` and starts delivering.
-    pub fn start(config: PushConfig, store: &Path, stats: Arc<PushStats>) -> Result<Pusher> {
+    /// Reads the credentials (every time: a reload picks up a changed token), checks
+    /// their transport, and opens the spool under `store`.
+    pub fn prepare(
+        config: PushConfig,
+        store: &Path,
+        stats: Arc<PushStats>,
+    ) -> Result<PreparedPush> {
         let credentials = Credentials::load(config.credentials_file.as_deref())?;
         if credentials != Credentials::None
             && config.url.starts_with("http://")
@@ -213,26 +230,27 @@ impl Pusher {
             );
         }
         let spool = Arc::new(Spool::open(&store.join("spool"), config.spool_max_bytes)?);
-        let (sender, receiver) = mpsc::channel();
-        let thread = {
-            let spool = spool.clone();
-            let stats = stats.clone();
-            std::thread::Builder::new()
-                .name("allocbpf-push".into())
-                .spawn(move || deliver(config, credentials, spool, stats, receiver))
-                .context("starting the push thread")?
-        };
-        let pusher = Pusher {
+        Ok(PreparedPush {
+            config,
+            credentials,
             spool,
-            sender,
-            thread: Some(thread),
             stats,
-        };
-        pusher.update_gauges();
-        let _ = pusher.sender.send(Message::Wake);
-        Ok(pusher)
+        })
     }
 
+    /// [`Pusher::prepare`], then [`PreparedPush::start`].
+    pub fn start(config: PushConfig, store: &Path, stats: Arc<PushStats>) -> Result<Pusher> {
+        Self::prepare(config, store, stats)?.start(None)
+    }
+
+    /// Stops delivering after the request in flight, without waiting for it: returns
+    /// the thread, for the next pusher to wait on before it sends anything (so no
+    /// profile is sent twice, and the caller never blocks on the network).
+    pub fn retire(mut self) -> Option<JoinHandle<()>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.sender.send(Message::Stop);
+        self.thread.take()
+    }
     fn update_gauges(&self) {
         publish_sizes(&self.spool, &self.stats);
     }
@@ -255,7 +273,8 @@ impl Pusher {
         let _ = self.sender.send(Message::Wake);
     }
 
-    /// Delivers what it can within `timeout`, then stops; the rest stays spooled.
+    /// Delivers what it can within `timeout`, then stops; the rest stays spooled. The
+    /// request in flight at `timeout` is cut short by its own timeout at most.
     pub fn flush(mut self, timeout: Duration) {
         let _ = self.sender.send(Message::Flush(Instant::now() + timeout));
         if let Some(thread) = self.thread.take() {
@@ -265,9 +284,50 @@ impl Pusher {
     }
 }
 
+impl PreparedPush {
+    /// Starts the delivery thread; it first waits for `previous` (a retired pusher's
+    /// thread) to finish its request in flight.
+    pub fn start(self, previous: Option<JoinHandle<()>>) -> Result<Pusher> {
+        let PreparedPush {
+            config,
+            credentials,
+            spool,
+            stats,
+        } = self;
+        let (sender, receiver) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let spool = spool.clone();
+            let stats = stats.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("allocbpf-push".into())
+                .spawn(move || {
+                    if let Some(previous) = previous {
+                        let _ = previous.join();
+                    }
+                    deliver(config, credentials, spool, stats, receiver, stop)
+                })
+                .context("starting the push thread")?
+        };
+        let pusher = Pusher {
+            spool,
+            sender,
+            thread: Some(thread),
+            stop,
+            stats,
+        };
+        pusher.update_gauges();
+        let _ = pusher.sender.send(Message::Wake);
+        Ok(pusher)
+    }
+}
+
 impl Drop for Pusher {
+    /// Waits for the request in flight at most (the thread checks `stop` before each).
     fn drop(&mut self) {
         if let Some(thread) = self.thread.take() {
+            self.stop.store(true, Ordering::Relaxed);
             let _ = self.sender.send(Message::Stop);
             let _ = thread.join();
         }
@@ -290,6 +350,7 @@ fn deliver(
     spool: Arc<Spool>,
     stats: Arc<PushStats>,
     receiver: mpsc::Receiver<Message>,
+    stop: Arc<AtomicBool>,
 ) {
     // No redirects: following one would send the credentials to another server.
     let agent = ureq::AgentBuilder::new()
@@ -302,7 +363,8 @@ fn deliver(
     loop {
         if Instant::now() >= next_attempt {
             while let Some(path) = spool.front() {
-                if flush_until.is_some_and(|t| Instant::now() >= t) {
+                if flush_until.is_some_and(|t| Instant::now() >= t) || stop.load(Ordering::Relaxed)
+                {
                     return;
                 }
                 match send_one(&agent, &config, &credentials, &path) {

@@ -93,10 +93,23 @@ pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
     }
     let period_type = Some(value_type(&mut strings, "space", "bytes"));
 
+    // Only the modules this profile's stacks use: the module table is shared by every
+    // process the agent saw, and another tenant's binaries are none of this profile's
+    // business (nor its size's).
+    let used: std::collections::HashSet<u32> = report
+        .stacks
+        .iter()
+        .flat_map(|stack| &stack.locations)
+        .filter_map(|location| match location.frame {
+            Frame::Module { module, .. } => Some(module),
+            Frame::Unknown(_) => None,
+        })
+        .collect();
     let mapping: Vec<Mapping> = report
         .modules
         .iter()
         .enumerate()
+        .filter(|(i, _)| used.contains(&(*i as u32)))
         .map(|(i, module)| Mapping {
             id: i as u64 + 1,
             memory_start: (i as u64 + 1) * MODULE_SPAN,
@@ -344,6 +357,24 @@ mod tests {
         );
         assert_eq!(s(profile.default_sample_type), "inuse_space");
         assert_eq!(profile.sample[0].value[3], 4096);
+    }
+
+    #[test]
+    fn a_profile_carries_only_the_mappings_its_stacks_use() {
+        let mut report = test_report();
+        report.modules.push(crate::normalize::Module {
+            path: "/home/other-tenant/secret-service".into(),
+            build_id: None,
+        });
+        let profile = to_profile(&report, 0);
+        assert_eq!(profile.mapping.len(), 1);
+        assert!(
+            !profile
+                .string_table
+                .iter()
+                .any(|s| s.contains("other-tenant")),
+            "another process's binary leaked into the profile"
+        );
     }
 
     #[test]
