@@ -309,9 +309,11 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
     }
     if let Some(unwinder) = &collector.stacks.unwinder {
         tracing::info!(
-            "unwound {} stacks in {:.6}s",
+            "unwound {} stacks in {:.6}s ({} bytes of unwind sections cached, {} files evicted)",
             unwinder.unwound,
-            unwinder.elapsed.as_secs_f64()
+            unwinder.elapsed.as_secs_f64(),
+            unwinder.cached_bytes(),
+            unwinder.evicted_files(),
         );
     }
     collector

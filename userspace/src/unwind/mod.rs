@@ -10,8 +10,8 @@
 //! at most once a second, when an address falls outside every known module). Files are
 //! opened through `/proc/PID/map_files/`, so deleted or replaced binaries and
 //! containers' files are the ones the process runs. Their unwind sections are cached by
-//! build id (or path for files without one) in a bounded cache, so many processes of one
-//! program share one copy.
+//! build id (or path for files without one) in a cache bounded in bytes ([`cache`]), so
+//! many processes of one program share one copy.
 //!
 //! One more rule comes from the code itself: an allocation entry left unprobed because
 //! every block it returns comes from a probed entry it *calls* (musl's `calloc` calls
@@ -38,8 +38,10 @@ use crate::{
     procfs::{self, MapsEntry},
 };
 
-/// Unwind sections cached at most (distinct files).
-const MAX_CACHED_FILES: usize = 256;
+mod cache;
+
+use cache::{LruCache, MAX_CACHED_BYTES};
+
 /// Return addresses produced at most per stack.
 const MAX_FRAMES: usize = 127;
 /// Module lists re-read at most this often per process.
@@ -66,6 +68,12 @@ struct FileSections {
     /// Frames of unprobed allocation entries at their calls, by return address
     /// (file virtual address).
     call_frames: HashMap<u64, CallFrame>,
+}
+
+impl cache::ByteSize for FileSections {
+    fn bytes(&self) -> u64 {
+        self.size()
+    }
 }
 
 impl FileSections {
@@ -100,6 +108,15 @@ impl FileSections {
                 .collect(),
             call_frames,
         })
+    }
+
+    /// Bytes of section copies held.
+    fn size(&self) -> u64 {
+        let range = |s: &Option<(Range<u64>, Arc<[u8]>)>| s.as_ref().map_or(0, |(_, d)| d.len());
+        (range(&self.eh_frame)
+            + range(&self.eh_frame_hdr)
+            + range(&self.text)
+            + self.debug_frame.as_ref().map_or(0, |d| d.len())) as u64
     }
 
     fn has_unwind_info(&self) -> bool {
@@ -159,9 +176,9 @@ pub struct StackUnwinder {
     /// What discovery looks for: the same entries, so the same derived frames.
     lookup: Lookup,
     cache: CacheX86_64,
-    files: HashMap<FileKey, Arc<FileSections>>,
-    /// The same sections by device and inode: a file seen before is not read again.
-    by_inode: HashMap<(u64, u64), Arc<FileSections>>,
+    /// Sections by file, and which file a device and inode is (a file seen before is
+    /// not read again).
+    files: LruCache<FileKey, FileSections>,
     processes: HashMap<u32, ProcessModules>,
     /// Stacks unwound, and time spent (for `-v` logs and the benchmark figures).
     pub unwound: u64,
@@ -193,12 +210,21 @@ impl StackUnwinder {
                 unwind_tables: true,
             },
             cache: CacheX86_64::new(),
-            files: HashMap::new(),
-            by_inode: HashMap::new(),
+            files: LruCache::new(MAX_CACHED_BYTES),
             processes: HashMap::new(),
             unwound: 0,
             elapsed: Duration::ZERO,
         }
+    }
+
+    /// Bytes of unwind sections cached now.
+    pub fn cached_bytes(&self) -> u64 {
+        self.files.bytes()
+    }
+
+    /// Files evicted from the cache so far.
+    pub fn evicted_files(&self) -> u64 {
+        self.files.evicted
     }
 
     /// Reads `pid`'s modules now (at attach, while it surely lives).
@@ -208,8 +234,8 @@ impl StackUnwinder {
 
     fn file(&mut self, pid: u32, mapping: &MapsEntry) -> Option<Arc<FileSections>> {
         let inode = (mapping.device, mapping.inode);
-        if let Some(sections) = self.by_inode.get(&inode) {
-            return Some(sections.clone());
+        if let Some(sections) = self.files.by_inode(inode) {
+            return Some(sections);
         }
         // The process's own view: works for deleted/replaced files and containers.
         let path = mapping.file_path()?;
@@ -219,26 +245,17 @@ impl StackUnwinder {
             .ok()?;
         let key = match build_id(&data) {
             Some(id) => FileKey::BuildId(id),
-            None => FileKey::Path(mapping.file_path()?.to_path_buf()),
+            None => FileKey::Path(path.to_path_buf()),
         };
         let sections = match self.files.get(&key) {
-            Some(sections) => sections.clone(),
+            Some(sections) => sections,
             None => {
                 let sections = Arc::new(FileSections::read(&data, &self.lookup)?);
-                if self.files.len() >= MAX_CACHED_FILES {
-                    // Bounded: drop an arbitrary entry; processes keep their own Arc.
-                    if let Some(victim) = self.files.keys().next().cloned() {
-                        self.files.remove(&victim);
-                    }
-                }
-                self.files.insert(key, sections.clone());
+                self.files.insert(key.clone(), sections.clone());
                 sections
             }
         };
-        if self.by_inode.len() >= MAX_CACHED_FILES {
-            self.by_inode.clear();
-        }
-        self.by_inode.insert(inode, sections.clone());
+        self.files.index(inode, key);
         Some(sections)
     }
 
