@@ -234,13 +234,14 @@ fn throughput(allocbpf: &Path) -> Result<()> {
     workload.go()?;
     workload.child.wait()?;
     let lines = finish_collecting(child, stderr, false)?;
-    // "... unwound N stacks in Xs" / "... symbolized S stacks of N samples in Ys"
+    // "... unwound N stacks in Xs (...)" / "... symbolized S stacks of N samples in Ys"
     let figure = |word: &str| -> Option<(f64, f64)> {
         let line = lines.iter().find(|l| l.contains(word))?;
         let words: Vec<&str> = line.split_whitespace().collect();
         let at = words.iter().position(|w| *w == word)?;
         let count: f64 = words.get(at + 1)?.parse().ok()?;
-        let secs: f64 = words.last()?.trim_end_matches('s').parse().ok()?;
+        let within = words[at..].iter().position(|w| *w == "in")? + at;
+        let secs: f64 = words.get(within + 1)?.trim_end_matches('s').parse().ok()?;
         Some((count, secs))
     };
     let (Some((unwound, unwind_s)), Some((_, symbolize_s))) =

@@ -12,15 +12,18 @@
 //! does at that wakeup's read or at its own poll (`RING_POLL_EVERY` in userspace,
 //! 50 ms). The first record after a quiet interval still wakes at once, so a
 //! short-lived process's first sample reaches userspace while its maps are readable.
-//! The ring cannot fill unseen: records that wait were written within one interval of
-//! a wakeup, or after the last one, when the poll collects them.
+//! And a record always wakes the reader once a quarter of the ring is waiting: under a
+//! flood (thousands of samples per millisecond) the ring would otherwise fill between
+//! two wakeups of a reader that has caught up and sleeps.
 
 use allocbpf_common::RING_WAKEUP_INTERVAL_NS;
 use aya_ebpf::{
-    bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE},
     macros::map,
     maps::PerCpuArray,
 };
+
+use crate::EVENTS;
 
 /// When this CPU's records last woke the reader (`bpf_ktime_get_ns`).
 #[map]
@@ -36,7 +39,11 @@ pub(crate) fn wakeup_flags(now_ns: u64) -> u64 {
     // touches it meanwhile.
     unsafe {
         if now_ns.wrapping_sub(*last) < RING_WAKEUP_INTERVAL_NS {
-            return BPF_RB_NO_WAKEUP as u64;
+            let waiting = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+            let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
+            if waiting < size / 4 {
+                return BPF_RB_NO_WAKEUP as u64;
+            }
         }
         *last = now_ns;
     }
