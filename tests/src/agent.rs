@@ -296,9 +296,16 @@ fn read_request(mut stream: TcpStream, status: u16) -> Result<Received> {
     })
 }
 
-/// `GET http://addr/metrics`.
+/// `GET http://addr/metrics`, every read and write bounded by 10 s.
 pub fn scrape(address: &str) -> Result<String> {
+    scrape_within(address, Duration::from_secs(10))
+}
+
+/// `GET http://addr/metrics`, every read and write bounded by `timeout`.
+pub fn scrape_within(address: &str, timeout: Duration) -> Result<String> {
     let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
     let mut text = String::new();
     stream.read_to_string(&mut text)?;

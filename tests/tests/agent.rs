@@ -5,16 +5,32 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Mutex, MutexGuard},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use allocbpf_e2e::{
-    agent::{metric, parse_stored_name, stored_profiles, write_config, AgentProcess, Receiver},
+    agent::{
+        metric, parse_stored_name, scrape_within, stored_profiles, write_config, AgentProcess,
+        Receiver,
+    },
     compile_workload, go_pprof, require_root, scratch_dir, Workload,
 };
 
 static ONE_AGENT_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// What every test here starts with: root, the one-agent lock (held until the guard
+/// drops), and a scratch directory named `name` (canonical: the maps show real paths)
+/// with the store path under it.
+fn one_agent_test(name: &str) -> (MutexGuard<'static, ()>, PathBuf, PathBuf) {
+    require_root();
+    let guard = ONE_AGENT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let scratch = std::fs::canonicalize(scratch_dir(name)).unwrap();
+    let store = scratch.join("store");
+    (guard, scratch, store)
+}
 
 fn workload() -> PathBuf {
     compile_workload("agentwl", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap()
@@ -44,13 +60,7 @@ fn host_libc() -> PathBuf {
 
 #[test]
 fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
-    require_root();
-    let _one = ONE_AGENT_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    // Canonical: the maps show the real path, not `tests/../target`.
-    let scratch = std::fs::canonicalize(scratch_dir("agent-two")).unwrap();
-    let store = scratch.join("store");
+    let (_one, scratch, store) = one_agent_test("agent-two");
     let binary = workload();
     // Started BEFORE the agent: found by the start-up scan.
     let mut before = Workload::start(&binary, &["12"]).unwrap();
@@ -176,12 +186,7 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
 
 #[test]
 fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
-    require_root();
-    let _one = ONE_AGENT_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let scratch = scratch_dir("agent-push");
-    let store = scratch.join("store");
+    let (_one, scratch, store) = one_agent_test("agent-push");
     let binary = workload();
     // Reserve a port, then close it: the receiver is down when the agent starts.
     let port = Receiver::start(0).unwrap().port();
@@ -274,18 +279,6 @@ fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
 
 /// An agent with `config` storing into `store`, cutting every `interval`, with `extra`
 /// flags and `env` variables.
-/// `GET /metrics` with every read and write bounded by `timeout`.
-fn scrape_within(address: &str, timeout: Duration) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    Ok(text)
-}
-
 fn start_filtered(
     config: &Path,
     store: &Path,
@@ -307,12 +300,7 @@ fn start_filtered(
 
 #[test]
 fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
-    require_root();
-    let _one = ONE_AGENT_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let scratch = scratch_dir("agent-flush");
-    let store = scratch.join("store");
+    let (_one, scratch, store) = one_agent_test("agent-flush");
     let binary = workload();
     let config_text = |max_bytes: u64| {
         format!("comm = \"^agentwl\"\nmetrics_address = \"off\"\n[retention]\nmax_bytes = \"{max_bytes}\"\n")
@@ -397,12 +385,7 @@ fn sigterm_flushes_the_current_interval_and_retention_bounds_the_store() {
 /// is removed.
 #[test]
 fn rejected_and_corrupt_records_are_dropped_and_delivery_goes_on() {
-    require_root();
-    let _one = ONE_AGENT_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let scratch = scratch_dir("agent-reject");
-    let store = scratch.join("store");
+    let (_one, scratch, store) = one_agent_test("agent-reject");
     let spool = store.join("spool");
     std::fs::create_dir_all(&spool).unwrap();
     // First in line: a record that does not parse; beside it, half a write.
@@ -475,12 +458,7 @@ fn rejected_and_corrupt_records_are_dropped_and_delivery_goes_on() {
 /// each time (a rotated token is used without a restart).
 #[test]
 fn sighup_rereads_credentials_and_rejects_a_broken_config_whole() {
-    require_root();
-    let _one = ONE_AGENT_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let scratch = scratch_dir("agent-sighup");
-    let store = scratch.join("store");
+    let (_one, scratch, store) = one_agent_test("agent-sighup");
     let receiver = Receiver::start(0).unwrap();
     let credentials = scratch.join("credentials");
     let write_credentials = |text: &str, mode: u32| {

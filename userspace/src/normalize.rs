@@ -123,9 +123,8 @@ impl ModuleTable {
     /// (`/proc/self/fd/N`). `None` if it could not be opened then: the module's path
     /// is another process's to point anywhere, and is never opened.
     pub fn symbolization_path(&self, id: u32) -> Option<PathBuf> {
-        use std::os::fd::AsRawFd;
         let file = self.files.get(id as usize)?.as_ref()?;
-        Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
+        Some(procfs::descriptor_path(file))
     }
 
     /// The module with this id.
@@ -305,11 +304,8 @@ impl MappedFiles {
                         .map(Arc::new)
                 })
                 .clone();
-            let key = format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                entry.range.start, entry.range.end
-            );
-            self.by_path.insert(PathBuf::from(key), (entry, file));
+            self.by_path
+                .insert(PathBuf::from(entry.map_files_path(pid)), (entry, file));
         }
     }
 

@@ -16,7 +16,7 @@ use std::{
     io::{self, Read},
     ops::Range,
     os::unix::fs::{MetadataExt, OpenOptionsExt},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 /// One line of `/proc/PID/maps`.
@@ -38,6 +38,15 @@ pub struct MapsEntry {
 }
 
 impl MapsEntry {
+    /// `/proc/PID/map_files/START-END`: the kernel's link to the very file mapped here
+    /// (blazesym names mappings the same way).
+    pub fn map_files_path(&self, pid: u32) -> String {
+        format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            self.range.start, self.range.end
+        )
+    }
+
     /// The mapped file's path, if the mapping is file-backed (" (deleted)" removed).
     pub fn file_path(&self) -> Option<&Path> {
         self.name
@@ -140,10 +149,7 @@ fn maps_device(st_dev: u64) -> u64 {
 /// without blocking on special files, and checks that it is a regular file with the
 /// mapping's device and inode.
 pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError> {
-    let path = format!(
-        "/proc/{pid}/map_files/{:x}-{:x}",
-        entry.range.start, entry.range.end
-    );
+    let path = entry.map_files_path(pid);
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
@@ -168,6 +174,14 @@ pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError>
         });
     }
     Ok(file)
+}
+
+/// A path to an open file of ours (`/proc/self/fd/N`) that the kernel resolves to that
+/// very inode: how blazesym and the uprobe attach reach a file opened by
+/// [`open_mapped`], with no path lookup in another process's namespace.
+pub fn descriptor_path(file: &File) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 /// Reads all of `file` (opened by [`open_mapped`]), at most [`MAX_MAPPED_FILE_BYTES`].

@@ -25,7 +25,6 @@ pub use frame::CallFrame;
 use std::{
     collections::HashMap,
     fs::File,
-    os::fd::AsRawFd,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -242,7 +241,7 @@ impl AllocatorImage {
     /// The path probes attach through: our own descriptor of the examined file
     /// (`/proc/self/fd/N`), which the kernel resolves to that very inode.
     pub fn attach_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+        procfs::descriptor_path(&self.file)
     }
 
     /// Every probed entry, allocations first.

@@ -71,8 +71,13 @@ struct FileSections {
 }
 
 impl cache::ByteSize for FileSections {
+    /// Bytes of section copies held.
     fn bytes(&self) -> u64 {
-        self.size()
+        let range = |s: &Option<(Range<u64>, Arc<[u8]>)>| s.as_ref().map_or(0, |(_, d)| d.len());
+        (range(&self.eh_frame)
+            + range(&self.eh_frame_hdr)
+            + range(&self.text)
+            + self.debug_frame.as_ref().map_or(0, |d| d.len())) as u64
     }
 }
 
@@ -108,15 +113,6 @@ impl FileSections {
                 .collect(),
             call_frames,
         })
-    }
-
-    /// Bytes of section copies held.
-    fn size(&self) -> u64 {
-        let range = |s: &Option<(Range<u64>, Arc<[u8]>)>| s.as_ref().map_or(0, |(_, d)| d.len());
-        (range(&self.eh_frame)
-            + range(&self.eh_frame_hdr)
-            + range(&self.text)
-            + self.debug_frame.as_ref().map_or(0, |d| d.len())) as u64
     }
 
     fn has_unwind_info(&self) -> bool {
