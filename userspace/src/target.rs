@@ -1,7 +1,7 @@
 //! The process being profiled (`--pid`) and the allocator images it allocates through.
 //!
 //! The images are found in the target's own `/proc/PID/maps` and opened through
-//! `/proc/PID/root`, so a process in a container (its own mount namespace and libc) is
+//! `/proc/PID/map_files`, so a process in a container (its own mount namespace and libc) is
 //! probed in the libc it really uses. Nothing is hard-coded about its path.
 
 use std::{fs, path::Path};

@@ -6,8 +6,8 @@
 //! Files are recognised by the symbols they define, never by name. A uprobe belongs
 //! to a file, not to a process, so each image is probed once for every process that
 //! maps it, and is identified by the device and inode it has in `/proc/PID/maps`: a
-//! container's own libc (reached through `/proc/PID/root`) is a different image from
-//! the host's, even at the same path.
+//! container's own libc (opened through `/proc/PID/map_files`, [`procfs::open_mapped`])
+//! is a different image from the host's, even at the same path.
 //!
 //! For each entry the image resolves where to probe it ([`crate::probe::point`]) and
 //! whether it forwards to another entry ([`calls`]): an entry whose every call lands
