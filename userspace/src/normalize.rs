@@ -157,9 +157,19 @@ pub struct AddressNormalizer {
     /// the process's maps at [`AddressNormalizer::prime`] or on a miss; reset with the
     /// normalizer, so bounded like its own cache.
     mappings: MappedFiles,
+    /// Frames already normalized, by pid and address: a process's hot stacks repeat,
+    /// and each blazesym call stats every module's map_files path (~8 us of the reader's
+    /// time per sample, measured). As valid as blazesym's cached maps, so reset with
+    /// them, and a process's are dropped when it exits or execs; at most
+    /// [`MAX_CACHED_FRAMES`] entries in all (`cached_frames`).
+    resolved: HashMap<u32, HashMap<u64, Frame>>,
+    cached_frames: usize,
     /// Modules seen so far.
     pub modules: ModuleTable,
 }
+
+/// Normalized frames kept at most (~40 bytes each): emptied when full.
+const MAX_CACHED_FRAMES: usize = 1 << 17;
 
 impl Default for AddressNormalizer {
     fn default() -> Self {
@@ -174,6 +184,8 @@ impl AddressNormalizer {
             normalizer: Self::caching_normalizer(),
             refreshed: Instant::now(),
             mappings: MappedFiles::default(),
+            resolved: HashMap::new(),
+            cached_frames: 0,
             modules: ModuleTable::default(),
         }
     }
@@ -192,11 +204,14 @@ impl AddressNormalizer {
         self.mappings.read(pid);
     }
 
-    /// Drops the cached maps of every process (blazesym caches per process and cannot
-    /// forget one): called when a process exits or execs, at most once per
-    /// [`MAPS_REFRESH_LIMIT`], so the cache of a long-running agent stays bounded. The
-    /// module table (what frames refer to) is kept.
-    pub fn forget(&mut self, _pid: u32) {
+    /// Called when process `pid` exits or execs: drops its normalized frames now, and
+    /// the cached maps of every process (blazesym caches per process and cannot forget
+    /// one) at most once per [`MAPS_REFRESH_LIMIT`], so the cache of a long-running
+    /// agent stays bounded. The module table (what frames refer to) is kept.
+    pub fn forget(&mut self, pid: u32) {
+        if let Some(frames) = self.resolved.remove(&pid) {
+            self.cached_frames -= frames.len();
+        }
         if self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT {
             self.reset();
         }
@@ -206,12 +221,48 @@ impl AddressNormalizer {
     fn reset(&mut self) {
         self.normalizer = Self::caching_normalizer();
         self.mappings = MappedFiles::default();
+        self.resolved = HashMap::new();
+        self.cached_frames = 0;
         self.refreshed = Instant::now();
     }
 
     /// Normalizes `addrs` of process `pid`; addresses no mapping covers (or of a
     /// process never seen alive) come back as [`Frame::Unknown`].
     pub fn normalize(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
+        let cached = self.resolved.get(&pid);
+        let mut frames: Vec<Frame> = addrs
+            .iter()
+            .map(|&a| {
+                cached
+                    .and_then(|c| c.get(&a))
+                    .copied()
+                    .unwrap_or(Frame::Unknown(a))
+            })
+            .collect();
+        let missing: Vec<usize> = (0..addrs.len())
+            .filter(|&i| matches!(frames[i], Frame::Unknown(_)))
+            .collect();
+        if missing.is_empty() {
+            return frames;
+        }
+        let uncached: Vec<u64> = missing.iter().map(|&i| addrs[i]).collect();
+        let resolved = self.normalize_uncached(pid, &uncached);
+        if self.cached_frames + resolved.len() > MAX_CACHED_FRAMES {
+            self.resolved.clear();
+            self.cached_frames = 0;
+        }
+        let cache = self.resolved.entry(pid).or_default();
+        for (&i, frame) in missing.iter().zip(resolved) {
+            frames[i] = frame;
+            if matches!(frame, Frame::Module { .. }) && cache.insert(addrs[i], frame).is_none() {
+                self.cached_frames += 1;
+            }
+        }
+        frames
+    }
+
+    /// [`AddressNormalizer::normalize`] through blazesym, re-reading the maps on a miss.
+    fn normalize_uncached(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
         let frames = self.normalize_once(pid, addrs);
         let missed = frames.iter().any(|f| matches!(f, Frame::Unknown(_)));
         if missed
@@ -333,6 +384,18 @@ mod tests {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         assert_eq!(normalizer.modules.get(module).unwrap().path, exe);
         assert_eq!(frames[1], Frame::Unknown(8));
+        // Again, from the cache: the same frames, the module frame cached once and
+        // the unknown one not at all; forgetting the process drops it.
+        let pid = std::process::id();
+        assert_eq!(
+            normalizer.normalize(pid, &[8, addr]),
+            [frames[1], frames[0]]
+        );
+        assert_eq!(normalizer.cached_frames, 1);
+        assert_eq!(normalizer.resolved[&pid][&addr], frames[0]);
+        normalizer.forget(pid);
+        assert_eq!(normalizer.cached_frames, 0);
+        assert!(!normalizer.resolved.contains_key(&pid));
     }
 
     #[test]

@@ -149,8 +149,9 @@ pub enum Part {
     Redis,
 }
 
-/// Runs the benchmark and prints figures and ratios.
-pub fn bench(rounds: usize, iterations: u64, parts: &[Part]) -> Result<()> {
+/// Runs the benchmark and prints figures and ratios. `families`: the allocator
+/// families the entries part measures (empty: all).
+pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]) -> Result<()> {
     setup::ensure()?;
     if !is_root() {
         bail!("the benchmark attaches uprobes: run `sudo cargo xtask bench`");
@@ -160,7 +161,7 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part]) -> Result<()> {
         pairs(&allocbpf, rounds, iterations)?;
     }
     if parts.contains(&Part::Entries) {
-        crate::bench_entries::entries(&allocbpf, rounds, 150_000)?;
+        crate::bench_entries::entries(&allocbpf, rounds, 150_000, families)?;
     }
     if parts.contains(&Part::Redis) {
         crate::bench_entries::redis(&allocbpf, rounds.min(3), 200_000)?;

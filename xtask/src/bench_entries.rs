@@ -262,8 +262,11 @@ fn canonical(path: &str) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| PathBuf::from(path))
 }
 
-/// Per-entry costs for every family present.
-pub fn entries(allocbpf: &Path, rounds: usize, iterations: u64) -> Result<()> {
+/// Per-entry costs for every family present (of `only`, if not empty).
+pub fn entries(allocbpf: &Path, rounds: usize, iterations: u64, only: &[String]) -> Result<()> {
+    if let Some(unknown) = only.iter().find(|o| !FAMILIES.iter().any(|f| f.name == *o)) {
+        bail!("unknown family {unknown:?}: one of glibc, musl, jemalloc, tcmalloc, mimalloc");
+    }
     println!();
     println!(
         "entry points, ns per call (median of {rounds} rounds, {iterations} calls each), \
@@ -276,6 +279,9 @@ pub fn entries(allocbpf: &Path, rounds: usize, iterations: u64) -> Result<()> {
     let mut worst: f64 = 0.0;
     let mut single_stepped = Vec::new();
     for family in FAMILIES {
+        if !only.is_empty() && !only.iter().any(|o| o == family.name) {
+            continue;
+        }
         if family.preload.is_some_and(|p| !Path::new(p).exists()) {
             println!("  {}: not installed, skipped", family.name);
             continue;

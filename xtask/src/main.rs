@@ -50,6 +50,10 @@ enum Task {
         /// entry point of every allocator family, redis-benchmark.
         #[arg(long, value_delimiter = ',', default_value = "pairs,entries,redis")]
         parts: Vec<bench::Part>,
+        /// The allocator families the entries part measures (default: every one
+        /// installed): glibc, musl, jemalloc, tcmalloc, mimalloc.
+        #[arg(long, value_delimiter = ',')]
+        families: Vec<String>,
     },
     /// Run the statistics harness (simulated trials through the kernel's sampling code,
     /// and, as root, the end-to-end coverage run) and print its figures.
@@ -79,7 +83,8 @@ fn main() -> Result<()> {
             rounds,
             iterations,
             parts,
-        } => bench::bench(rounds, iterations, &parts),
+            families,
+        } => bench::bench(rounds, iterations, &parts, &families),
         Task::Accuracy { plots } => accuracy::accuracy(plots),
         Task::Soak { minutes, rate } => soak::soak(minutes, &rate),
     }

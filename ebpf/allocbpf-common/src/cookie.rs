@@ -20,6 +20,7 @@
 //! | 50 | the inputs' product overflowed if the CPU's overflow flag is set |
 //! | 51 | the entry may call another probed entry (its nested call is not counted) |
 //! | 52..58 | the [`AllocFn`] discriminant |
+//! | 58..64 | a wrapper whose forward is the first code it calls: the forward's stack pointer at its entry is this many 8-byte slots below the wrapper's (0: not known) |
 //!
 //! [`Shape`]: crate::Shape
 //! [`AllocFn`]: crate::AllocFn
@@ -105,6 +106,25 @@ pub struct ProbeCookie {
     pub stepped: bool,
     /// [`crate::AllocFn`] discriminant.
     pub function: u8,
+    /// A wrapper whose code runs straight to a call of its forward: the forward's stack
+    /// pointer at its entry is this many 8-byte slots below the wrapper's, so the nested
+    /// call is recognised by its stack pointer alone (0: not known; see
+    /// [`forward_call_slots`]).
+    pub forward_call_slots: u8,
+}
+
+/// Largest [`ProbeCookie::forward_call_slots`].
+pub const MAX_FORWARD_CALL_SLOTS: u8 = 63;
+
+/// The cookie's [`ProbeCookie::forward_call_slots`] for a forward whose stack pointer is
+/// `depth` bytes below the wrapper's: 0 (not known) unless `depth` is a whole number of
+/// slots that fits.
+pub const fn forward_call_slots(depth: u32) -> u8 {
+    if depth & 7 != 0 || depth / 8 > MAX_FORWARD_CALL_SLOTS as u32 {
+        0
+    } else {
+        (depth / 8) as u8
+    }
 }
 
 const OFFSET_SHIFT: u32 = 24;
@@ -116,6 +136,7 @@ const STEPPED_BIT: u32 = 35;
 const OVERFLOW_BIT: u32 = 50;
 const WRAPPER_BIT: u32 = 51;
 const FUNCTION_SHIFT: u32 = 52;
+const FORWARD_CALL_SHIFT: u32 = 58;
 
 impl ProbeCookie {
     /// Packs the cookie into the 64 bits the kernel hands back to the program.
@@ -136,6 +157,7 @@ impl ProbeCookie {
             | (self.tail_only_if_null as u64) << TAIL_IF_NULL_BIT
             | (self.stepped as u64) << STEPPED_BIT
             | ((self.function & 0x3f) as u64) << FUNCTION_SHIFT
+            | ((self.forward_call_slots & 0x3f) as u64) << FORWARD_CALL_SHIFT
     }
 
     /// Unpacks a cookie written by [`ProbeCookie::encode`].
@@ -156,6 +178,7 @@ impl ProbeCookie {
             tail_only_if_null: (cookie >> TAIL_IF_NULL_BIT) & 1 == 1,
             stepped: (cookie >> STEPPED_BIT) & 1 == 1,
             function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
+            forward_call_slots: ((cookie >> FORWARD_CALL_SHIFT) & 0x3f) as u8,
         }
     }
 }
@@ -177,6 +200,7 @@ mod tests {
             tail_only_if_null: true,
             stepped: true,
             function: 16,
+            forward_call_slots: 63,
         };
         assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
         let plain = ProbeCookie {
@@ -190,6 +214,7 @@ mod tests {
             tail_only_if_null: false,
             stepped: false,
             function: 0,
+            forward_call_slots: 0,
         };
         assert_eq!(plain.encode(), 10);
         assert_eq!(ProbeCookie::decode(plain.encode()), plain);
@@ -208,10 +233,19 @@ mod tests {
             tail_only_if_null: false,
             stepped: false,
             function: 0,
+            forward_call_slots: 0,
         };
         let back = ProbeCookie::decode(cookie.encode());
         assert_eq!(back.code_size, MAX_CODE_SIZE);
         assert_eq!(back.function, 0);
         assert_eq!(back.inputs, [0; MAX_INPUTS]);
+    }
+
+    #[test]
+    fn forward_call_depths_that_do_not_fit_are_unknown() {
+        assert_eq!(forward_call_slots(32), 4);
+        assert_eq!(forward_call_slots(8 * 63), 63);
+        assert_eq!(forward_call_slots(8 * 64), 0);
+        assert_eq!(forward_call_slots(12), 0);
     }
 }

@@ -372,8 +372,9 @@ pub struct ThreadState {
     pub forward_hi: u64,
     /// Owning process (tgid).
     pub pid: u32,
-    /// The [`AllocFn`] of the pending wrapper call.
-    pub forward_fn: u32,
+    /// Bytes from that wrapper's stack pointer down to its forward's at the forward's
+    /// entry, when the forward is the first code it calls; 0 when not known.
+    pub forward_call_depth: u32,
     /// Owning thread; 0 marks a free slot.
     pub tid: u32,
     /// The [`AllocFn`] of the call whose return is awaited (`--live`).

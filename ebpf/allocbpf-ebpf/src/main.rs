@@ -306,12 +306,20 @@ fn return_address(sp: u64) -> u64 {
 /// kernel's trampoline, so a tail call sees the trampoline instead: that counts as the
 /// wrapper's return address too.
 ///
-/// Reading the return address costs a user-memory read, so it is read only when the
-/// stack pointer allows a forwarded call: below the wrapper's for a nested call, equal
-/// to it for a tail call by a wrapper that may tail-jump (`forward_return` is 0 for
-/// the others).
+/// Reading the return address costs a user-memory read (~100 ns), so a wrapper whose
+/// forward is the first code it calls is recognised by the stack pointer alone; else
+/// the address is read only when the stack pointer allows a forwarded call: below the
+/// wrapper's for a nested call, equal to it for a tail call by a wrapper that may
+/// tail-jump (`forward_return` is 0 for the others).
 #[inline(always)]
 fn is_forwarded(state: &ThreadState, entry: &Entry) -> bool {
+    // The wrapper's first call is its forward (`cookie::forward_call_slots`): the first
+    // probed entry at exactly the forward's stack pointer is that call.
+    if state.forward_call_depth != 0
+        && entry.sp + state.forward_call_depth as u64 == state.forward_sp
+    {
+        return true;
+    }
     if entry.sp < state.forward_sp {
         let ret = return_address(entry.sp);
         return ret >= state.forward_lo && ret < state.forward_hi;
@@ -353,7 +361,7 @@ fn remember_wrapper(state: &mut ThreadState, cookie: &ProbeCookie, entry: &Entry
     };
     state.forward_lo = entry.ip;
     state.forward_hi = entry.ip + cookie.code_size;
-    state.forward_fn = cookie.function as u32;
+    state.forward_call_depth = cookie.forward_call_slots as u32 * 8;
 }
 
 /// Adds one call to a process's fallback totals, creating the entry if needed.
@@ -494,6 +502,7 @@ fn on_alloc(
         state.forward_sp = 0;
         state.forward_lo = 0;
         state.forward_hi = 0;
+        state.forward_call_depth = 0;
         if forwarded {
             bump(Counter::ForwardedCalls);
             // A forwarded wrapper may forward again (reallocarray -> realloc -> malloc):

@@ -94,6 +94,9 @@ pub struct ProbedEntry {
     pub point: ProbePoint,
     /// It may call another probed entry: its nested call is not counted again.
     pub wrapper: bool,
+    /// A wrapper whose code runs straight to a call of its forward: how far below its
+    /// stack pointer the forward's is at the forward's entry (`frame::straight_call_depth`).
+    pub forward_call_depth: Option<u32>,
     /// It may reach another probed entry by a tail jump.
     pub tail_forward: bool,
     /// It resizes, and its tail jumps land only in entries that do not: only a
@@ -119,6 +122,9 @@ impl ProbedEntry {
                 == Reg::ARGUMENTS[..self.shape.inputs()],
             tail_forward: self.tail_forward,
             tail_only_if_null: self.tail_only_if_null,
+            forward_call_slots: self
+                .forward_call_depth
+                .map_or(0, allocbpf_common::cookie::forward_call_slots),
             stepped: !self.point.emulated,
             function: self.function as u8,
         }
@@ -265,10 +271,13 @@ impl AllocatorImage {
                 entry.function.name(),
                 entry.point.offset,
                 entry.point.instruction,
-                if entry.wrapper {
-                    ", may forward to another entry"
-                } else {
-                    ""
+                match (entry.wrapper, entry.forward_call_depth) {
+                    (true, Some(depth)) => format!(
+                        ", may forward to another entry (its first call, {depth} bytes \
+                         down the stack)"
+                    ),
+                    (true, None) => ", may forward to another entry".to_string(),
+                    (false, _) => String::new(),
                 },
             );
         }
@@ -504,6 +513,19 @@ pub fn resolve_entries(
             size: candidate.size,
             point,
             wrapper: !forwards.targets.is_empty(),
+            forward_call_depth: (!forwards.targets.is_empty())
+                .then(|| {
+                    frame::straight_call_depth(
+                        code_of(candidate, point::MAX_PROLOGUE_BYTES),
+                        candidate.address,
+                        |call| match resolver.classify(call, &addresses) {
+                            calls::Branch::Entry(to) => to != candidate.address,
+                            calls::Branch::Bound(name) => is_allocation(&name),
+                            _ => false,
+                        },
+                    )
+                })
+                .flatten(),
             tail_forward: forwards.tail,
             tail_only_if_null: resizes(candidate.spec.shape)
                 && forwards

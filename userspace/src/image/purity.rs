@@ -40,7 +40,7 @@ use iced_x86::{
 };
 
 use super::calls::{Branch, CallResolver};
-use super::frame::{CallFrame, FrameState};
+use super::frame::{writes, CallFrame, FrameState};
 
 /// Instructions examined at most for one entry, callees included.
 const BUDGET: usize = 4096;
@@ -321,10 +321,7 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
         }
         let mut after = facts;
         after.frame = facts.frame.step(instruction, |register| {
-            info.used_registers().iter().any(|used| {
-                used.register().full_register() == register
-                    && !matches!(used.access(), OpAccess::Read | OpAccess::CondRead)
-            })
+            writes(info.used_registers(), register)
         });
         let copy = instruction.mnemonic() == Mnemonic::Mov
             && instruction.op0_kind() == OpKind::Register
