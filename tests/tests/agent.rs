@@ -152,6 +152,21 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         metric(&metrics, "allocbpf_samples_total").unwrap() > 0.0,
         "{metrics}"
     );
+    // Samples were read, so the ring held at least one record; nothing was
+    // undecodable, and the kernel counters of full maps are exported.
+    assert!(
+        metric(&metrics, "allocbpf_ring_buffer_peak_bytes").unwrap() > 0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "allocbpf_malformed_records_total"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "allocbpf_process_map_full_total").is_some(),
+        "{metrics}"
+    );
 
     let profiles = stored_profiles(&store);
     for (workload, started_after) in [(&before, false), (&inside, true)] {

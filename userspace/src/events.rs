@@ -167,6 +167,9 @@ pub struct EventReader {
     ring: AsyncFd<RingBuf<MapData>>,
     /// Records too short to decode (a version mismatch; should stay 0).
     pub malformed: u64,
+    /// The most ring-buffer bytes (records with their 8-byte headers) found waiting at
+    /// one read: how much of the ring the workload has needed so far.
+    pub peak_bytes: u64,
 }
 
 impl EventReader {
@@ -175,7 +178,11 @@ impl EventReader {
         // SAFETY: the RingBuf owns its map fd for as long as it lives, and the AsyncFd
         // owns the RingBuf, so the registered fd stays open and unchanged.
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }?;
-        Ok(Self { ring, malformed: 0 })
+        Ok(Self {
+            ring,
+            malformed: 0,
+            peak_bytes: 0,
+        })
     }
 
     /// Waits until records are available, or at most [`RING_POLL_EVERY`], then appends
@@ -189,29 +196,38 @@ impl EventReader {
             return Ok(());
         };
         let mut guard = ready?;
-        let ring = guard.get_inner_mut();
-        let mut malformed = 0;
-        while let Some(item) = ring.next() {
-            match decode(&item) {
-                Some(event) => out.push(event),
-                None => malformed += 1,
-            }
-        }
+        let (malformed, bytes) = take_all(guard.get_inner_mut(), out);
         guard.clear_ready();
-        self.malformed += malformed;
+        self.count(malformed, bytes);
         Ok(())
     }
 
     /// Appends every record already in the buffer without waiting (final drain).
     pub fn drain(&mut self, out: &mut Vec<Event>) {
-        let ring = self.ring.get_mut();
-        while let Some(item) = ring.next() {
-            match decode(&item) {
-                Some(event) => out.push(event),
-                None => self.malformed += 1,
-            }
+        let (malformed, bytes) = take_all(self.ring.get_mut(), out);
+        self.count(malformed, bytes);
+    }
+
+    fn count(&mut self, malformed: u64, bytes: u64) {
+        self.malformed += malformed;
+        self.peak_bytes = self.peak_bytes.max(bytes);
+    }
+}
+
+/// Decodes every record waiting in `ring` into `out`; returns the malformed records
+/// and the ring bytes the records took (each rounded up to 8 bytes, plus its header).
+fn take_all(ring: &mut RingBuf<MapData>, out: &mut Vec<Event>) -> (u64, u64) {
+    /// `BPF_RINGBUF_HDR_SZ`
+    const RECORD_HEADER: u64 = 8;
+    let (mut malformed, mut bytes) = (0, 0);
+    while let Some(item) = ring.next() {
+        bytes += (item.len() as u64).next_multiple_of(8) + RECORD_HEADER;
+        match decode(&item) {
+            Some(event) => out.push(event),
+            None => malformed += 1,
         }
     }
+    (malformed, bytes)
 }
 
 #[cfg(test)]

@@ -72,6 +72,30 @@ const COUNTERS: &[(&str, &str)] = &[
         "Image detachments for the overhead budget",
     ),
     (
+        "stack_errors",
+        "Samples whose user stack could not be read in the kernel",
+    ),
+    (
+        "thread_map_full",
+        "Probe hits that found the thread maps full (counted per process, sampled per CPU)",
+    ),
+    (
+        "process_map_full",
+        "Probe hits lost to exact totals because the process map was full",
+    ),
+    (
+        "live_map_full",
+        "Sampled blocks not tracked as live because the live map was full",
+    ),
+    (
+        "exec_queue_overflows",
+        "Exec events left to the periodic rescan because the exec queue was full",
+    ),
+    (
+        "malformed_records",
+        "Ring-buffer records that could not be decoded",
+    ),
+    (
         "metrics_accept_errors",
         "Failed accepts on the metrics endpoint (descriptors exhausted)",
     ),
@@ -89,6 +113,10 @@ const GAUGES: &[(&str, &str)] = &[
     ("spool_profiles", "Profiles waiting in the push spool"),
     ("store_bytes", "Bytes in the local store"),
     ("resident_memory_bytes", "Agent resident set size"),
+    (
+        "ring_buffer_peak_bytes",
+        "Most sample ring-buffer bytes found waiting at one read since start",
+    ),
 ];
 
 impl Default for Metrics {
@@ -165,6 +193,13 @@ impl Metrics {
         self.total("exit_events", system.exit_events);
         self.total("budget_backoffs", system.budget_backoffs);
         self.total("budget_detachments", system.budget_detachments);
+        self.total("stack_errors", kernel.stack_errors);
+        self.total("thread_map_full", kernel.thread_map_full);
+        self.total("process_map_full", kernel.process_map_full);
+        self.total("live_map_full", kernel.live_map_full);
+        self.total("exec_queue_overflows", system.exec_queue_overflows);
+        self.total("malformed_records", system.malformed_records);
+        self.gauge("ring_buffer_peak_bytes", system.ring_peak_bytes);
         self.total("push_delivered", push.delivered.load(Ordering::Relaxed));
         self.total("export_errors", push.errors.load(Ordering::Relaxed));
         self.total("push_dropped", push.dropped.load(Ordering::Relaxed));

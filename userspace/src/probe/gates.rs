@@ -103,6 +103,24 @@ impl Sampler {
             .collect())
     }
 
+    /// Every process the kernel maps keep an entry for (totals kept without a thread
+    /// entry, gates): with [`Sampler::forget_processes`], a backstop for exit events
+    /// lost to a full ring buffer, after which those entries would stay for good.
+    pub fn kernel_pids(&self) -> HashSet<u32> {
+        let mut pids = HashSet::new();
+        if let Some(map) = self.ebpf.map("PROCESS_TOTALS") {
+            if let Ok(totals) = PerCpuHashMap::<_, u32, ProcessCounts>::try_from(map) {
+                pids.extend(totals.keys().flatten());
+            }
+        }
+        if let Some(map) = self.ebpf.map("PROCESS_GATES") {
+            if let Ok(gates) = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map) {
+                pids.extend(gates.keys().flatten());
+            }
+        }
+        pids
+    }
+
     /// Forgets processes that exited: their kept totals, gates and tracked live blocks,
     /// so the bounded maps hold running processes only (system-wide mode).
     pub fn forget_processes(&mut self, pids: &HashSet<u32>) {

@@ -110,6 +110,13 @@ pub struct SystemStats {
     pub budget_detachments: u64,
     /// Processes backed off now.
     pub budget_paused: u64,
+    /// Exec events not followed up because the queue of processes to examine was full
+    /// (the periodic rescan finds them later).
+    pub exec_queue_overflows: u64,
+    /// Ring-buffer records that could not be decoded.
+    pub malformed_records: u64,
+    /// The most ring-buffer bytes found waiting at one read.
+    pub ring_peak_bytes: u64,
 }
 
 struct Tracked {
@@ -372,6 +379,8 @@ impl SystemProfiler {
     }
 
     fn handle(&mut self, batch: &mut Vec<Event>) {
+        self.stats.malformed_records = self.reader.malformed;
+        self.stats.ring_peak_bytes = self.reader.peak_bytes;
         for event in batch.drain(..) {
             match event {
                 // During a cut, a sample of the new epoch and every event after it
@@ -430,9 +439,13 @@ impl SystemProfiler {
                 Event::Exec { pid } => {
                     self.stats.exec_events += 1;
                     self.stacks.forget(pid);
-                    if self.sampler.is_some() && self.exec_queue.len() < EXEC_QUEUE_LIMIT {
-                        self.exec_queue
-                            .push_back((Instant::now() + EXEC_DELAYS[0], pid, 0));
+                    if self.sampler.is_some() {
+                        if self.exec_queue.len() < EXEC_QUEUE_LIMIT {
+                            self.exec_queue
+                                .push_back((Instant::now() + EXEC_DELAYS[0], pid, 0));
+                        } else {
+                            self.stats.exec_queue_overflows += 1;
+                        }
                     }
                 }
                 Event::Exit { pid } => {
@@ -590,6 +603,11 @@ impl SystemProfiler {
             }
         }
         if let Some(sampler) = self.sampler.as_mut() {
+            // Backstop for exit events lost to a full ring: kernel entries of processes
+            // neither tracked nor alive.
+            gone.extend(sampler.kernel_pids().into_iter().filter(|pid| {
+                !self.processes.contains_key(pid) && !Path::new(&format!("/proc/{pid}")).exists()
+            }));
             sampler.forget_processes(&gone);
         }
         self.stats.processes_tracked = self.processes.len() as u64;
