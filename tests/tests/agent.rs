@@ -546,3 +546,39 @@ fn sighup_rereads_credentials_and_rejects_a_broken_config_whole() {
     work.wait(Duration::from_secs(30)).unwrap();
     agent.terminate(Duration::from_secs(60)).unwrap();
 }
+
+/// Probes, descriptors and cached facts follow the processes running now: an allocator
+/// image only one process mapped (a private copy of mimalloc, LD_PRELOADed) is
+/// attached while it runs and detached at the first cut after it exited.
+#[test]
+fn an_image_no_process_maps_any_more_is_detached() {
+    let (_one, scratch, store) = one_agent_test("agent-release");
+    let library = scratch.join("libmimalloc-private.so.2");
+    std::fs::copy("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2", &library)
+        .expect("libmimalloc2.0 is installed by the test setup");
+    let config = write_config(&scratch, "comm = \"^agentwl\"\nmetrics_address = \"off\"\n");
+    let agent = start_filtered(&config, &store, "1s", &[], &[]);
+    let preload = library.to_str().unwrap();
+    let mut work = Workload::start_env(&workload(), &["2"], &[("LD_PRELOAD", preload)]).unwrap();
+    work.child.wait().unwrap();
+    // Two cuts after the exit: the one that stores its last profile, and the next.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = agent.terminate(Duration::from_secs(60)).unwrap();
+    let path = library.display().to_string();
+    let attached = log
+        .lines()
+        .position(|l| l.contains("attached") && l.contains("probes to") && l.contains(&path));
+    let detached = log
+        .lines()
+        .position(|l| l.contains(&format!("detached {path}")) && l.contains("no process maps it"));
+    assert!(
+        matches!((attached, detached), (Some(a), Some(d)) if a < d),
+        "the private image was not attached, then detached: {log}"
+    );
+    // The host's libc, mapped by processes still running, stays attached.
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("detached") && l.contains("/libc.so.6 (")),
+        "{log}"
+    );
+}

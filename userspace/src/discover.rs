@@ -85,6 +85,11 @@ impl ImageCache {
         images
     }
 
+    /// Keeps the facts (and open files) of the files `keep` accepts only.
+    pub fn retain(&mut self, mut keep: impl FnMut(&ImageKey) -> bool) {
+        self.known.retain(|key, _| keep(key));
+    }
+
     /// Images resolved so far.
     pub fn images(&self) -> impl Iterator<Item = &AllocatorImage> {
         self.known

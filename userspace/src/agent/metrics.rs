@@ -72,6 +72,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Image detachments for the overhead budget",
     ),
     (
+        "released_images",
+        "Allocator images detached because no process maps them any more",
+    ),
+    (
         "stack_errors",
         "Samples whose user stack could not be read in the kernel",
     ),
@@ -193,6 +197,7 @@ impl Metrics {
         self.total("exit_events", system.exit_events);
         self.total("budget_backoffs", system.budget_backoffs);
         self.total("budget_detachments", system.budget_detachments);
+        self.total("released_images", system.images_released);
         self.total("stack_errors", kernel.stack_errors);
         self.total("thread_map_full", kernel.thread_map_full);
         self.total("process_map_full", kernel.process_map_full);

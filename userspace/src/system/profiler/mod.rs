@@ -10,6 +10,7 @@ use allocbpf_common::{GateState, Totals};
 use anyhow::{bail, Context, Result};
 
 mod overhead;
+mod release;
 
 use super::{
     budget::{Budget, BudgetOptions},
@@ -110,6 +111,8 @@ pub struct SystemStats {
     pub budget_detachments: u64,
     /// Processes backed off now.
     pub budget_paused: u64,
+    /// Images detached because no process maps them any more (total).
+    pub images_released: u64,
     /// Exec events not followed up because the queue of processes to examine was full
     /// (the periodic rescan finds them later).
     pub exec_queue_overflows: u64,
@@ -124,8 +127,11 @@ struct Tracked {
     admitted: bool,
     aggregate: Aggregate,
     exited: bool,
-    /// Images this process maps (for budget detachments).
+    /// Allocator images this process maps (for budget detachments).
     images: Vec<ImageKey>,
+    /// Every executable file it mapped when last examined (and images found mapped
+    /// since): what keeps cached facts and attached images alive (`release.rs`).
+    mapped: Vec<ImageKey>,
 }
 
 struct ImageState {
@@ -306,6 +312,7 @@ impl SystemProfiler {
                         },
                         exited: false,
                         images: Vec::new(),
+                        mapped: Vec::new(),
                     },
                 );
             }
@@ -320,6 +327,13 @@ impl SystemProfiler {
         let maps = procfs::read_maps(pid);
         let found = self.cache.discover(pid, &maps, &self.options.lookup());
         let keys: Vec<ImageKey> = found.iter().map(|i| i.key).collect();
+        let mapped: Vec<ImageKey> = crate::image::candidate_mappings(&maps)
+            .iter()
+            .map(|entry| ImageKey {
+                device: entry.device,
+                inode: entry.inode,
+            })
+            .collect();
         for image in found {
             if self.images.contains_key(&image.key) {
                 continue;
@@ -358,6 +372,7 @@ impl SystemProfiler {
         }
         if let Some(tracked) = self.processes.get_mut(&pid) {
             tracked.images = keys;
+            tracked.mapped = mapped;
         }
     }
 
@@ -610,6 +625,7 @@ impl SystemProfiler {
             }));
             sampler.forget_processes(&gone);
         }
+        self.release_unused_images();
         self.stats.processes_tracked = self.processes.len() as u64;
         self.interval_started = ended;
         self.interval_started_at = Instant::now();

@@ -1,0 +1,70 @@
+//! Letting go of images and files no running process uses any more: their probes,
+//! their open descriptors and the facts cached about them. What the agent holds is
+//! bounded by the processes running now, not by every program the host ever ran.
+
+use std::collections::HashSet;
+
+use super::{ImageKey, SystemProfiler};
+use crate::procfs;
+
+impl SystemProfiler {
+    /// Called at each cut, after exited processes are dropped: detaches the images no
+    /// tracked process maps, and forgets the cached facts (and descriptors) of every
+    /// file no tracked process mapped when it was last examined.
+    pub(super) fn release_unused_images(&mut self) {
+        let mut listed: HashSet<ImageKey> = self
+            .processes
+            .values()
+            .flat_map(|tracked| tracked.mapped.iter().copied())
+            .collect();
+        let mut unused: HashSet<ImageKey> = self
+            .images
+            .keys()
+            .filter(|key| !listed.contains(key))
+            .copied()
+            .collect();
+        if unused.is_empty() {
+            self.cache.retain(|key| listed.contains(key));
+            return;
+        }
+        // A process may have mapped an image since it was examined (dlopen): what a
+        // live tracked process maps now stays attached. Only read when an image is
+        // about to go, which is rare (its last process exited).
+        let pids: Vec<u32> = self.processes.keys().copied().collect();
+        for pid in pids {
+            if unused.is_empty() {
+                break;
+            }
+            let maps = procfs::read_maps(pid);
+            let mut now_mapped = Vec::new();
+            for entry in &maps {
+                let key = ImageKey {
+                    device: entry.device,
+                    inode: entry.inode,
+                };
+                if unused.remove(&key) {
+                    listed.insert(key);
+                    now_mapped.push(key);
+                }
+            }
+            if let Some(tracked) = self.processes.get_mut(&pid) {
+                tracked.mapped.extend(now_mapped);
+            }
+        }
+        for key in unused {
+            let Some(state) = self.images.remove(&key) else {
+                continue;
+            };
+            if let Some(links) = state.links {
+                self.sampler().detach(links);
+                self.stats.images_attached -= 1;
+            }
+            self.stats.images_released += 1;
+            tracing::info!(
+                "detached {} ({key}): no process maps it any more",
+                state.image.path_in_target.display()
+            );
+        }
+        self.cache.retain(|key| listed.contains(key));
+    }
+}
