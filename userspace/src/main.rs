@@ -125,6 +125,7 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    preflight::keep_large_buffers_out_of_the_heap();
     let cli = Cli::parse();
     let verbose = match &cli.command {
         Some(Command::Agent(args)) => args.verbose.max(1),

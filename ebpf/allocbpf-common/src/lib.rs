@@ -37,8 +37,11 @@ pub const MAX_PROCESSES: u32 = 16_384;
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
 /// Size of the sample ring buffer when samples carry stack copies (`--unwind auto` and
-/// `dwarf`, ~17.5 KB per sample at the default 16 KiB): ~1,900 samples in flight.
-pub const RING_BUFFER_BYTES_WITH_STACKS: u32 = 32 << 20;
+/// `dwarf`, ~17.5 KB per sample at the default 16 KiB): ~950 samples in flight. The
+/// kernel maps the data pages twice into the reader (resident at once), so this costs
+/// twice its size in the agent's RSS; docs/operations.md ("Overhead and sizing") has
+/// the measured need behind the choice.
+pub const RING_BUFFER_BYTES_WITH_STACKS: u32 = 16 << 20;
 
 /// A ring-buffer record wakes the reader only if no record on its CPU did in this many
 /// nanoseconds (the others wait for the reader's next read or poll): a wakeup costs the

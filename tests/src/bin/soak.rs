@@ -157,6 +157,11 @@ fn main() -> Result<()> {
         m("allocbpf_cpu_seconds"),
     );
     println!(
+        "soak: ring buffer peak {:.1} MiB waiting at one read; images released {:.0}",
+        m("allocbpf_ring_buffer_peak_bytes") / (1 << 20) as f64,
+        m("allocbpf_released_images_total"),
+    );
+    println!(
         "soak: store {} profiles; agent: {}",
         stored_profiles(&store).len(),
         log.lines().last().unwrap_or("")
