@@ -7,8 +7,15 @@
 //! took libc for this file and probed it a second time). System-wide allocbpf must
 //! finish on time, profile the process through its real mappings, and never take the
 //! path for the file.
+//!
+//! A process run from a FUSE file system whose daemon stops answering is the same trap
+//! one level down: every open and read of its files waits on that daemon.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
 
 use allocbpf_e2e::{compile_workload, require_root, run_allocbpf, scratch_dir, Workload};
 use serde_json::Value;
@@ -82,4 +89,97 @@ fn an_executable_swapped_for_a_symlink_to_dev_zero_is_not_read() {
 #[test]
 fn an_executable_swapped_for_a_symlink_to_libc_is_not_taken_for_libc() {
     profile_hostile("libc");
+}
+
+/// A bindfs (FUSE) mount of `source` at `mount`, its daemon our child; unmounted on drop.
+struct FuseMount {
+    daemon: Child,
+    mount: PathBuf,
+}
+
+impl FuseMount {
+    fn bindfs(source: &Path, mount: &Path) -> FuseMount {
+        std::fs::create_dir_all(mount).unwrap();
+        let daemon = Command::new("bindfs")
+            .arg("-f")
+            .arg(source)
+            .arg(mount)
+            .spawn()
+            .expect("bindfs is installed by the test setup");
+        let mounted = FuseMount {
+            daemon,
+            mount: mount.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let target = format!(" {} ", mount.display());
+        while !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains(&target) && l.contains(" - fuse"))
+        {
+            assert!(Instant::now() < deadline, "bindfs did not mount");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        mounted
+    }
+
+    /// Stops the daemon: from now on, every request to the file system waits.
+    fn stall(&self) {
+        // SAFETY: a plain signal to our own child.
+        unsafe { libc::kill(self.daemon.id() as i32, libc::SIGSTOP) };
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        // SAFETY: as in `stall`.
+        unsafe { libc::kill(self.daemon.id() as i32, libc::SIGCONT) };
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+/// The executable of a running process lives on a FUSE file system whose daemon then
+/// stops: opening or reading that file would wait as long as the daemon likes (the old
+/// agent would have hung in open() at its first look at the process). allocbpf finds
+/// the file system in the process's mountinfo and never opens the file: it finishes on
+/// time and profiles the process through its C library.
+#[test]
+fn an_executable_on_a_stalled_fuse_file_system_is_never_opened() {
+    require_root();
+    // Canonical: mountinfo prints the mount point without `..`.
+    let scratch = std::fs::canonicalize(scratch_dir("hostile-fuse")).unwrap();
+    let source = scratch.join("src");
+    std::fs::create_dir_all(&source).unwrap();
+    let built = compile_workload("agentwl", &["-O1"]).unwrap();
+    std::fs::copy(&built, source.join("fusewl")).unwrap();
+    let fuse = FuseMount::bindfs(&source, &scratch.join("mnt"));
+    let mut workload = Workload::start(&fuse.mount.join("fusewl"), &["60"]).unwrap();
+    fuse.stall();
+    let out = scratch.join("profile.json");
+    let finished = run_allocbpf(
+        &[
+            "--comm",
+            "^fusewl$",
+            "--duration",
+            "2s",
+            "--format",
+            "json",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(90),
+    );
+    let _ = workload.child.kill();
+    let finished = finished.unwrap();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    let json: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert!(
+        json.to_string().contains(&format!("{}", workload.pid)),
+        "pid {} not in the profile",
+        workload.pid
+    );
+    let samples = json["totals"]["samples"].as_u64().unwrap_or(0);
+    assert!(samples > 0, "no sample: {:#}", json["totals"]);
 }

@@ -190,11 +190,13 @@ impl AddressNormalizer {
         }
     }
 
+    /// blazesym reads only the maps: it would read build ids by opening each
+    /// module's map_files path itself, with none of `procfs::open_mapped`'s checks (a
+    /// file on FUSE would stall it), so build ids come from [`MappedFiles`].
     fn caching_normalizer() -> Normalizer {
         Normalizer::builder()
             .enable_vma_caching(true)
-            .enable_build_ids(true)
-            .enable_build_id_caching(true)
+            .enable_build_ids(false)
             .build()
     }
 
@@ -308,12 +310,13 @@ impl AddressNormalizer {
                                 .as_ref()
                                 .and_then(|(m, _)| m.file_path())
                                 .map_or_else(|| elf.path.clone(), Path::to_path_buf);
+                            let (mapping, opened) = mapped.unzip();
+                            let opened = opened.unwrap_or_default();
                             let module = Module {
                                 path,
-                                build_id: elf.build_id.as_ref().map(|b| b.to_vec()),
+                                build_id: opened.build_id,
                             };
-                            let (mapping, file) = mapped.unzip();
-                            Some(modules.intern(module, mapping.as_ref(), file.flatten()))
+                            Some(modules.intern(module, mapping.as_ref(), opened.file))
                         }
                         _ => None,
                     };
@@ -330,12 +333,38 @@ impl AddressNormalizer {
     }
 }
 
+/// A mapped file as opened by `procfs::open_mapped` (`None` if it was refused or is
+/// gone), and its GNU build id.
+#[derive(Clone, Debug, Default)]
+struct OpenedFile {
+    file: Option<Arc<File>>,
+    build_id: Option<Vec<u8>>,
+}
+
+impl OpenedFile {
+    fn open(pid: u32, entry: &MapsEntry) -> OpenedFile {
+        let file = procfs::open_mapped(pid, entry)
+            .map_err(|error| tracing::debug!("pid {pid}: {error}"))
+            .ok();
+        let build_id = file.as_ref().and_then(|file| {
+            blazesym::helper::read_elf_build_id(&procfs::descriptor_path(file))
+                .ok()
+                .flatten()
+                .map(|id| id.to_vec())
+        });
+        OpenedFile {
+            file: file.map(Arc::new),
+            build_id,
+        }
+    }
+}
+
 /// Mappings of processes by blazesym's map_files path, with their files.
 #[derive(Debug, Default)]
 struct MappedFiles {
-    by_path: HashMap<PathBuf, (MapsEntry, Option<Arc<File>>)>,
+    by_path: HashMap<PathBuf, (MapsEntry, OpenedFile)>,
     /// One open file per device and inode.
-    files: HashMap<(u64, u64), Option<Arc<File>>>,
+    files: HashMap<(u64, u64), OpenedFile>,
 }
 
 impl MappedFiles {
@@ -348,12 +377,7 @@ impl MappedFiles {
             let file = self
                 .files
                 .entry((entry.device, entry.inode))
-                .or_insert_with(|| {
-                    procfs::open_mapped(pid, &entry)
-                        .map_err(|error| tracing::debug!("pid {pid}: {error}"))
-                        .ok()
-                        .map(Arc::new)
-                })
+                .or_insert_with(|| OpenedFile::open(pid, &entry))
                 .clone();
             self.by_path
                 .insert(PathBuf::from(entry.map_files_path(pid)), (entry, file));
@@ -361,7 +385,7 @@ impl MappedFiles {
     }
 
     /// The mapping of `pid` behind blazesym's map_files path `path`, and its file.
-    fn get(&mut self, pid: u32, path: &Path) -> Option<(MapsEntry, Option<Arc<File>>)> {
+    fn get(&mut self, pid: u32, path: &Path) -> Option<(MapsEntry, OpenedFile)> {
         if !self.by_path.contains_key(path) {
             self.read(pid);
         }

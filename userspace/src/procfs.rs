@@ -10,6 +10,11 @@
 //! is never a FIFO or a device, and map_files follows no path the process controls.
 //! The file opened is still checked: a regular file with the mapping's device and
 //! inode, read with a size cap ([`MAX_MAPPED_FILE_BYTES`]).
+//!
+//! Files on FUSE file systems are not opened at all: every open and read of such a file
+//! is a request answered by a user-space daemon, which any user may run (fusermount is
+//! setuid) and which may never answer. The file system is found in the process's own
+//! `/proc/PID/mountinfo` by the mapping's device, without touching the file.
 
 use std::{
     fs::{File, OpenOptions},
@@ -129,6 +134,14 @@ pub enum MappedFileError {
         /// Its size.
         size: u64,
     },
+    /// On a file system whose reads a user-space daemon answers.
+    #[error("{path} is on a {fstype} file system, whose daemon could stall any read: not opened")]
+    Unbounded {
+        /// The map_files path.
+        path: String,
+        /// The file system type (`fuse.sshfs`...).
+        fstype: String,
+    },
     /// Reading failed.
     #[error("reading {path}: {source}")]
     Read {
@@ -150,6 +163,9 @@ fn maps_device(st_dev: u64) -> u64 {
 /// mapping's device and inode.
 pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError> {
     let path = entry.map_files_path(pid);
+    if let Some(fstype) = filesystem_type(pid, entry.device).filter(|t| may_stall(t)) {
+        return Err(MappedFileError::Unbounded { path, fstype });
+    }
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
@@ -174,6 +190,42 @@ pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError>
         });
     }
     Ok(file)
+}
+
+/// `/proc/PID/mountinfo` read at most (a process can create many mounts in a user
+/// namespace of its own); past it, the rest is not looked at.
+const MAX_MOUNTINFO_BYTES: u64 = 16 << 20;
+
+/// Whether reads on file system type `fstype` are answered by a user-space daemon.
+fn may_stall(fstype: &str) -> bool {
+    fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.")
+}
+
+/// The type of the file system with device `device` ([`MapsEntry::device`]'s
+/// encoding) in `pid`'s mount namespace; `None` if it is not listed (a btrfs
+/// subvolume's files carry a device of their own) or the process is gone.
+fn filesystem_type(pid: u32, device: u64) -> Option<String> {
+    let mut text = String::new();
+    File::open(format!("/proc/{pid}/mountinfo"))
+        .ok()?
+        .take(MAX_MOUNTINFO_BYTES)
+        .read_to_string(&mut text)
+        .ok()?;
+    mountinfo_type(&text, device)
+}
+
+/// [`filesystem_type`] on the text of a mountinfo file: `ID PARENT MAJOR:MINOR ROOT
+/// MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS`, numbers in decimal.
+fn mountinfo_type(text: &str, device: u64) -> Option<String> {
+    let wanted = format!("{}:{}", device >> 32, device & 0xffff_ffff);
+    text.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        if fields.nth(2)? != wanted {
+            return None;
+        }
+        let (_, after) = line.split_once(" - ")?;
+        Some(after.split(' ').next()?.to_string())
+    })
 }
 
 /// A path to an open file of ours (`/proc/self/fd/N`) that the kernel resolves to that
@@ -270,5 +322,42 @@ garbage
             open_mapped(std::process::id(), &unmapped),
             Err(MappedFileError::Open { .. })
         ));
+    }
+
+    #[test]
+    fn fuse_mounts_are_found_by_device_and_refused() {
+        let mountinfo = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:45 / /home/eve/mnt rw,nosuid,nodev shared:30 - fuse.sshfs eve@host:/ rw,user_id=1000
+41 22 0:46 / /run/user/1000/doc rw,nosuid master:5 - fuse.portal portal rw
+42 22 0:47 / /var/lib/docker/overlay2/x/merged rw - overlay overlay rw,lowerdir=a
+";
+        let device = |major: u64, minor: u64| major << 32 | minor;
+        assert_eq!(
+            mountinfo_type(mountinfo, device(8, 1)).as_deref(),
+            Some("ext4")
+        );
+        let fuse = mountinfo_type(mountinfo, device(0, 45)).unwrap();
+        assert_eq!(fuse, "fuse.sshfs");
+        assert!(may_stall(&fuse));
+        assert!(may_stall("fuseblk") && may_stall("fuse"));
+        let overlay = mountinfo_type(mountinfo, device(0, 47)).unwrap();
+        assert!(!may_stall(&overlay));
+        // 0:4 is not 0:45; an unlisted device is not known.
+        assert_eq!(mountinfo_type(mountinfo, device(0, 4)), None);
+    }
+
+    #[test]
+    fn this_process_files_are_on_a_known_file_system() {
+        let me = std::process::id();
+        let exe = read_maps(me)
+            .into_iter()
+            .find(|e| e.executable && e.file_path().is_some())
+            .unwrap();
+        let fstype = filesystem_type(me, exe.device);
+        assert!(
+            fstype.as_deref().is_some_and(|t| !may_stall(t)),
+            "{fstype:?}"
+        );
     }
 }

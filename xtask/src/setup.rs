@@ -13,7 +13,8 @@ use crate::util::{is_root, run};
 /// Debian packages: the eBPF toolchain, LLVM for bpf-linker, and the tests' tools
 /// (gcc/g++ + static libc for workloads, gdb to compare stacks with, Go for
 /// `go tool pprof`, setpriv), the programs and allocators the tests profile (redis,
-/// jemalloc, tcmalloc, mimalloc, musl) and the font the statistics figures are drawn
+/// jemalloc, tcmalloc, mimalloc, musl), a FUSE file system for the hostile-file tests
+/// (bindfs) and the font the statistics figures are drawn
 /// with.
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",
@@ -36,6 +37,7 @@ const APT_PACKAGES: &[&str] = &[
     "libtcmalloc-minimal4",
     "libmimalloc2.0",
     "musl-tools",
+    "bindfs",
 ];
 
 /// bpf-linker release and features that match Debian's rustc-web LLVM (22).

@@ -1,6 +1,8 @@
 //! What a profile says about its process: the labels every profile carries.
 
-use std::{collections::HashMap, os::unix::fs::MetadataExt};
+use std::{collections::HashMap, path::Path};
+
+use crate::procfs;
 
 /// A process as seen in `/proc` when it was first sampled (or last exec'd).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,7 +35,7 @@ impl ProcessInfo {
             pid,
             comm: comm.trim_end().to_string(),
             exe: exe.display().to_string(),
-            exe_build_id: build_ids.of(&exe_link),
+            exe_build_id: build_ids.of(pid, &exe),
             container_id: container_id(&cgroup),
             cgroup,
         })
@@ -92,16 +94,25 @@ pub struct BuildIdCache {
 const MAX_BUILD_IDS: usize = 4096;
 
 impl BuildIdCache {
-    /// The hex build id of the file at `path` (empty if it has none or is unreadable).
-    pub fn of(&mut self, path: &str) -> String {
-        let Ok(meta) = std::fs::metadata(path) else {
+    /// The hex build id of `pid`'s executable `exe` (as `/proc/PID/exe` names it; empty
+    /// if it has none or cannot be read). The file is the one the process maps, opened
+    /// through map_files with `procfs::open_mapped`'s checks (never on a FUSE file
+    /// system, whose daemon could stall the read), and keyed by the mapping's device
+    /// and inode: nothing is looked up by path.
+    pub fn of(&mut self, pid: u32, exe: &Path) -> String {
+        let maps = procfs::read_maps(pid);
+        let exe = exe.to_string_lossy();
+        let Some(mapping) = maps.iter().find(|m| m.name == exe) else {
             return String::new();
         };
-        let key = (meta.dev(), meta.ino());
+        let key = (mapping.device, mapping.inode);
         if let Some(id) = self.ids.get(&key) {
             return id.clone();
         }
-        let id: String = blazesym::helper::read_elf_build_id(&path)
+        let Ok(file) = procfs::open_mapped(pid, mapping) else {
+            return String::new();
+        };
+        let id: String = blazesym::helper::read_elf_build_id(&procfs::descriptor_path(&file))
             .ok()
             .flatten()
             .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
