@@ -173,6 +173,20 @@ impl Aggregate {
         }
     }
 
+    /// Drops live blocks allocated before `before_ns` (CLOCK_MONOTONIC) whose sample id
+    /// `tracked` rejects: the kernel no longer tracks them, so they were freed and the
+    /// `Freed` event was lost (a full ring buffer). Returns how many went.
+    pub fn forget_lost_frees(&mut self, before_ns: u64, tracked: impl Fn(u64) -> bool) -> u64 {
+        let Some(live) = self.live.as_mut() else {
+            return 0;
+        };
+        let before = live.len();
+        live.retain(|&id, block| block.allocated_ns >= before_ns || tracked(id));
+        let lost = (before - live.len()) as u64;
+        self.live_counts.freed_samples += lost;
+        lost
+    }
+
     /// Drops a sample from the live set; false if it was not there (a lost sample).
     fn retire(&mut self, sample_id: u64) -> bool {
         self.live
@@ -333,6 +347,20 @@ mod tests {
             (aggregate.totals.estimated_bytes - small.estimated_bytes - (8 << 20) as f64).abs()
                 < 1e-3
         );
+    }
+
+    #[test]
+    fn blocks_the_kernel_no_longer_tracks_are_freed_once_old_enough() {
+        let mut aggregate = Aggregate::with_live_tracking();
+        for (id, at) in [(1, 100), (2, 100), (3, 900)] {
+            aggregate.add(key(1), &sample(id, 4096, 4096, false, at));
+        }
+        // The kernel still tracks 1; 2 is gone (its Freed was lost); 3 is too recent
+        // to judge (its allocation may not have returned when the map was read).
+        assert_eq!(aggregate.forget_lost_frees(500, |id| id == 1), 1);
+        aggregate.finish(1000, None);
+        assert_eq!(aggregate.live_counts.live_samples, 2);
+        assert_eq!(aggregate.live_counts.freed_samples, 1);
     }
 
     #[test]

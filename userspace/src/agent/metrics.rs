@@ -72,6 +72,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Image detachments for the overhead budget",
     ),
     (
+        "lost_frees",
+        "Live blocks retired at a cut because the kernel no longer tracked them (Freed event lost)",
+    ),
+    (
         "released_images",
         "Allocator images detached because no process maps them any more",
     ),
@@ -198,6 +202,7 @@ impl Metrics {
         self.total("budget_backoffs", system.budget_backoffs);
         self.total("budget_detachments", system.budget_detachments);
         self.total("released_images", system.images_released);
+        self.total("lost_frees", system.lost_frees);
         self.total("stack_errors", kernel.stack_errors);
         self.total("thread_map_full", kernel.thread_map_full);
         self.total("process_map_full", kernel.process_map_full);

@@ -121,6 +121,21 @@ impl Sampler {
         pids
     }
 
+    /// The sample ids of the blocks the kernel tracks as live now (`LIVE`), by pid:
+    /// with [`crate::aggregate::Aggregate::forget_lost_frees`], a block userspace
+    /// holds live and the kernel does not was freed, and its `Freed` event lost.
+    pub fn live_sample_ids(&self) -> HashMap<u32, HashSet<u64>> {
+        let mut ids: HashMap<u32, HashSet<u64>> = HashMap::new();
+        if let Some(map) = self.ebpf.map("LIVE") {
+            if let Ok(live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) {
+                for (key, id) in live.iter().flatten() {
+                    ids.entry(key.pid).or_default().insert(id);
+                }
+            }
+        }
+        ids
+    }
+
     /// Forgets processes that exited: their kept totals, gates and tracked live blocks,
     /// so the bounded maps hold running processes only (system-wide mode).
     pub fn forget_processes(&mut self, pids: &HashSet<u32>) {

@@ -111,6 +111,9 @@ pub struct SystemStats {
     pub budget_detachments: u64,
     /// Processes backed off now.
     pub budget_paused: u64,
+    /// Live blocks retired because the kernel no longer tracked them: their `Freed`
+    /// event was lost (total).
+    pub lost_frees: u64,
     /// Images detached because no process maps them any more (total).
     pub images_released: u64,
     /// Exec events not followed up because the queue of processes to examine was full
@@ -140,6 +143,10 @@ struct ImageState {
     links: Option<ImageLinks>,
     detached_until: Option<Instant>,
 }
+
+/// A live block's allocation is older than this before a missing kernel entry is taken
+/// for a lost `Freed` event (its call has long returned by then).
+const LOST_FREE_MIN_AGE: Duration = Duration::from_secs(10);
 
 /// Exec events waiting for the loader to map the new program's libraries.
 const EXEC_QUEUE_LIMIT: usize = 4096;
@@ -572,7 +579,22 @@ impl SystemProfiler {
         };
         let mut profiles = Vec::new();
         let mut gone = HashSet::new();
+        // Blocks whose Freed event was lost (a full ring) would stay live for good:
+        // those the kernel no longer tracks, allocated long enough ago that their call
+        // has returned (a sample is sent at the call, its block tracked at the return).
+        let kernel_live = match (&self.sampler, self.options.live.is_some()) {
+            (Some(sampler), true) => Some(sampler.live_sample_ids()),
+            _ => None,
+        };
+        let settled_before = now_ns.saturating_sub(LOST_FREE_MIN_AGE.as_nanos() as u64);
         for (&pid, tracked) in &mut self.processes {
+            if let Some(kernel_live) = &kernel_live {
+                let known = kernel_live.get(&pid);
+                let lost = tracked.aggregate.forget_lost_frees(settled_before, |id| {
+                    known.is_some_and(|ids| ids.contains(&id))
+                });
+                self.stats.lost_frees += lost;
+            }
             if !tracked.exited && !Path::new(&format!("/proc/{pid}")).exists() {
                 // Its exit event was lost (full ring): same outcome.
                 tracked.exited = true;
