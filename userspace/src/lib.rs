@@ -12,6 +12,7 @@ pub mod aggregate;
 pub mod allocators;
 pub mod cli;
 pub mod discover;
+pub mod elf_ranges;
 pub mod estimate;
 pub mod events;
 pub mod export;

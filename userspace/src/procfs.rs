@@ -20,7 +20,7 @@ use std::{
     fs::{File, OpenOptions},
     io::{self, Read},
     ops::Range,
-    os::unix::fs::{MetadataExt, OpenOptionsExt},
+    os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
@@ -236,7 +236,9 @@ pub fn descriptor_path(file: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
-/// Reads all of `file` (opened by [`open_mapped`]), at most [`MAX_MAPPED_FILE_BYTES`].
+/// Reads `file` (opened by [`open_mapped`], at most [`MAX_MAPPED_FILE_BYTES`]) into a
+/// buffer of its size: all of it but the DWARF debug sections of an ELF file, which
+/// stay zero and take no memory ([`crate::elf_ranges`]).
 pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError> {
     let path = what.display().to_string();
     let read_error = |source| MappedFileError::Read {
@@ -247,16 +249,15 @@ pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError>
     if size > MAX_MAPPED_FILE_BYTES {
         return Err(MappedFileError::TooLarge { path, size });
     }
-    let mut data = Vec::with_capacity(size as usize);
-    // The size may change under us: never read past the cap.
-    file.take(MAX_MAPPED_FILE_BYTES + 1)
-        .read_to_end(&mut data)
-        .map_err(read_error)?;
-    if data.len() as u64 > MAX_MAPPED_FILE_BYTES {
-        return Err(MappedFileError::TooLarge {
-            path,
-            size: data.len() as u64,
-        });
+    // Zeroed memory is mapped on demand: pages never written are never resident. The
+    // file is read as it was at `size`: one that shrinks meanwhile fails a read, one
+    // that grows is not read past it.
+    let mut data = vec![0u8; size as usize];
+    let read_at = |at: u64, buf: &mut [u8]| file.read_exact_at(buf, at);
+    for range in crate::elf_ranges::needed_ranges(size, read_at) {
+        let buffer = &mut data[range.start as usize..range.end as usize];
+        file.read_exact_at(buffer, range.start)
+            .map_err(read_error)?;
     }
     Ok(data)
 }
