@@ -4,7 +4,7 @@
 //! keeps one parsed resolver per module file, so the cost is per module and per unique
 //! address, not per sample.
 
-use std::{collections::HashMap, rc::Rc};
+use std::{collections::HashMap, sync::Arc};
 
 use blazesym::symbolize::{
     source::{Elf, Source},
@@ -26,7 +26,8 @@ pub struct FunctionFrame {
 
 /// The functions at one address: innermost (inlined callee) first, the function that
 /// physically contains the code last. This is pprof's `Location.line` order.
-pub type Functions = Rc<[FunctionFrame]>;
+/// Shared (`Arc`): reports cross to the agent's writer thread.
+pub type Functions = Arc<[FunctionFrame]>;
 
 /// Cached symbolizer for [`Frame`]s.
 pub struct FrameSymbolizer {
@@ -159,7 +160,7 @@ impl FrameSymbolizer {
 }
 
 fn unresolved(name: String) -> Functions {
-    Rc::from(vec![FunctionFrame {
+    Arc::from(vec![FunctionFrame {
         name,
         file: None,
         line: None,

@@ -5,7 +5,8 @@
 //! inuse sample types), labelled with hostname, pid, comm, exe, build id and cgroup /
 //! container id. Profiles go to the local [`store`] (always) and, when configured, to
 //! Pyroscope through the bounded spool of [`push`]. Sampling never waits for either:
-//! the store write is a small local file, and pushing runs on its own thread.
+//! encoding, store and spool writes run on the [`writer`] thread, and pushing on its
+//! own thread.
 //!
 //! Signals: SIGTERM (and Ctrl-C) cut the current, partial interval, store it, try to
 //! deliver the spool for up to the push timeout, and exit; SIGHUP reloads the config
@@ -17,10 +18,11 @@ pub mod push;
 pub mod report;
 mod spool;
 pub mod store;
+pub mod writer;
 
 use std::{
-    sync::{Arc, Mutex},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    sync::{atomic::Ordering, Arc, Mutex},
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -29,19 +31,19 @@ use tokio::signal::unix::{signal, SignalKind};
 use self::{
     config::AgentConfig,
     metrics::Metrics,
-    push::{PushMeta, PushStats, Pusher},
+    push::{PushStats, Pusher},
     store::ProfileStore,
+    writer::Writer,
 };
 use crate::{
     cli::AgentArgs,
     estimate::Confidence,
-    export::pprof,
     preflight,
     probe::{LiveMechanism, ThreadTables},
     session::LiveOptions,
     system::{
-        filter::ProcessFilter, oneshot::HOUSEKEEPING_TICK, process::hostname, ProcessProfile,
-        SystemOptions, SystemProfiler,
+        filter::ProcessFilter, oneshot::HOUSEKEEPING_TICK, process::hostname, SystemOptions,
+        SystemProfiler,
     },
 };
 
@@ -88,13 +90,9 @@ fn system_options(config: &AgentConfig, filter: ProcessFilter) -> SystemOptions 
 struct Agent {
     args: AgentArgs,
     config: AgentConfig,
-    store: ProfileStore,
-    hostname: String,
     push_stats: Arc<PushStats>,
-    pusher: Option<Pusher>,
+    writer: Writer,
     metrics: Arc<Mutex<Metrics>>,
-    profiles_written: u64,
-    store_errors: u64,
 }
 
 impl Agent {
@@ -105,16 +103,13 @@ impl Agent {
             .clone()
             .map(|push| Pusher::start(push, &config.store, push_stats.clone()))
             .transpose()?;
+        let writer = Writer::start(store, pusher, hostname())?;
         Ok(Agent {
             args,
             config,
-            store,
-            hostname: hostname(),
             push_stats,
-            pusher,
+            writer,
             metrics: Arc::new(Mutex::new(Metrics::new())),
-            profiles_written: 0,
-            store_errors: 0,
         })
     }
 
@@ -158,8 +153,7 @@ impl Agent {
                 _ = tick.tick() => profiler.housekeeping(),
                 _ = metrics_tick.tick() => self.update_metrics(&mut profiler),
                 _ = cut.tick() => {
-                    let profiles = profiler.cut();
-                    self.export(profiles);
+                    self.writer.export(profiler.cut());
                 }
                 _ = sighup.recv() => {
                     if let Some(interval) = self.reload(&mut profiler) {
@@ -174,24 +168,21 @@ impl Agent {
         tracing::info!("stopping: flushing the current interval");
         let profiles = profiler.stop();
         let flushed = profiles.len();
-        self.export(profiles);
-        if let Some(pusher) = self.pusher.take() {
-            let timeout = self
-                .config
-                .push
-                .as_ref()
-                .map_or(Duration::ZERO, |p| p.timeout);
-            pusher.flush(timeout);
-        }
+        self.writer.export(profiles);
+        let timeout = self
+            .config
+            .push
+            .as_ref()
+            .map_or(Duration::ZERO, |p| p.timeout);
+        let stats = self.writer.stats.clone();
+        self.writer.finish(timeout);
         if let Some(task) = metrics_task {
             task.abort();
         }
         eprintln!(
             "allocbpf agent: stopped; {flushed} profile(s) flushed, {} written in all, {} spooled for push",
-            self.profiles_written,
-            self.push_stats
-                .spool_files
-                .load(std::sync::atomic::Ordering::Relaxed)
+            stats.profiles_written.load(Ordering::Relaxed),
+            self.push_stats.spool_files.load(Ordering::Relaxed)
         );
         match read_error {
             Some(error) => Err(anyhow::Error::new(error).context("reading the ring buffer")),
@@ -199,67 +190,18 @@ impl Agent {
         }
     }
 
-    /// Stores (and spools for push) one profile per process.
-    fn export(&mut self, profiles: Vec<ProcessProfile>) {
-        for profile in profiles {
-            let labels = profile.info.labels(&self.hostname);
-            let start_ns = profile
-                .started
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as i64);
-            let mut message = pprof::to_profile(&profile.report, start_ns);
-            pprof::add_labels(&mut message, &labels);
-            pprof::add_comment(
-                &mut message,
-                &format!("exact_bytes={}", profile.report.totals.exact_bytes),
-            );
-            pprof::add_comment(
-                &mut message,
-                &format!("exact_calls={}", profile.report.totals.exact_calls),
-            );
-            let gzipped = pprof::gzip(&message);
-            match self.store.write(
-                profile.started,
-                profile.ended,
-                profile.info.pid,
-                &profile.info.comm,
-                &gzipped,
-            ) {
-                Ok(_) => self.profiles_written += 1,
-                Err(error) => {
-                    // Counted and logged; the push below still gets the profile.
-                    self.store_errors += 1;
-                    tracing::warn!("cannot store a profile: {error:#}");
-                }
-            }
-            if let Some(pusher) = &self.pusher {
-                let seconds =
-                    |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-                let meta = PushMeta {
-                    labels: labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.clone()))
-                        .collect(),
-                    from: seconds(profile.started),
-                    until: seconds(profile.ended).max(seconds(profile.started) + 1),
-                };
-                pusher.enqueue(&meta, &gzipped);
-            }
-        }
-        let deleted = self.store.enforce_retention(SystemTime::now());
-        if deleted > 0 {
-            tracing::info!("retention: {deleted} old profile(s) deleted");
-        }
-    }
-
     fn update_metrics(&mut self, profiler: &mut SystemProfiler) {
         let kernel = profiler.counters();
         let metrics = self.metrics.lock().expect("metrics lock");
         metrics.update(&profiler.stats, &kernel, &self.push_stats);
-        metrics.total("profiles_written", self.profiles_written);
-        metrics.total("store_errors", self.store_errors);
-        metrics.total("store_deleted", self.store.deleted);
-        metrics.gauge("store_bytes", self.store.total_bytes());
+        let stats = &self.writer.stats;
+        metrics.total(
+            "profiles_written",
+            stats.profiles_written.load(Ordering::Relaxed),
+        );
+        metrics.total("store_errors", stats.store_errors.load(Ordering::Relaxed));
+        metrics.total("store_deleted", stats.store_deleted.load(Ordering::Relaxed));
+        metrics.gauge("store_bytes", stats.store_bytes.load(Ordering::Relaxed));
     }
 
     /// SIGHUP: re-reads the config; applies filters, interval, retention and push.
@@ -296,18 +238,10 @@ impl Agent {
             None => None,
         };
         profiler.set_filter(filter);
-        self.store.set_retention(config.retention);
-        // The old pusher finishes its request in flight in the background; the new one
-        // waits for it before sending, so the main thread never waits on the network.
-        let previous = self.pusher.take().and_then(Pusher::retire);
-        self.pusher = match push.map(|prepared| prepared.start(previous)) {
-            Some(Ok(pusher)) => Some(pusher),
-            Some(Err(error)) => {
-                tracing::error!("SIGHUP: push not restarted: {error:#}");
-                None
-            }
-            None => None,
-        };
+        // Applied by the writer thread after the profiles queued before; the old
+        // pusher finishes its request in flight in the background, so no thread waits
+        // on the network.
+        self.writer.reconfigure(config.retention, push);
         for (what, changed) in [
             ("rate", config.rate != self.config.rate),
             ("live", config.live != self.config.live),
