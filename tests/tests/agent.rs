@@ -559,7 +559,7 @@ fn an_image_no_process_maps_any_more_is_detached() {
     let config = write_config(&scratch, "comm = \"^agentwl\"\nmetrics_address = \"off\"\n");
     let agent = start_filtered(&config, &store, "1s", &[], &[]);
     let preload = library.to_str().unwrap();
-    let mut work = Workload::start_env(&workload(), &["2"], &[("LD_PRELOAD", preload)]).unwrap();
+    let mut work = Workload::start_env(&workload(), &["4"], &[("LD_PRELOAD", preload)]).unwrap();
     work.child.wait().unwrap();
     // Two cuts after the exit: the one that stores its last profile, and the next.
     std::thread::sleep(Duration::from_secs(3));
@@ -581,4 +581,18 @@ fn an_image_no_process_maps_any_more_is_detached() {
             .any(|l| l.contains("detached") && l.contains("/libc.so.6 (")),
         "{log}"
     );
+    // Module files are closed at each cut once no stack refers to them, and taken
+    // again at the next sample: every interval's profile is still symbolized.
+    let mine: Vec<PathBuf> = stored_profiles(&store)
+        .into_iter()
+        .filter(|p| parse_stored_name(p).2 == work.pid)
+        .collect();
+    assert!(mine.len() >= 3, "{mine:?}");
+    for profile in &mine {
+        assert!(
+            raw(profile, &scratch).contains("agentwl_alloc_site"),
+            "{} is not symbolized",
+            profile.display()
+        );
+    }
 }

@@ -104,7 +104,13 @@ impl ModuleTable {
             None => ModuleKey::Path(module.path.clone()),
         };
         let id = match self.index.get(&key) {
-            Some(&id) => id,
+            Some(&id) => {
+                // Its file was released (no profile needed it): seen again, kept again.
+                if self.files[id as usize].is_none() {
+                    self.files[id as usize] = file;
+                }
+                id
+            }
             None => {
                 let id = self.modules.len() as u32;
                 self.files.push(file);
@@ -125,6 +131,29 @@ impl ModuleTable {
     pub fn symbolization_path(&self, id: u32) -> Option<PathBuf> {
         let file = self.files.get(id as usize)?.as_ref()?;
         Some(procfs::descriptor_path(file))
+    }
+
+    /// Closes the files of the modules `keep` rejects (no profile, live block or
+    /// running process refers to them any more) and forgets the mappings they were
+    /// seen through; returns how many files were closed. A module seen again gets a
+    /// file again when it is interned. Descriptors follow the current workload.
+    pub fn release_files(&mut self, keep: impl Fn(u32) -> bool) -> usize {
+        let mut closed = 0;
+        for (id, file) in self.files.iter_mut().enumerate() {
+            if file.is_some() && !keep(id as u32) {
+                *file = None;
+                closed += 1;
+            }
+        }
+        let files = &self.files;
+        self.by_inode
+            .retain(|_, id| keep(*id) || files[*id as usize].is_some());
+        closed
+    }
+
+    /// Modules whose file is open now.
+    pub fn open_files(&self) -> usize {
+        self.files.iter().filter(|f| f.is_some()).count()
     }
 
     /// The module with this id.
@@ -226,6 +255,18 @@ impl AddressNormalizer {
         self.resolved = HashMap::new();
         self.cached_frames = 0;
         self.refreshed = Instant::now();
+    }
+
+    /// Closes the files of the modules `keep` rejects ([`ModuleTable::release_files`]).
+    /// The normalized frames cached so far are dropped with them: a cached frame skips
+    /// interning, which is where a module seen again gets its file back.
+    pub fn release_module_files(&mut self, keep: impl Fn(u32) -> bool) -> usize {
+        let closed = self.modules.release_files(keep);
+        if closed > 0 {
+            self.resolved.clear();
+            self.cached_frames = 0;
+        }
+        closed
     }
 
     /// Normalizes `addrs` of process `pid`; addresses no mapping covers (or of a
@@ -439,5 +480,26 @@ mod tests {
         assert_eq!(table.intern(moved, None, None), 0);
         assert_eq!(m.build_id_hex(), "ab01");
         assert_eq!(table.all().len(), 1);
+    }
+
+    #[test]
+    fn released_files_are_closed_and_taken_again_when_seen_again() {
+        let mut table = ModuleTable::default();
+        let file = || Some(Arc::new(File::open("/proc/self/exe").unwrap()));
+        let module = |n: u8| Module {
+            path: format!("/lib/{n}.so").into(),
+            build_id: Some(vec![n]),
+        };
+        let (a, b) = (
+            table.intern(module(1), None, file()),
+            table.intern(module(2), None, file()),
+        );
+        assert_eq!(table.open_files(), 2);
+        assert_eq!(table.release_files(|id| id == a), 1);
+        assert_eq!(table.open_files(), 1);
+        assert!(table.symbolization_path(b).is_none());
+        // Seen again: the same id, with a file again.
+        assert_eq!(table.intern(module(2), None, file()), b);
+        assert!(table.symbolization_path(b).is_some());
     }
 }

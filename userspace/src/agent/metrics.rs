@@ -76,6 +76,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Live blocks retired at a cut because the kernel no longer tracked them (Freed event lost)",
     ),
     (
+        "module_files_closed",
+        "Module files closed at a cut because no profile referred to them any more",
+    ),
+    (
         "released_images",
         "Allocator images detached because no process maps them any more",
     ),
@@ -121,6 +125,10 @@ const GAUGES: &[(&str, &str)] = &[
     ("spool_profiles", "Profiles waiting in the push spool"),
     ("store_bytes", "Bytes in the local store"),
     ("resident_memory_bytes", "Agent resident set size"),
+    (
+        "module_files_open",
+        "Module files held open for symbolization",
+    ),
     (
         "ring_buffer_peak_bytes",
         "Most sample ring-buffer bytes found waiting at one read since start",
@@ -203,6 +211,8 @@ impl Metrics {
         self.total("budget_detachments", system.budget_detachments);
         self.total("released_images", system.images_released);
         self.total("lost_frees", system.lost_frees);
+        self.total("module_files_closed", system.module_files_closed);
+        self.gauge("module_files_open", system.module_files_open);
         self.total("stack_errors", kernel.stack_errors);
         self.total("thread_map_full", kernel.thread_map_full);
         self.total("process_map_full", kernel.process_map_full);

@@ -114,6 +114,10 @@ pub struct SystemStats {
     /// Live blocks retired because the kernel no longer tracked them: their `Freed`
     /// event was lost (total).
     pub lost_frees: u64,
+    /// Module files closed because no profile referred to them any more (total).
+    pub module_files_closed: u64,
+    /// Module files held open now (for symbolization).
+    pub module_files_open: u64,
     /// Images detached because no process maps them any more (total).
     pub images_released: u64,
     /// Exec events not followed up because the queue of processes to examine was full
@@ -648,6 +652,7 @@ impl SystemProfiler {
             sampler.forget_processes(&gone);
         }
         self.release_unused_images();
+        self.release_unused_modules();
         self.stats.processes_tracked = self.processes.len() as u64;
         self.interval_started = ended;
         self.interval_started_at = Instant::now();

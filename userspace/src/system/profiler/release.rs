@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use super::{ImageKey, SystemProfiler};
-use crate::procfs;
+use crate::{normalize::Frame, procfs};
 
 impl SystemProfiler {
     /// Called at each cut, after exited processes are dropped: detaches the images no
@@ -66,5 +66,27 @@ impl SystemProfiler {
             );
         }
         self.cache.retain(|key| listed.contains(key));
+    }
+
+    /// Called at each cut, after the new interval started (stacks that hold neither
+    /// samples nor live blocks are gone): closes the files of modules no remaining
+    /// stack refers to. A running process's module is opened again at its next sample.
+    pub(super) fn release_unused_modules(&mut self) {
+        let referenced: HashSet<u32> = self
+            .processes
+            .values()
+            .flat_map(|tracked| tracked.aggregate.stacks())
+            .flat_map(|(key, _)| key.frames.iter())
+            .filter_map(|frame| match frame {
+                Frame::Module { module, .. } => Some(*module),
+                Frame::Unknown(_) => None,
+            })
+            .collect();
+        let closed = self
+            .stacks
+            .normalizer
+            .release_module_files(|id| referenced.contains(&id));
+        self.stats.module_files_closed += closed as u64;
+        self.stats.module_files_open = self.stacks.normalizer.modules.open_files() as u64;
     }
 }
