@@ -9,9 +9,11 @@
 
 use std::{collections::HashMap, hash::Hash, sync::Arc};
 
-/// Bytes of sections kept at most (`.eh_frame`, `.eh_frame_hdr`, `.debug_frame`,
-/// `.text`): Debian's libc has 2.2 MB of them, a large C++ service a few hundred MB.
-pub const MAX_CACHED_BYTES: u64 = 256 << 20;
+/// Bytes of sections kept at most (`.eh_frame`, `.eh_frame_hdr`, `.debug_frame`):
+/// Debian's libc has 182 KB of them (1.57 MB more when `.text` was copied too), a
+/// large C++ program a few MB. Part of the agent's memory budget (docs/operations.md,
+/// "Overhead and sizing").
+pub const MAX_CACHED_BYTES: u64 = 32 << 20;
 
 /// Device-and-inode index entries kept at most (keys only).
 const MAX_INODES: usize = 4096;

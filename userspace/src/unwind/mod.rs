@@ -61,7 +61,10 @@ struct FileSections {
     eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
     eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
     debug_frame: Option<Arc<[u8]>>,
-    text: Option<(Range<u64>, Arc<[u8]>)>,
+    /// The `.text` address range only: framehop reads text bytes for Mach-O compact
+    /// unwind info and PE, never for ELF's `.eh_frame`/`.debug_frame`, so copying them
+    /// (the largest section of most binaries) only filled the cache.
+    text_svma: Option<Range<u64>>,
     /// (file offset range, vaddr) of the executable loadable segments, to compute
     /// load biases.
     segments: Vec<(Range<u64>, u64)>,
@@ -76,7 +79,6 @@ impl cache::ByteSize for FileSections {
         let range = |s: &Option<(Range<u64>, Arc<[u8]>)>| s.as_ref().map_or(0, |(_, d)| d.len());
         (range(&self.eh_frame)
             + range(&self.eh_frame_hdr)
-            + range(&self.text)
             + self.debug_frame.as_ref().map_or(0, |d| d.len())) as u64
     }
 }
@@ -99,7 +101,9 @@ impl FileSections {
             eh_frame: section(".eh_frame"),
             eh_frame_hdr: section(".eh_frame_hdr"),
             debug_frame: section(".debug_frame").map(|(_, d)| d),
-            text: section(".text"),
+            text_svma: file
+                .section_by_name(".text")
+                .map(|s| s.address()..s.address() + s.size()),
             segments: file
                 .segments()
                 .filter(|s| match s.flags() {
@@ -285,8 +289,7 @@ impl StackUnwinder {
             });
             let info = ExplicitModuleSectionInfo {
                 base_svma: 0,
-                text_svma: file.text.as_ref().map(|t| t.0.clone()),
-                text: file.text.as_ref().map(|t| t.1.clone()),
+                text_svma: file.text_svma.clone(),
                 eh_frame_svma: file.eh_frame.as_ref().map(|e| e.0.clone()),
                 eh_frame: file.eh_frame.as_ref().map(|e| e.1.clone()),
                 eh_frame_hdr_svma: file.eh_frame_hdr.as_ref().map(|e| e.0.clone()),
