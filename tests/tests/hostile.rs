@@ -40,22 +40,7 @@ fn profile_hostile(mode: &str) {
         .wait_for("swapped", Duration::from_secs(10))
         .unwrap();
     let out = binary.with_file_name("profile.json");
-    let finished = run_allocbpf(
-        &[
-            "--comm",
-            "^swapexe$",
-            "--duration",
-            "2s",
-            "--format",
-            "json",
-            "--output",
-            out.to_str().unwrap(),
-            "-v",
-        ],
-        // Start-up (examining every process's files) plus 2 s; a hang is a failure.
-        Duration::from_secs(90),
-    )
-    .unwrap();
+    let finished = profile_comm("^swapexe$", &out).unwrap();
     assert_eq!(finished.code, Some(0), "{}", finished.stderr);
     // The swapped path is never examined as a file: no image, no probe named after it.
     let path = binary.display().to_string();
@@ -65,12 +50,28 @@ fn profile_hostile(mode: &str) {
             "the swapped path was taken for an allocator: {line}"
         );
     }
-    let json: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_sampled(&out, workload.pid);
+}
+
+/// Runs system-wide allocbpf with `-v` for 2 s on the processes whose comm matches
+/// `comm`, into the JSON profile `out`. Start-up (examining every process's files) plus
+/// 2 s must fit in 90 s: a hang is a failure.
+fn profile_comm(comm: &str, out: &Path) -> anyhow::Result<allocbpf_e2e::Finished> {
+    let args = ["--comm", comm, "--duration", "2s", "--format", "json", "-v"];
+    let out = out.to_str().unwrap();
+    run_allocbpf(
+        &[&args[..], &["--output", out]].concat(),
+        Duration::from_secs(90),
+    )
+}
+
+/// The JSON profile at `out` has samples of process `pid`.
+fn assert_sampled(out: &Path, pid: u32) {
+    let json: Value = serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap();
     let text = json.to_string();
     assert!(
-        text.contains(&format!("{}", workload.pid)),
-        "pid {} not in the profile: {text:.2000}",
-        workload.pid
+        text.contains(&format!("{pid}")),
+        "pid {pid} not in the profile: {text:.2000}"
     );
     let samples = json["totals"]["samples"].as_u64().unwrap_or(0);
     assert!(samples > 0, "no sample: {:#}", json["totals"]);
@@ -158,28 +159,9 @@ fn an_executable_on_a_stalled_fuse_file_system_is_never_opened() {
     let mut workload = Workload::start(&fuse.mount.join("fusewl"), &["60"]).unwrap();
     fuse.stall();
     let out = scratch.join("profile.json");
-    let finished = run_allocbpf(
-        &[
-            "--comm",
-            "^fusewl$",
-            "--duration",
-            "2s",
-            "--format",
-            "json",
-            "--output",
-            out.to_str().unwrap(),
-        ],
-        Duration::from_secs(90),
-    );
+    let finished = profile_comm("^fusewl$", &out);
     let _ = workload.child.kill();
     let finished = finished.unwrap();
     assert_eq!(finished.code, Some(0), "{}", finished.stderr);
-    let json: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
-    assert!(
-        json.to_string().contains(&format!("{}", workload.pid)),
-        "pid {} not in the profile",
-        workload.pid
-    );
-    let samples = json["totals"]["samples"].as_u64().unwrap_or(0);
-    assert!(samples > 0, "no sample: {:#}", json["totals"]);
+    assert_sampled(&out, workload.pid);
 }
