@@ -62,10 +62,7 @@ impl ImageCache {
     ) -> Vec<AllocatorImage> {
         let mut images = Vec::new();
         for entry in crate::image::candidate_mappings(maps) {
-            let key = ImageKey {
-                device: entry.device,
-                inode: entry.inode,
-            };
+            let key = ImageKey::of(entry);
             if let Entry::Vacant(slot) = self.known.entry(key) {
                 let facts = match examine(pid, entry, lookup) {
                     Ok(facts) => Some(facts),
@@ -103,13 +100,7 @@ impl ImageCache {
     pub fn silence(&self, maps: &[MapsEntry]) -> Silence {
         let facts: Vec<&FileFacts> = crate::image::candidate_mappings(maps)
             .iter()
-            .filter_map(|entry| {
-                let key = ImageKey {
-                    device: entry.device,
-                    inode: entry.inode,
-                };
-                self.known.get(&key)?.as_ref()
-            })
+            .filter_map(|entry| self.known.get(&ImageKey::of(entry))?.as_ref())
             .collect();
         if facts.iter().any(|f| f.go_runtime) {
             Silence::GoRuntime

@@ -308,10 +308,7 @@ impl AddressNormalizer {
     fn normalize_uncached(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
         let frames = self.normalize_once(pid, addrs);
         let missed = frames.iter().any(|f| matches!(f, Frame::Unknown(_)));
-        if missed
-            && self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT
-            && Path::new(&format!("/proc/{pid}")).exists()
-        {
+        if missed && self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT && procfs::is_alive(pid) {
             self.reset();
             return self.normalize_once(pid, addrs);
         }
@@ -387,12 +384,7 @@ impl OpenedFile {
         let file = procfs::open_mapped(pid, entry)
             .map_err(|error| tracing::debug!("pid {pid}: {error}"))
             .ok();
-        let build_id = file.as_ref().and_then(|file| {
-            blazesym::helper::read_elf_build_id(&procfs::descriptor_path(file))
-                .ok()
-                .flatten()
-                .map(|id| id.to_vec())
-        });
+        let build_id = file.as_ref().and_then(procfs::build_id);
         OpenedFile {
             file: file.map(Arc::new),
             build_id,

@@ -85,6 +85,11 @@ pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
         .collect()
 }
 
+/// Whether process `pid` exists now (`/proc/PID`).
+pub fn is_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// `pid`'s memory map; empty if it cannot be read (the process exited).
 pub fn read_maps(pid: u32) -> Vec<MapsEntry> {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -234,6 +239,15 @@ fn mountinfo_type(text: &str, device: u64) -> Option<String> {
 pub fn descriptor_path(file: &File) -> PathBuf {
     use std::os::fd::AsRawFd;
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// The GNU build id of `file` (opened by [`open_mapped`]), read by blazesym through
+/// [`descriptor_path`]; `None` if it has none or is not ELF.
+pub fn build_id(file: &File) -> Option<Vec<u8>> {
+    blazesym::helper::read_elf_build_id(&descriptor_path(file))
+        .ok()
+        .flatten()
+        .map(|id| id.to_vec())
 }
 
 /// Reads `file` (opened by [`open_mapped`], at most [`MAX_MAPPED_FILE_BYTES`]) into a

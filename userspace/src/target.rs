@@ -4,13 +4,13 @@
 //! `/proc/PID/map_files`, so a process in a container (its own mount namespace and libc) is
 //! probed in the libc it really uses. Nothing is hard-coded about its path.
 
-use std::{fs, path::Path};
+use std::fs;
 
 use crate::{
     discover::{ImageCache, Silence},
     image::AllocatorImage,
     image::Lookup,
-    procfs::parse_maps,
+    procfs::{self, parse_maps},
 };
 
 /// Errors about the target process or its libc.
@@ -75,7 +75,7 @@ impl Target {
     /// Resolves a pid to a target: checks the process exists and finds the files it
     /// maps that define allocation entries.
     pub fn resolve(pid: u32, lookup: &Lookup) -> Result<Target, TargetError> {
-        if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+        if pid == 0 || !procfs::is_alive(pid) {
             return Err(TargetError::NoSuchProcess(pid));
         }
         let comm = comm_of(pid).ok_or(TargetError::NoSuchProcess(pid))?;

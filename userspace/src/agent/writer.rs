@@ -80,11 +80,10 @@ impl Writer {
         })
     }
 
-    /// Queues one cut's profiles; returns at once.
+    /// Queues one cut's profiles (retention runs after each cut, even one without
+    /// profiles); returns at once.
     pub fn export(&self, profiles: Vec<ProcessProfile>) {
-        if !profiles.is_empty() {
-            let _ = self.jobs.send(Job::Export(profiles));
-        }
+        let _ = self.jobs.send(Job::Export(profiles));
     }
 
     /// Applies a reloaded retention and push (`None`: no push), after the profiles

@@ -135,6 +135,23 @@ impl<'data, 'file> CallResolver<'data, 'file> {
         }
     }
 
+    /// The allocation entry `instruction` (a call or jump in the entry at `from`) goes
+    /// to, if any: another of the image's entries (as `0x...`), or a bound symbol that
+    /// `is_allocation` accepts.
+    pub fn forward_target(
+        &self,
+        instruction: &Instruction,
+        from: u64,
+        entries: &[u64],
+        is_allocation: impl Fn(&str) -> bool,
+    ) -> Option<String> {
+        match self.classify(instruction, entries) {
+            Branch::Entry(to) if to != from => Some(format!("{to:#x}")),
+            Branch::Bound(name) if is_allocation(&name) => Some(name),
+            _ => None,
+        }
+    }
+
     /// Up to 16 bytes of the file's code at virtual address `address`.
     pub fn code_at(&self, address: u64) -> Option<&'data [u8]> {
         let section = self.file.sections().find(|s| {
@@ -204,11 +221,9 @@ impl<'data, 'file> CallResolver<'data, 'file> {
                 || instruction.is_jcc_short_or_near()
                 || instruction.is_call_near_indirect()
                 || instruction.is_jmp_near_indirect();
-            let target = match branch.then(|| self.classify(&instruction, entries)) {
-                Some(Branch::Entry(to)) if to != address => Some(format!("{to:#x}")),
-                Some(Branch::Bound(name)) if is_allocation(&name) => Some(name),
-                _ => None,
-            };
+            let target = branch
+                .then(|| self.forward_target(&instruction, address, entries, &is_allocation))
+                .flatten();
             if let Some(target) = target {
                 let is_call = instruction.is_call_near() || instruction.is_call_near_indirect();
                 let unconditional =

@@ -50,6 +50,16 @@ pub struct ImageKey {
     pub inode: u64,
 }
 
+impl ImageKey {
+    /// The file behind a mapping, as its maps line names it.
+    pub fn of(mapping: &MapsEntry) -> ImageKey {
+        ImageKey {
+            device: mapping.device,
+            inode: mapping.inode,
+        }
+    }
+}
+
 impl std::fmt::Display for ImageKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -207,10 +217,7 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
     })?;
     let data =
         procfs::read_mapped(&opened, path_in_target).map_err(|e| bad(e.to_string(), false))?;
-    let key = ImageKey {
-        device: mapping.device,
-        inode: mapping.inode,
-    };
+    let key = ImageKey::of(mapping);
     let file = object::File::parse(&*data).map_err(|e| bad(e.to_string(), false))?;
     let imports_allocation = file.dynamic_symbols().any(|symbol| {
         symbol.is_undefined()
@@ -518,10 +525,10 @@ pub fn resolve_entries(
                     frame::straight_call_depth(
                         code_of(candidate, point::MAX_PROLOGUE_BYTES),
                         candidate.address,
-                        |call| match resolver.classify(call, &addresses) {
-                            calls::Branch::Entry(to) => to != candidate.address,
-                            calls::Branch::Bound(name) => is_allocation(&name),
-                            _ => false,
+                        |call| {
+                            resolver
+                                .forward_target(call, candidate.address, &addresses, is_allocation)
+                                .is_some()
                         },
                     )
                 })

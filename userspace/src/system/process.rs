@@ -2,7 +2,7 @@
 
 use std::{collections::HashMap, path::Path};
 
-use crate::procfs;
+use crate::procfs::{self, MapsEntry};
 
 /// A process as seen in `/proc` when it was first sampled (or last exec'd).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,8 +22,9 @@ pub struct ProcessInfo {
 }
 
 impl ProcessInfo {
-    /// Reads `pid`'s identity; `None` if it is gone (or a kernel thread).
-    pub fn read(pid: u32, build_ids: &mut BuildIdCache) -> Option<ProcessInfo> {
+    /// Reads `pid`'s identity; `None` if it is gone (or a kernel thread). `maps`: its
+    /// memory map, read by the caller.
+    pub fn read(pid: u32, maps: &[MapsEntry], build_ids: &mut BuildIdCache) -> Option<ProcessInfo> {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
         let exe_link = format!("/proc/{pid}/exe");
         let exe = std::fs::read_link(&exe_link).ok()?;
@@ -35,7 +36,7 @@ impl ProcessInfo {
             pid,
             comm: comm.trim_end().to_string(),
             exe: exe.display().to_string(),
-            exe_build_id: build_ids.of(pid, &exe),
+            exe_build_id: build_ids.of(pid, maps, &exe),
             container_id: container_id(&cgroup),
             cgroup,
         })
@@ -94,13 +95,12 @@ pub struct BuildIdCache {
 const MAX_BUILD_IDS: usize = 4096;
 
 impl BuildIdCache {
-    /// The hex build id of `pid`'s executable `exe` (as `/proc/PID/exe` names it; empty
-    /// if it has none or cannot be read). The file is the one the process maps, opened
+    /// The hex build id of `pid`'s executable `exe` (as `/proc/PID/exe` names it, and
+    /// found in the process's memory map `maps`; empty if it has none or cannot be read). The file is the one the process maps, opened
     /// through map_files with `procfs::open_mapped`'s checks (never on a FUSE file
     /// system, whose daemon could stall the read), and keyed by the mapping's device
     /// and inode: nothing is looked up by path.
-    pub fn of(&mut self, pid: u32, exe: &Path) -> String {
-        let maps = procfs::read_maps(pid);
+    pub fn of(&mut self, pid: u32, maps: &[MapsEntry], exe: &Path) -> String {
         let exe = exe.to_string_lossy();
         let Some(mapping) = maps.iter().find(|m| m.name == exe) else {
             return String::new();
@@ -112,9 +112,7 @@ impl BuildIdCache {
         let Ok(file) = procfs::open_mapped(pid, mapping) else {
             return String::new();
         };
-        let id: String = blazesym::helper::read_elf_build_id(&procfs::descriptor_path(&file))
-            .ok()
-            .flatten()
+        let id: String = procfs::build_id(&file)
             .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
             .unwrap_or_default();
         if self.ids.len() >= MAX_BUILD_IDS {
@@ -153,8 +151,12 @@ mod tests {
     #[test]
     fn this_process_has_labels() {
         let mut cache = BuildIdCache::default();
-        let me = ProcessInfo::read(std::process::id(), &mut cache).unwrap();
+        let pid = std::process::id();
+        let me = ProcessInfo::read(pid, &procfs::read_maps(pid), &mut cache).unwrap();
         assert!(!me.exe.is_empty());
+        // This test binary has a build id (the linker's default), read through its
+        // mapping.
+        assert_eq!(me.exe_build_id.len(), 40, "{me:?}");
         let labels = me.labels("host");
         assert_eq!(labels[0], ("hostname", "host".to_string()));
         assert_eq!(labels[1].1, std::process::id().to_string());

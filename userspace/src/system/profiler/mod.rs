@@ -2,7 +2,6 @@
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    path::Path,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -29,7 +28,7 @@ use crate::{
         intervals::REFRESH_INTERVAL, Counters, ImageLinks, Sampler, SamplerConfig, ThreadTables,
         COLLECT_EXITED_EVERY,
     },
-    procfs,
+    procfs::{self, MapsEntry},
     report::{KernelFigures, Report},
     session::LiveOptions,
     stacks::StackResolver,
@@ -245,7 +244,7 @@ impl SystemProfiler {
         };
         // Our own libc is the host's: attach it whatever the filters say, so the
         // calibration below measures a real probe.
-        profiler.attach_images_of(me);
+        profiler.attach_images_of(me, &procfs::read_maps(me));
         profiler.scan_all();
         if profiler.stats.images_attached == 0 {
             bail!("no allocator image could be attached (see the warnings above)");
@@ -290,7 +289,10 @@ impl SystemProfiler {
         if self.ignored.contains(&pid) {
             return;
         }
-        let Some(info) = ProcessInfo::read(pid, &mut self.build_ids) else {
+        // One read of the maps serves the identity (the executable's build id) and
+        // the images to attach.
+        let maps = procfs::read_maps(pid);
+        let Some(info) = ProcessInfo::read(pid, &maps, &mut self.build_ids) else {
             return;
         };
         let admitted = self.options.filter.admits(&info);
@@ -329,21 +331,17 @@ impl SystemProfiler {
             }
         }
         if admitted {
-            self.attach_images_of(pid);
+            self.attach_images_of(pid, &maps);
         }
     }
 
-    /// Attaches the images `pid` maps that are not attached yet.
-    fn attach_images_of(&mut self, pid: u32) {
-        let maps = procfs::read_maps(pid);
-        let found = self.cache.discover(pid, &maps, &self.options.lookup());
+    /// Attaches the images `pid` maps (`maps`) that are not attached yet.
+    fn attach_images_of(&mut self, pid: u32, maps: &[MapsEntry]) {
+        let found = self.cache.discover(pid, maps, &self.options.lookup());
         let keys: Vec<ImageKey> = found.iter().map(|i| i.key).collect();
-        let mapped: Vec<ImageKey> = crate::image::candidate_mappings(&maps)
-            .iter()
-            .map(|entry| ImageKey {
-                device: entry.device,
-                inode: entry.inode,
-            })
+        let mapped: Vec<ImageKey> = crate::image::candidate_mappings(maps)
+            .into_iter()
+            .map(ImageKey::of)
             .collect();
         for image in found {
             if self.images.contains_key(&image.key) {
@@ -599,7 +597,7 @@ impl SystemProfiler {
                 });
                 self.stats.lost_frees += lost;
             }
-            if !tracked.exited && !Path::new(&format!("/proc/{pid}")).exists() {
+            if !tracked.exited && !procfs::is_alive(pid) {
                 // Its exit event was lost (full ring): same outcome.
                 tracked.exited = true;
             }
@@ -646,9 +644,12 @@ impl SystemProfiler {
         if let Some(sampler) = self.sampler.as_mut() {
             // Backstop for exit events lost to a full ring: kernel entries of processes
             // neither tracked nor alive.
-            gone.extend(sampler.kernel_pids().into_iter().filter(|pid| {
-                !self.processes.contains_key(pid) && !Path::new(&format!("/proc/{pid}")).exists()
-            }));
+            gone.extend(
+                sampler
+                    .kernel_pids()
+                    .into_iter()
+                    .filter(|pid| !self.processes.contains_key(pid) && !procfs::is_alive(*pid)),
+            );
             sampler.forget_processes(&gone);
         }
         self.release_unused_images();

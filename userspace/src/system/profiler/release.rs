@@ -23,10 +23,6 @@ impl SystemProfiler {
             .filter(|key| !listed.contains(key))
             .copied()
             .collect();
-        if unused.is_empty() {
-            self.cache.retain(|key| listed.contains(key));
-            return;
-        }
         // A process may have mapped an image since it was examined (dlopen): what a
         // live tracked process maps now stays attached. Only read when an image is
         // about to go, which is rare (its last process exited).
@@ -37,11 +33,7 @@ impl SystemProfiler {
             }
             let maps = procfs::read_maps(pid);
             let mut now_mapped = Vec::new();
-            for entry in &maps {
-                let key = ImageKey {
-                    device: entry.device,
-                    inode: entry.inode,
-                };
+            for key in maps.iter().map(ImageKey::of) {
                 if unused.remove(&key) {
                     listed.insert(key);
                     now_mapped.push(key);
