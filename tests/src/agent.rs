@@ -5,14 +5,69 @@ use std::{
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, MutexGuard},
     thread,
-    time::Duration,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result};
 
-use crate::{allocbpf_bin, Lines};
+use crate::{allocbpf_bin, compile_workload, go_pprof, require_root, scratch_dir, Lines};
+
+static ONE_AGENT_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// What every agent test starts with: root, the one-agent lock (held until the guard
+/// drops: the agent is system-wide, so its tests run one at a time), and a scratch
+/// directory named `name` (canonical: the maps show real paths) with the store path
+/// under it.
+pub fn one_agent_test(name: &str) -> (MutexGuard<'static, ()>, PathBuf, PathBuf) {
+    require_root();
+    let guard = ONE_AGENT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let scratch = std::fs::canonicalize(scratch_dir(name)).unwrap();
+    let store = scratch.join("store");
+    (guard, scratch, store)
+}
+
+/// The agent tests' workload (`workloads/agentwl.c`: its comm is what they filter on).
+pub fn agent_workload() -> PathBuf {
+    compile_workload("agentwl", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap()
+}
+
+/// Now, in Unix milliseconds.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `go tool pprof -raw` of a gzipped profile.
+pub fn raw_pprof(profile: &Path, scratch: &Path) -> String {
+    go_pprof(&["-raw"], profile, scratch)
+}
+
+/// An agent with `config` storing into `store`, cutting every `interval`, with `extra`
+/// flags and `env` variables.
+pub fn start_filtered(
+    config: &Path,
+    store: &Path,
+    interval: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> AgentProcess {
+    let mut args = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--interval",
+        interval,
+    ];
+    args.extend_from_slice(extra);
+    AgentProcess::start(&args, env).unwrap()
+}
 
 /// A running agent.
 pub struct AgentProcess {

@@ -165,3 +165,129 @@ fn an_executable_on_a_stalled_fuse_file_system_is_never_opened() {
     assert_eq!(finished.code, Some(0), "{}", finished.stderr);
     assert_sampled(&out, workload.pid);
 }
+
+/// `major:minor/inode` as allocbpf's logs print an image's key.
+fn image_key(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).unwrap();
+    let dev = meta.dev();
+    format!(
+        "{:x}:{:x}/{}",
+        libc::major(dev),
+        libc::minor(dev),
+        meta.ino()
+    )
+}
+
+/// The hostile process is an allocator itself (its own malloc) and swaps its path
+/// between itself and a symlink to the C library every millisecond while allocbpf
+/// discovers, examines and attaches it. Whatever the timing, the probes must go to the
+/// file the process maps: its key is the one attached, libc is attached once (for the
+/// other processes), and the process is sampled, which only its own probed malloc can
+/// do (libc's malloc never runs in it).
+#[test]
+fn an_executable_swapped_with_libc_during_attach_is_probed_as_itself() {
+    require_root();
+    let built = compile_workload("swapexe", &["-O1", "-DOWN_MALLOC"]).unwrap();
+    let binary = scratch_dir("hostile-race").join("swapexe");
+    let _ = std::fs::remove_file(&binary);
+    std::fs::copy(&built, &binary).unwrap();
+    let own_key = image_key(&binary);
+    let mut workload = Workload::start(&binary, &["race"]).unwrap();
+    workload
+        .stdout
+        .wait_for("swapped", Duration::from_secs(10))
+        .unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", workload.pid)).unwrap();
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libc.so.6"))
+        .expect("the workload maps glibc");
+    let libc_key = image_key(Path::new(libc));
+    let out = binary.with_file_name("profile.json");
+    let finished = profile_comm("^swapexe$", &out);
+    let _ = workload.child.kill();
+    let finished = finished.unwrap();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    let attached: Vec<&str> = finished
+        .stderr
+        .lines()
+        .filter(|l| l.contains("attached") && l.contains(" probes to "))
+        .collect();
+    assert!(
+        attached.iter().any(|l| l.contains(&format!("({own_key})"))),
+        "the process's own file ({own_key}) was not attached: {attached:#?}"
+    );
+    let libc_attaches = attached
+        .iter()
+        .filter(|l| l.contains(&format!("({libc_key})")))
+        .count();
+    assert_eq!(libc_attaches, 1, "libc ({libc_key}): {attached:#?}");
+    assert_sampled(&out, workload.pid);
+}
+
+/// The peak resident memory (`VmHWM`) of `pid`, in bytes, if it still runs.
+fn peak_rss(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches(" kB")
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
+}
+
+/// A process maps an 8 GiB sparse file and a 400 MiB one that starts like an ELF file,
+/// both executable. allocbpf examines every executable mapping: it must refuse the
+/// first by size and the second unread (its headers lead nowhere), finish on time,
+/// profile the process through its libc, and its peak memory must stay far below what
+/// reading either would take.
+#[test]
+fn huge_mapped_files_are_neither_read_nor_held() {
+    require_root();
+    let dir = scratch_dir("hostile-huge");
+    // Under its own name: the filter below matches the command name.
+    let binary = dir.join("hugemap");
+    std::fs::copy(compile_workload("hugemap", &["-O1"]).unwrap(), &binary).unwrap();
+    let mut workload = Workload::start(&binary, &[dir.to_str().unwrap()]).unwrap();
+    workload
+        .stdout
+        .wait_for("mapped", Duration::from_secs(10))
+        .unwrap();
+    let out = dir.join("profile.json");
+    let args = [
+        "--comm",
+        "^hugemap$",
+        "--duration",
+        "2s",
+        "--format",
+        "json",
+        "-vv",
+    ];
+    let profiler =
+        allocbpf_e2e::Profiler::spawn(&[&args[..], &["--output", out.to_str().unwrap()]].concat())
+            .unwrap();
+    let pid = profiler.child.id();
+    let watcher = std::thread::spawn(move || {
+        let mut peak = 0;
+        while let Some(now) = peak_rss(pid) {
+            peak = peak.max(now);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        peak
+    });
+    let finished = profiler.finish(Duration::from_secs(90));
+    let _ = workload.child.kill();
+    let finished = finished.unwrap();
+    let peak = watcher.join().unwrap();
+    for file in ["huge.bin", "fake.so"] {
+        let _ = std::fs::remove_file(dir.join(file));
+    }
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    assert_sampled(&out, workload.pid);
+    // The agent's own footprint is ~60 MiB; reading the 400 MiB file would add 400.
+    assert!(peak < 200 << 20, "peak resident memory {} MiB", peak >> 20);
+}

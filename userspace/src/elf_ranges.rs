@@ -8,7 +8,10 @@
 //! zeroed buffer whose pages the kernel only backs where something is written
 //! ([`crate::procfs::read_mapped`]), so skipped sections cost no memory, and the
 //! buffer still parses as the whole file (offsets unchanged; skipped sections read as
-//! zeros). Anything unexpected in the headers means the whole file is read.
+//! zeros). A file whose headers are not those of a 64-bit little-endian ELF file with
+//! section headers is not read at all: nothing the profiler examines can be in it, and
+//! reading it whole would let any process make the agent read (and hold) up to the size
+//! cap of a sparse file full of nothing.
 
 use std::{io, ops::Range};
 
@@ -19,13 +22,13 @@ const SHT_NOBITS: u64 = 8;
 const MAX_SECTION_NAMES: u64 = 1 << 20;
 
 /// The ranges of a file of `size` bytes to read, given `read_at` (a positioned read
-/// that fills the buffer or fails). Falls back to `[0, size)`.
+/// that fills the buffer or fails); `None` if it is not an ELF file this profiler can
+/// examine (64-bit little-endian, with section headers inside the file).
 pub fn needed_ranges(
     size: u64,
     read_at: impl Fn(u64, &mut [u8]) -> io::Result<()>,
-) -> Vec<Range<u64>> {
-    #[allow(clippy::single_range_in_vec_init)] // one range: the whole file
-    sections_to_read(size, read_at).unwrap_or_else(|| vec![0..size])
+) -> Option<Vec<Range<u64>>> {
+    sections_to_read(size, read_at)
 }
 
 fn u16_at(bytes: &[u8], at: usize) -> u64 {
@@ -114,7 +117,7 @@ mod tests {
         let file = File::open(path).unwrap();
         let size = file.metadata().unwrap().len();
         let mut data = vec![0u8; size as usize];
-        let ranges = needed_ranges(size, |at, buf| file.read_exact_at(buf, at));
+        let ranges = needed_ranges(size, |at, buf| file.read_exact_at(buf, at)).unwrap();
         let mut read = 0;
         for range in ranges {
             let (start, end) = (range.start as usize, range.end as usize);
@@ -168,17 +171,26 @@ mod tests {
     }
 
     #[test]
-    fn what_is_not_a_64_bit_elf_file_is_read_whole() {
+    fn what_is_not_a_64_bit_elf_file_is_not_read() {
+        let ranges_of = |bytes: &[u8]| {
+            needed_ranges(bytes.len() as u64, |at, buf| {
+                let at = at as usize;
+                buf.copy_from_slice(
+                    bytes
+                        .get(at..at + buf.len())
+                        .ok_or(io::ErrorKind::UnexpectedEof)?,
+                );
+                Ok(())
+            })
+        };
         let text = b"#!/bin/sh\necho not an ELF file, long enough for a header ...........\n";
-        let ranges = needed_ranges(text.len() as u64, |at, buf| {
-            let at = at as usize;
-            buf.copy_from_slice(
-                text.get(at..at + buf.len())
-                    .ok_or(io::ErrorKind::UnexpectedEof)?,
-            );
-            Ok(())
-        });
-        assert_eq!(ranges.len(), 1);
-        assert_eq!(ranges[0], 0..text.len() as u64);
+        assert_eq!(ranges_of(text), None);
+        // An ELF header whose section table lies outside the file.
+        let mut elf = [0u8; 128];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x28..0x30].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        elf[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
+        assert_eq!(ranges_of(&elf), None);
     }
 }

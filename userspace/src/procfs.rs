@@ -147,6 +147,12 @@ pub enum MappedFileError {
         /// The file system type (`fuse.sshfs`...).
         fstype: String,
     },
+    /// Not a 64-bit little-endian ELF file with section headers: nothing to examine.
+    #[error("{path} is not an ELF file this profiler can examine: not read")]
+    NotElf {
+        /// The map_files path.
+        path: String,
+    },
     /// Reading failed.
     #[error("reading {path}: {source}")]
     Read {
@@ -163,6 +169,11 @@ fn maps_device(st_dev: u64) -> u64 {
     u64::from(major) << 32 | u64::from(minor)
 }
 
+/// Opens of mapped files that failed for want of descriptors (`EMFILE`, `ENFILE`) since
+/// start: the agent raises its limit at start, so this moving means a host that maps
+/// more files than the limit allows (exported as `descriptor_errors_total`).
+pub static DESCRIPTOR_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Opens the file of mapping `entry` of `pid` through `/proc/PID/map_files/` only,
 /// without blocking on special files, and checks that it is a regular file with the
 /// mapping's device and inode.
@@ -175,9 +186,14 @@ pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError>
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
         .open(&path)
-        .map_err(|source| MappedFileError::Open {
-            path: path.clone(),
-            source,
+        .map_err(|source| {
+            if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                DESCRIPTOR_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            MappedFileError::Open {
+                path: path.clone(),
+                source,
+            }
         })?;
     let meta = file.metadata().map_err(|source| MappedFileError::Open {
         path: path.clone(),
@@ -251,8 +267,8 @@ pub fn build_id(file: &File) -> Option<Vec<u8>> {
 }
 
 /// Reads `file` (opened by [`open_mapped`], at most [`MAX_MAPPED_FILE_BYTES`]) into a
-/// buffer of its size: all of it but the DWARF debug sections of an ELF file, which
-/// stay zero and take no memory ([`crate::elf_ranges`]).
+/// buffer of its size: all of it but the DWARF debug sections, which stay zero and take
+/// no memory ([`crate::elf_ranges`]). Anything but an ELF file is refused unread.
 pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError> {
     let path = what.display().to_string();
     let read_error = |source| MappedFileError::Read {
@@ -266,9 +282,12 @@ pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError>
     // Zeroed memory is mapped on demand: pages never written are never resident. The
     // file is read as it was at `size`: one that shrinks meanwhile fails a read, one
     // that grows is not read past it.
-    let mut data = vec![0u8; size as usize];
     let read_at = |at: u64, buf: &mut [u8]| file.read_exact_at(buf, at);
-    for range in crate::elf_ranges::needed_ranges(size, read_at) {
+    let Some(ranges) = crate::elf_ranges::needed_ranges(size, read_at) else {
+        return Err(MappedFileError::NotElf { path });
+    };
+    let mut data = vec![0u8; size as usize];
+    for range in ranges {
         let buffer = &mut data[range.start as usize..range.end as usize];
         file.read_exact_at(buffer, range.start)
             .map_err(read_error)?;

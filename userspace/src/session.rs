@@ -179,7 +179,11 @@ pub async fn run(options: &SessionOptions) -> Result<(Report, StopReason)> {
         stack_copy_bytes: options.unwind.stack_copy_bytes(options.stack_bytes),
     };
     let mut sampler = Sampler::load(config)?;
-    let mut reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;
+    let mut reader = {
+        let (ring, ring_bytes) = sampler.take_events()?;
+        EventReader::new(ring, ring_bytes)
+    }
+    .context("ring buffer")?;
     // Watch for exit before attaching, so an exit during attach is not missed.
     let exit_fd = pidfd_open(target.pid)
         // SAFETY: the AsyncFd owns the OwnedFd, which keeps the fd open until dropped.

@@ -29,6 +29,7 @@ const APT_PACKAGES: &[&str] = &[
     "gdb",
     "libc6-dev",
     "golang-go",
+    "openssl",
     "util-linux",
     "fonts-dejavu-core",
     "redis-server",

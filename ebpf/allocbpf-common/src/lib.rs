@@ -37,11 +37,12 @@ pub const MAX_PROCESSES: u32 = 16_384;
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
 /// Size of the sample ring buffer when samples carry stack copies (`--unwind auto` and
-/// `dwarf`, ~17.5 KB per sample at the default 16 KiB): ~950 samples in flight. The
+/// `dwarf`, ~17.5 KB per sample at the default 16 KiB): ~475 samples in flight. The
 /// kernel maps the data pages twice into the reader (resident at once), so this costs
-/// twice its size in the agent's RSS; docs/operations.md ("Overhead and sizing") has
-/// the measured need behind the choice.
-pub const RING_BUFFER_BYTES_WITH_STACKS: u32 = 16 << 20;
+/// twice its size in the agent's RSS for good, while userspace's queue behind the
+/// reader thread (up to 16 MiB) is resident only while a burst lasts; docs/operations.md
+/// ("Overhead and sizing") has the measured need behind the choice.
+pub const RING_BUFFER_BYTES_WITH_STACKS: u32 = 8 << 20;
 
 /// A ring-buffer record wakes the reader only if no record on its CPU did in this many
 /// nanoseconds (the others wait for the reader's next read or poll): a wakeup costs the

@@ -4,6 +4,13 @@
 //! resident memory and its metrics; at the end it prints the series and whether RSS
 //! stayed flat (last-third median within 10% of the second-third median, after the
 //! first third's warm-up) and the drops the kernel counted.
+//!
+//! Adversaries run through the churn: every 15 s a `swapexe` process (tests/workloads)
+//! turns its executable's path into a FIFO, a symlink to `/dev/zero` or to libc, or keeps
+//! swapping it with libc while being an allocator itself (each lives 10 s); and every
+//! 5 s 64 idle connections are opened to `/metrics` (four times the agent's limit). Open
+//! descriptors and the kernel's per-process map entries are recorded with RSS, and must
+//! stay flat too.
 
 use std::{
     process::{Command, Stdio},
@@ -15,7 +22,7 @@ use std::{
 };
 
 use allocbpf_e2e::{
-    agent::{metric, scrape, stored_profiles, AgentProcess},
+    agent::{metric, scrape_within, stored_profiles, AgentProcess},
     compile_workload, scratch_dir,
 };
 use anyhow::{Context, Result};
@@ -34,6 +41,78 @@ fn rss_bytes(pid: u32) -> u64 {
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
+}
+
+/// Median of the last third over the median of the middle third, minus one.
+fn growth(series: &[f64]) -> f64 {
+    let third = series.len() / 3;
+    let mut middle = series[third..2 * third].to_vec();
+    let mut last = series[2 * third..].to_vec();
+    median(&mut last) / median(&mut middle) - 1.0
+}
+
+/// Scrapes the agent's metrics, retrying while idle connections hold its slots.
+fn scrape_retrying(address: &str) -> String {
+    for _ in 0..20 {
+        if let Ok(text) = scrape_within(address, Duration::from_secs(5)) {
+            if text.contains("allocbpf_samples_total") {
+                return text;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    String::new()
+}
+
+/// Runs the hostile processes and idle connections until `stop`.
+fn adversaries(stop: Arc<AtomicBool>, address: String) -> Result<std::thread::JoinHandle<u64>> {
+    let plain = compile_workload("swapexe", &["-O1"])?;
+    let own_malloc = compile_workload("swapexe", &["-O1", "-DOWN_MALLOC"])?;
+    Ok(std::thread::spawn(move || {
+        let modes = ["fifo", "zero", "libc", "race"];
+        let mut started = 0u64;
+        let mut hostile: Option<(std::process::Child, Instant)> = None;
+        let mut last_hostile = Instant::now() - Duration::from_secs(15);
+        let mut idle = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            if last_hostile.elapsed() >= Duration::from_secs(15) {
+                last_hostile = Instant::now();
+                let mode = modes[started as usize % modes.len()];
+                let source = if mode == "race" { &own_malloc } else { &plain };
+                let copy = scratch_dir(&format!("soak-hostile-{started}")).join("swapexe");
+                let _ = std::fs::remove_file(&copy);
+                if std::fs::copy(source, &copy).is_ok() {
+                    if let Ok(child) = Command::new(&copy).arg(mode).stdout(Stdio::null()).spawn() {
+                        hostile = Some((child, Instant::now()));
+                        started += 1;
+                    }
+                }
+            }
+            if let Some((child, since)) = hostile.as_mut() {
+                if since.elapsed() >= Duration::from_secs(10) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    hostile = None;
+                }
+            }
+            idle.clear();
+            for _ in 0..64 {
+                if let Ok(stream) = std::net::TcpStream::connect(&address) {
+                    idle.push(stream);
+                }
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        if let Some((mut child, _)) = hostile {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        started
+    }))
+}
+
+fn open_descriptors(pid: u32) -> f64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(f64::NAN, |d| d.count() as f64)
 }
 
 fn main() -> Result<()> {
@@ -99,51 +178,64 @@ fn main() -> Result<()> {
         })
     };
 
+    let adversary = adversaries(stop.clone(), address.to_string())?;
+
     println!(
-        "{:>7} {:>9} {:>10} {:>8} {:>9} {:>8} {:>8}",
-        "t (s)", "RSS MiB", "samples", "drops", "processes", "churned", "tracked"
+        "{:>7} {:>9} {:>5} {:>7} {:>10} {:>8} {:>9} {:>8} {:>8}",
+        "t (s)", "RSS MiB", "fds", "kernel", "samples", "drops", "processes", "churned", "tracked"
     );
     let started = Instant::now();
-    let mut series: Vec<(f64, f64)> = Vec::new();
+    let (mut rss_series, mut fd_series, mut kernel_series) = (Vec::new(), Vec::new(), Vec::new());
     let mut last_metrics = String::new();
     while started.elapsed() < total {
         std::thread::sleep(Duration::from_secs(10).min(total.saturating_sub(started.elapsed())));
         let rss = rss_bytes(agent_pid) as f64 / (1 << 20) as f64;
-        let text = scrape(address).unwrap_or_default();
+        let fds = open_descriptors(agent_pid);
+        let text = scrape_retrying(address);
         let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
         let t = started.elapsed().as_secs_f64();
         println!(
-            "{t:>7.0} {rss:>9.1} {:>10.0} {:>8.0} {:>9.0} {:>8} {:>8.0}",
+            "{t:>7.0} {rss:>9.1} {fds:>5.0} {:>7.0} {:>10.0} {:>8.0} {:>9.0} {:>8} {:>8.0}",
+            m("allocbpf_kernel_process_entries"),
             m("allocbpf_samples_total"),
             m("allocbpf_ring_buffer_drops_total"),
             m("allocbpf_exit_events_total"),
             spawned.load(Ordering::Relaxed),
             m("allocbpf_tracked_processes"),
         );
-        series.push((t, rss));
-        last_metrics = text;
+        rss_series.push(rss);
+        fd_series.push(fds);
+        kernel_series.push(m("allocbpf_kernel_process_entries"));
+        if !text.is_empty() {
+            last_metrics = text;
+        }
     }
     stop.store(true, Ordering::Relaxed);
     churn.join().ok();
+    let hostile = adversary.join().unwrap_or(0);
     let _ = steady.kill();
     let _ = steady.wait();
     let log = agent.terminate(Duration::from_secs(60))?;
 
-    let third = series.len() / 3;
-    let mut middle: Vec<f64> = series[third..2 * third].iter().map(|s| s.1).collect();
-    let mut last: Vec<f64> = series[2 * third..].iter().map(|s| s.1).collect();
-    let (middle, last) = (median(&mut middle), median(&mut last));
-    let growth = last / middle - 1.0;
     let m = |name: &str| metric(&last_metrics, name).unwrap_or(f64::NAN);
     println!(
-        "soak: {} short-lived processes started",
+        "soak: {} short-lived processes started, {hostile} hostile ones",
         spawned.load(Ordering::Relaxed)
     );
-    println!(
-        "soak: agent RSS median {middle:.1} MiB (middle third) -> {last:.1} MiB (last third): {:+.1}% ({})",
-        growth * 100.0,
-        if growth.abs() <= 0.10 { "flat" } else { "NOT flat" }
-    );
+    let flat = |g: f64| if g.abs() <= 0.10 { "flat" } else { "NOT flat" };
+    for (what, series) in [
+        ("agent RSS", &rss_series),
+        ("open descriptors", &fd_series),
+        ("kernel process entries", &kernel_series),
+    ] {
+        let g = growth(series);
+        println!(
+            "soak: {what}: last third vs middle third (medians) {:+.1}% ({}); max {:.1}",
+            g * 100.0,
+            flat(g),
+            series.iter().copied().fold(f64::NAN, f64::max)
+        );
+    }
     println!(
         "soak: samples {:.0}, ring-buffer drops {:.0} ({:.2}%), filtered {:.0}, exec events {:.0}, exits {:.0}, budget back-offs {:.0}, agent CPU {:.1} s",
         m("allocbpf_samples_total"),

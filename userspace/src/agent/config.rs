@@ -16,6 +16,10 @@ use crate::{
     units::{parse_duration, parse_size},
 };
 
+/// Default `retention.max_files`: with ~100 bytes of index per file, ~10 MB of the
+/// agent's memory at most; 100,000 files of a few KiB fit the default `max_bytes`.
+pub const DEFAULT_MAX_FILES: u64 = 100_000;
+
 /// The config file as written (strings for sizes and durations: "512KiB", "60s").
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +44,7 @@ struct File {
 struct RetentionFile {
     max_age: Option<String>,
     max_bytes: Option<String>,
+    max_files: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -52,6 +57,7 @@ struct PushFile {
     timeout: Option<String>,
     spool_max_bytes: Option<String>,
     allow_insecure_http: Option<bool>,
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -72,6 +78,8 @@ pub struct Retention {
     pub max_age: Duration,
     /// The oldest profiles are deleted while the store is larger than this.
     pub max_bytes: u64,
+    /// ... or holds more files than this (which bounds the store's index in memory).
+    pub max_files: u64,
 }
 
 /// Where and how profiles are pushed.
@@ -91,6 +99,8 @@ pub struct PushConfig {
     pub spool_max_bytes: u64,
     /// Credentials may be sent over plain `http://` (off by default).
     pub allow_insecure_http: bool,
+    /// PEM certificates trusted besides the public roots (a private CA).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The agent's effective configuration.
@@ -180,6 +190,7 @@ impl AgentConfig {
                         1 << 40,
                     )?,
                     allow_insecure_http: push_file.allow_insecure_http.unwrap_or(false),
+                    ca_file: push_file.ca_file,
                 })
             }
         };
@@ -247,6 +258,11 @@ impl AgentConfig {
                     1 << 30,
                     1 << 50,
                 )?,
+                max_files: match retention.max_files {
+                    Some(0) => bail!("retention.max_files must be at least 1"),
+                    Some(n) => n,
+                    None => DEFAULT_MAX_FILES,
+                },
             },
             push,
             budget: if budget.enabled.unwrap_or(true) {

@@ -108,6 +108,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Ring-buffer records that could not be decoded",
     ),
     (
+        "descriptor_errors",
+        "Mapped files that could not be opened for want of file descriptors",
+    ),
+    (
         "metrics_accept_errors",
         "Failed accepts on the metrics endpoint (descriptors exhausted)",
     ),
@@ -132,6 +136,19 @@ const GAUGES: &[(&str, &str)] = &[
     (
         "ring_buffer_peak_bytes",
         "Most sample ring-buffer bytes found waiting at one read since start",
+    ),
+    (
+        "kernel_process_entries",
+        "Processes with entries in the kernel's per-process maps at the last cut",
+    ),
+    (
+        "kernel_live_blocks",
+        "Sampled blocks in the kernel's live map at the last cut",
+    ),
+    ("open_descriptors", "File descriptors the agent holds"),
+    (
+        "event_queue_peak_bytes",
+        "Most record bytes read from the ring and waiting for the main thread at once",
     ),
 ];
 
@@ -219,7 +236,15 @@ impl Metrics {
         self.total("live_map_full", kernel.live_map_full);
         self.total("exec_queue_overflows", system.exec_queue_overflows);
         self.total("malformed_records", system.malformed_records);
+        self.total(
+            "descriptor_errors",
+            crate::procfs::DESCRIPTOR_ERRORS.load(Ordering::Relaxed),
+        );
         self.gauge("ring_buffer_peak_bytes", system.ring_peak_bytes);
+        self.gauge("event_queue_peak_bytes", system.queue_peak_bytes);
+        self.gauge("kernel_process_entries", system.kernel_processes);
+        self.gauge("kernel_live_blocks", system.kernel_live_blocks);
+        self.gauge("open_descriptors", open_descriptors());
         self.total("push_delivered", push.delivered.load(Ordering::Relaxed));
         self.total("export_errors", push.errors.load(Ordering::Relaxed));
         self.total("push_dropped", push.dropped.load(Ordering::Relaxed));
@@ -240,6 +265,11 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Descriptors this process holds (entries of `/proc/self/fd`, less the one listing it).
+pub fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count().saturating_sub(1) as u64)
 }
 
 /// This process's CPU seconds and resident bytes, from `/proc/self`.

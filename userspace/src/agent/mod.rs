@@ -18,6 +18,8 @@ pub mod push;
 pub mod report;
 mod spool;
 pub mod store;
+mod tls;
+pub mod watchdog;
 pub mod writer;
 
 use std::{
@@ -33,6 +35,7 @@ use self::{
     metrics::Metrics,
     push::{PushStats, Pusher},
     store::ProfileStore,
+    watchdog::Notifier,
     writer::Writer,
 };
 use crate::{
@@ -133,6 +136,10 @@ impl Agent {
                 None => String::new(),
             }
         );
+        let mut notifier = Notifier::from_env();
+        if let Some(notifier) = &notifier {
+            notifier.ready();
+        }
         let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
@@ -150,7 +157,12 @@ impl Agent {
                         break;
                     }
                 }
-                _ = tick.tick() => profiler.housekeeping(),
+                _ = tick.tick() => {
+                    profiler.housekeeping();
+                    if let Some(notifier) = notifier.as_mut() {
+                        notifier.feed(self.writer.stats.stalled_for());
+                    }
+                }
                 _ = metrics_tick.tick() => self.update_metrics(&mut profiler),
                 _ = cut.tick() => {
                     self.writer.export(profiler.cut());
@@ -166,6 +178,9 @@ impl Agent {
         }
         // Flush: the current, partial interval is stored and pushed before exit.
         tracing::info!("stopping: flushing the current interval");
+        if let Some(notifier) = &notifier {
+            notifier.stopping();
+        }
         let profiles = profiler.stop();
         let flushed = profiles.len();
         self.writer.export(profiles);

@@ -205,6 +205,7 @@ pub struct Pusher {
 /// before it changes anything.
 pub struct PreparedPush {
     config: PushConfig,
+    agent: ureq::Agent,
     credentials: Credentials,
     spool: Arc<Spool>,
     stats: Arc<PushStats>,
@@ -229,9 +230,11 @@ impl Pusher {
                 config.url
             );
         }
+        let agent = super::tls::http_agent(config.timeout, config.ca_file.as_deref())?;
         let spool = Arc::new(Spool::open(&store.join("spool"), config.spool_max_bytes)?);
         Ok(PreparedPush {
             config,
+            agent,
             credentials,
             spool,
             stats,
@@ -290,6 +293,7 @@ impl PreparedPush {
     pub fn start(self, previous: Option<JoinHandle<()>>) -> Result<Pusher> {
         let PreparedPush {
             config,
+            agent,
             credentials,
             spool,
             stats,
@@ -306,7 +310,7 @@ impl PreparedPush {
                     if let Some(previous) = previous {
                         let _ = previous.join();
                     }
-                    deliver(config, credentials, spool, stats, receiver, stop)
+                    deliver(config, agent, credentials, spool, stats, receiver, stop)
                 })
                 .context("starting the push thread")?
         };
@@ -346,17 +350,13 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 fn deliver(
     config: PushConfig,
+    agent: ureq::Agent,
     credentials: Credentials,
     spool: Arc<Spool>,
     stats: Arc<PushStats>,
     receiver: mpsc::Receiver<Message>,
     stop: Arc<AtomicBool>,
 ) {
-    // No redirects: following one would send the credentials to another server.
-    let agent = ureq::AgentBuilder::new()
-        .timeout(config.timeout)
-        .redirects(0)
-        .build();
     let mut backoff = BACKOFF_INITIAL;
     let mut next_attempt = Instant::now();
     let mut flush_until: Option<Instant> = None;

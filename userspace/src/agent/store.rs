@@ -10,8 +10,16 @@
 //! milliseconds (UTC), COMM the command name with `/` and non-printable characters
 //! replaced by `_`. Every profile also carries its labels as `key=value` comments.
 //! Retention deletes profiles older than `max_age`, then the oldest while the store is
-//! larger than `max_bytes`. Files are written to a temporary name, synced and renamed,
-//! so a reader never sees a partial profile, even after a crash.
+//! larger than `max_bytes` or holds more than `max_files`. Files are written to a
+//! temporary name, synced and renamed, so a reader never sees a partial profile, even
+//! after a crash; a write that fails removes its temporary file.
+//!
+//! A full file system (a store on a disk smaller than `max_bytes`) does not stop the
+//! store: the oldest profiles are deleted until the new one fits, as retention would,
+//! and each deletion is counted.
+//!
+//! Memory: the index keeps one [`IndexEntry`] per stored file (~100 bytes with its
+//! name), so `max_files` (default 100,000: ~10 MB) bounds it whatever the sizes.
 //!
 //! Profiles reveal other users' binaries, paths and stacks: directories are created
 //! 0700 and files 0600 ([`create_private_dir`], [`write_private`]), whatever the umask.
@@ -36,17 +44,29 @@ pub(super) fn create_private_dir(dir: &Path) -> io::Result<()> {
     std::fs::set_permissions(dir, Permissions::from_mode(0o700))
 }
 
-/// Writes `bytes` to `temp` (mode 0600, synced) and renames it to `path`.
+/// Writes `bytes` to `temp` (mode 0600, synced) and renames it to `path`; on failure
+/// `temp` is removed (a partial file would hold space on a full disk for good).
 pub(super) fn write_private(temp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut file = OpenOptions::new()
+    let written = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(temp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(temp, path)
+        .open(temp)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        })
+        .and_then(|()| std::fs::rename(temp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(temp);
+    }
+    written
+}
+
+/// True for the errors of a file system (or quota) that is full.
+fn is_full(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 /// One stored profile, as its file name describes it.
@@ -66,12 +86,21 @@ pub struct StoredProfile {
     pub bytes: u64,
 }
 
+/// What the index keeps of a stored file: enough to delete it, in order.
+#[derive(Debug)]
+struct IndexEntry {
+    end_ms: u64,
+    bytes: u64,
+    /// `YYYY-MM-DD/NAME.pb.gz`, under `STORE/profiles`.
+    relative: Box<str>,
+}
+
 /// The store, with an index of its files (oldest first) for retention.
 #[derive(Debug)]
 pub struct ProfileStore {
     root: PathBuf,
     retention: Retention,
-    index: VecDeque<StoredProfile>,
+    index: VecDeque<IndexEntry>,
     total_bytes: u64,
     /// Profiles deleted by retention so far.
     pub deleted: u64,
@@ -167,7 +196,17 @@ impl ProfileStore {
             format!("the store directory {} is not writable", profiles.display())
         })?;
         let _ = std::fs::remove_file(probe);
-        let index: VecDeque<StoredProfile> = list(root)?.into();
+        let index: VecDeque<IndexEntry> = list(root)?
+            .into_iter()
+            .filter_map(|p| {
+                let relative = p.path.strip_prefix(&profiles).ok()?.to_str()?.into();
+                Some(IndexEntry {
+                    end_ms: p.end_ms,
+                    bytes: p.bytes,
+                    relative,
+                })
+            })
+            .collect();
         let total_bytes = index.iter().map(|p| p.bytes).sum();
         Ok(ProfileStore {
             root: root.to_path_buf(),
@@ -198,7 +237,8 @@ impl ProfileStore {
         self.index.is_empty()
     }
 
-    /// Stores one profile (gzipped pprof bytes).
+    /// Stores one profile (gzipped pprof bytes). On a full file system the oldest
+    /// profiles are deleted (counted in [`ProfileStore::deleted`]) until it fits.
     pub fn write(
         &mut self,
         start: SystemTime,
@@ -207,24 +247,65 @@ impl ProfileStore {
         comm: &str,
         gzipped: &[u8],
     ) -> Result<PathBuf> {
+        /// Profiles deleted to make room for one: a bound on the work of one write
+        /// whose failure has another cause than the space the store takes.
+        const MAX_EVICTIONS: usize = 64;
         let (start_ms, end_ms) = (unix_ms(start), unix_ms(end));
-        let dir = self.root.join("profiles").join(day_of(end_ms));
-        create_private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let comm = sanitize(comm);
-        let path = dir.join(format!("{start_ms}-{end_ms}-{pid}-{comm}.pb.gz"));
+        let day = day_of(end_ms);
+        let dir = self.root.join("profiles").join(&day);
+        let name = format!("{start_ms}-{end_ms}-{pid}-{}.pb.gz", sanitize(comm));
+        let path = dir.join(&name);
         let temp = dir.join(format!(".{start_ms}-{pid}.tmp"));
-        write_private(&temp, &path, gzipped)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let mut evicted = 0;
+        loop {
+            let written =
+                create_private_dir(&dir).and_then(|()| write_private(&temp, &path, gzipped));
+            match written {
+                Ok(()) => break,
+                Err(error) if is_full(&error) && evicted < MAX_EVICTIONS => {
+                    if !self.delete_oldest() {
+                        return Err(error).with_context(|| format!("writing {}", path.display()));
+                    }
+                    evicted += 1;
+                }
+                Err(error) => {
+                    return Err(error).with_context(|| format!("writing {}", path.display()))
+                }
+            }
+        }
+        if evicted > 0 {
+            tracing::warn!(
+                "store: the file system is full; {evicted} oldest profile(s) deleted to write {name} (retention.max_bytes is larger than the disk)"
+            );
+        }
         self.total_bytes += gzipped.len() as u64;
-        self.index.push_back(StoredProfile {
-            path: path.clone(),
-            start_ms,
+        self.index.push_back(IndexEntry {
             end_ms,
-            pid,
-            comm,
             bytes: gzipped.len() as u64,
+            relative: format!("{day}/{name}").into(),
         });
         Ok(path)
+    }
+
+    /// Deletes the oldest stored profile (and its day directory once empty); false if
+    /// there is none.
+    fn delete_oldest(&mut self) -> bool {
+        let Some(oldest) = self.index.pop_front() else {
+            return false;
+        };
+        let path = self.root.join("profiles").join(&*oldest.relative);
+        if let Err(error) = std::fs::remove_file(&path) {
+            if error.kind() != io::ErrorKind::NotFound {
+                tracing::warn!("retention: cannot delete {}: {error}", path.display());
+            }
+        }
+        if let Some(day) = path.parent() {
+            // Removes the day directory once it is empty (fails harmlessly before).
+            let _ = std::fs::remove_dir(day);
+        }
+        self.total_bytes -= oldest.bytes;
+        self.deleted += 1;
+        true
     }
 
     /// Applies the retention bounds at `now`; returns how many profiles were deleted.
@@ -235,23 +316,13 @@ impl ProfileStore {
         while let Some(front) = self.index.front() {
             let too_old = front.end_ms < oldest_allowed;
             let too_big = self.total_bytes > self.retention.max_bytes;
-            if !too_old && !too_big {
+            let too_many = self.index.len() as u64 > self.retention.max_files;
+            if !too_old && !too_big && !too_many {
                 break;
             }
-            let front = self.index.pop_front().expect("front exists");
-            if let Err(error) = std::fs::remove_file(&front.path) {
-                if error.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!("retention: cannot delete {}: {error}", front.path.display());
-                }
-            }
-            if let Some(day) = front.path.parent() {
-                // Removes the day directory once it is empty (fails harmlessly before).
-                let _ = std::fs::remove_dir(day);
-            }
-            self.total_bytes -= front.bytes;
+            self.delete_oldest();
             deleted += 1;
         }
-        self.deleted += deleted as u64;
         deleted
     }
 }
@@ -281,6 +352,7 @@ mod tests {
             Retention {
                 max_age: Duration::from_secs(3600),
                 max_bytes: 250,
+                max_files: 1000,
             },
         )
         .unwrap();
@@ -314,8 +386,17 @@ mod tests {
         assert!(store.total_bytes() <= 250);
         assert_eq!(list(&root).unwrap().len(), 2);
         // Reopening rebuilds the same index.
-        let reopened = ProfileStore::open(&root, store.retention).unwrap();
+        let mut reopened = ProfileStore::open(&root, store.retention).unwrap();
         assert_eq!(reopened.len(), 2);
+        assert_eq!(reopened.total_bytes(), 200);
+        // The file count bounds the index too.
+        reopened.set_retention(Retention {
+            max_files: 1,
+            ..store.retention
+        });
+        assert_eq!(reopened.enforce_retention(now), 1);
+        assert_eq!(list(&root).unwrap().len(), 1);
+        assert_eq!(list(&root).unwrap()[0].pid, 14, "the newest is kept");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -35,13 +35,29 @@ pub struct WriterStats {
     pub store_deleted: AtomicU64,
     /// Bytes in the store.
     pub store_bytes: AtomicU64,
+    /// CLOCK_MONOTONIC nanoseconds at which the job in progress started (0: idle).
+    pub job_started_ns: AtomicU64,
+}
+
+impl WriterStats {
+    /// How long the thread has been on its current job (zero when idle): the watchdog
+    /// stops being fed when this exceeds its period.
+    pub fn stalled_for(&self) -> Duration {
+        match self.job_started_ns.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            started => {
+                Duration::from_nanos(crate::session::monotonic_now_ns().saturating_sub(started))
+            }
+        }
+    }
 }
 
 enum Job {
     Export(Vec<ProcessProfile>),
     Reconfigure {
         retention: Retention,
-        push: Option<PreparedPush>,
+        // Boxed: a prepared push (with its HTTP client) is large, and rare.
+        push: Box<Option<PreparedPush>>,
     },
     /// Deliver the spool for at most this long, then stop.
     Finish(Duration),
@@ -89,7 +105,10 @@ impl Writer {
     /// Applies a reloaded retention and push (`None`: no push), after the profiles
     /// queued before.
     pub fn reconfigure(&self, retention: Retention, push: Option<PreparedPush>) {
-        let _ = self.jobs.send(Job::Reconfigure { retention, push });
+        let _ = self.jobs.send(Job::Reconfigure {
+            retention,
+            push: Box::new(push),
+        });
     }
 
     /// Writes everything queued, delivers the spool for at most `push_timeout`, and
@@ -112,15 +131,22 @@ struct WriterState {
 impl WriterState {
     fn run(mut self, jobs: mpsc::Receiver<Job>) {
         for job in jobs {
+            self.stats
+                .job_started_ns
+                .store(crate::session::monotonic_now_ns(), Ordering::Relaxed);
+            let finish = matches!(job, Job::Finish(_));
             match job {
                 Job::Export(profiles) => self.export(profiles),
-                Job::Reconfigure { retention, push } => self.reconfigure(retention, push),
+                Job::Reconfigure { retention, push } => self.reconfigure(retention, *push),
                 Job::Finish(timeout) => {
                     if let Some(pusher) = self.pusher.take() {
                         pusher.flush(timeout);
                     }
-                    return;
                 }
+            }
+            self.stats.job_started_ns.store(0, Ordering::Relaxed);
+            if finish {
+                return;
             }
         }
     }

@@ -98,6 +98,17 @@ pub struct SamplerConfig {
     pub stack_copy_bytes: u32,
 }
 
+impl SamplerConfig {
+    /// The size of the `EVENTS` ring buffer: larger when samples carry stack copies.
+    pub fn ring_bytes(&self) -> u32 {
+        if self.stack_copy_bytes > 0 {
+            allocbpf_common::RING_BUFFER_BYTES_WITH_STACKS
+        } else {
+            allocbpf_common::RING_BUFFER_BYTES
+        }
+    }
+}
+
 /// How `--live` observes the return of sampled calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LiveMechanism {
@@ -215,14 +226,7 @@ impl Sampler {
             .override_global(STACK_COPY_BYTES_GLOBAL, &config.stack_copy_bytes, true)
             .map_max_entries("THREAD_SLOTS", slot_mask + 1)
             .map_max_entries("THREADS", tables.overflow.max(1))
-            .map_max_entries(
-                "EVENTS",
-                if config.stack_copy_bytes > 0 {
-                    allocbpf_common::RING_BUFFER_BYTES_WITH_STACKS
-                } else {
-                    allocbpf_common::RING_BUFFER_BYTES
-                },
-            )
+            .map_max_entries("EVENTS", config.ring_bytes())
             .load(EBPF_OBJECT)
             .map_err(load_error)?;
         // Before anything takes maps out of `ebpf`: relocation needs every map's fd.
@@ -411,12 +415,14 @@ impl Sampler {
     }
 
     /// Takes the sample ring buffer (once).
-    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
+    /// The ring buffer and its size ([`SamplerConfig::ring_bytes`]), for its reader.
+    pub fn take_events(&mut self) -> Result<(RingBuf<MapData>, u32), ProbeError> {
         let map = self
             .ebpf
             .take_map("EVENTS")
             .ok_or_else(|| load_error(missing("EVENTS")))?;
-        RingBuf::try_from(map).map_err(map_error("EVENTS"))
+        let ring = RingBuf::try_from(map).map_err(map_error("EVENTS"))?;
+        Ok((ring, self.config.ring_bytes()))
     }
 
     /// Forwards pending eBPF log records to the `log` facade.

@@ -2,6 +2,7 @@
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
+    sync::atomic::Ordering,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -126,6 +127,14 @@ pub struct SystemStats {
     pub malformed_records: u64,
     /// The most ring-buffer bytes found waiting at one read.
     pub ring_peak_bytes: u64,
+    /// The most record bytes read from the ring and waiting for this thread at once
+    /// (while it examined an image or cut a profile).
+    pub queue_peak_bytes: u64,
+    /// Processes with kernel entries (totals or gate) after the last cut: bounded by
+    /// the processes running, whatever the churn.
+    pub kernel_processes: u64,
+    /// Blocks in the kernel's live map at the last cut (`--live`).
+    pub kernel_live_blocks: u64,
 }
 
 struct Tracked {
@@ -203,7 +212,11 @@ impl SystemProfiler {
             stack_copy_bytes: options.unwind.stack_copy_bytes(options.stack_bytes),
         };
         let mut sampler = Sampler::load(config)?;
-        let reader = EventReader::new(sampler.take_events()?).context("ring buffer")?;
+        let reader = {
+            let (ring, ring_bytes) = sampler.take_events()?;
+            EventReader::new(ring, ring_bytes)
+        }
+        .context("ring buffer")?;
         let me = std::process::id();
         sampler.set_gate(me, GateState::Excluded)?;
         let now = Instant::now();
@@ -404,7 +417,9 @@ impl SystemProfiler {
 
     fn handle(&mut self, batch: &mut Vec<Event>) {
         self.stats.malformed_records = self.reader.malformed;
-        self.stats.ring_peak_bytes = self.reader.peak_bytes;
+        let reader = &self.reader.stats;
+        self.stats.ring_peak_bytes = reader.ring_peak_bytes.load(Ordering::Relaxed);
+        self.stats.queue_peak_bytes = reader.queue_peak_bytes.load(Ordering::Relaxed);
         for event in batch.drain(..) {
             match event {
                 // During a cut, a sample of the new epoch and every event after it
@@ -588,6 +603,9 @@ impl SystemProfiler {
             (Some(sampler), true) => Some(sampler.live_sample_ids()),
             _ => None,
         };
+        if let Some(kernel_live) = &kernel_live {
+            self.stats.kernel_live_blocks = kernel_live.values().map(|ids| ids.len() as u64).sum();
+        }
         let settled_before = now_ns.saturating_sub(LOST_FREE_MIN_AGE.as_nanos() as u64);
         for (&pid, tracked) in &mut self.processes {
             if let Some(kernel_live) = &kernel_live {
@@ -644,13 +662,15 @@ impl SystemProfiler {
         if let Some(sampler) = self.sampler.as_mut() {
             // Backstop for exit events lost to a full ring: kernel entries of processes
             // neither tracked nor alive.
+            let kernel_pids = sampler.kernel_pids();
             gone.extend(
-                sampler
-                    .kernel_pids()
-                    .into_iter()
-                    .filter(|pid| !self.processes.contains_key(pid) && !procfs::is_alive(*pid)),
+                kernel_pids
+                    .iter()
+                    .filter(|pid| !self.processes.contains_key(pid) && !procfs::is_alive(**pid)),
             );
             sampler.forget_processes(&gone);
+            self.stats.kernel_processes =
+                kernel_pids.iter().filter(|pid| !gone.contains(pid)).count() as u64;
         }
         self.release_unused_images();
         self.release_unused_modules();

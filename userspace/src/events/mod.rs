@@ -1,10 +1,14 @@
-//! Reading sampled allocations from the eBPF ring buffer.
+//! Sampled allocations and process events from the eBPF ring buffer: the records
+//! ([`Event`], [`decode`]) and their reader ([`EventReader`]), whose own thread keeps the
+//! kernel ring drained whatever the consumer is busy with.
 
 use allocbpf_common::{
     AllocFn, EventKind, LiveEvent, ProcessEvent, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
 };
-use aya::maps::{MapData, RingBuf};
-use tokio::io::{unix::AsyncFd, Interest};
+
+mod reader;
+
+pub use reader::{EventReader, ReaderStats, RING_POLL_EVERY};
 
 /// One ring-buffer record, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,79 +159,6 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
             bytes[header..header + len].to_vec()
         },
     })
-}
-
-/// The reader looks at the ring at least this often. The kernel side wakes it at most
-/// once per [`allocbpf_common::RING_WAKEUP_INTERVAL_NS`] per CPU (a wakeup costs the
-/// traced thread ~10 us), so records written after a wakeup may wait this long.
-pub const RING_POLL_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Asynchronous reader of the sample ring buffer.
-pub struct EventReader {
-    ring: AsyncFd<RingBuf<MapData>>,
-    /// Records too short to decode (a version mismatch; should stay 0).
-    pub malformed: u64,
-    /// The most ring-buffer bytes (records with their 8-byte headers) found waiting at
-    /// one read: how much of the ring the workload has needed so far.
-    pub peak_bytes: u64,
-}
-
-impl EventReader {
-    /// Wraps the ring buffer for use with tokio.
-    pub fn new(ring: RingBuf<MapData>) -> std::io::Result<Self> {
-        // SAFETY: the RingBuf owns its map fd for as long as it lives, and the AsyncFd
-        // owns the RingBuf, so the registered fd stays open and unchanged.
-        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }?;
-        Ok(Self {
-            ring,
-            malformed: 0,
-            peak_bytes: 0,
-        })
-    }
-
-    /// Waits until records are available, or at most [`RING_POLL_EVERY`], then appends
-    /// all of them to `out` (possibly none).
-    pub async fn read_batch(&mut self, out: &mut Vec<Event>) -> std::io::Result<()> {
-        let Ok(ready) = tokio::time::timeout(RING_POLL_EVERY, self.ring.readable_mut()).await
-        else {
-            // Records that did not wake us (the kernel side wakes at most once per
-            // `RING_WAKEUP_INTERVAL_NS` per CPU) are collected here.
-            self.drain(out);
-            return Ok(());
-        };
-        let mut guard = ready?;
-        let (malformed, bytes) = take_all(guard.get_inner_mut(), out);
-        guard.clear_ready();
-        self.count(malformed, bytes);
-        Ok(())
-    }
-
-    /// Appends every record already in the buffer without waiting (final drain).
-    pub fn drain(&mut self, out: &mut Vec<Event>) {
-        let (malformed, bytes) = take_all(self.ring.get_mut(), out);
-        self.count(malformed, bytes);
-    }
-
-    fn count(&mut self, malformed: u64, bytes: u64) {
-        self.malformed += malformed;
-        self.peak_bytes = self.peak_bytes.max(bytes);
-    }
-}
-
-/// Decodes every record waiting in `ring` into `out`; returns the malformed records
-/// and the ring bytes the records took (each rounded up to 8 bytes, plus its header).
-fn take_all(ring: &mut RingBuf<MapData>, out: &mut Vec<Event>) -> (u64, u64) {
-    /// `BPF_RINGBUF_HDR_SZ`
-    const RECORD_HEADER: u64 = 8;
-    let (mut malformed, mut bytes) = (0, 0);
-    while let Some(item) = ring.next() {
-        bytes += (item.len() as u64).next_multiple_of(8) + RECORD_HEADER;
-        match decode(&item) {
-            Some(event) => out.push(event),
-            None => malformed += 1,
-        }
-    }
-    (malformed, bytes)
 }
 
 #[cfg(test)]
