@@ -18,7 +18,7 @@ use std::{io, ops::Range};
 /// `SHT_NOBITS`: a section with no bytes in the file (`.bss`).
 const SHT_NOBITS: u64 = 8;
 
-/// Section-name string tables larger than this are not trusted: the whole file is read.
+/// Section-name string tables larger than this are not trusted: the file is not read.
 const MAX_SECTION_NAMES: u64 = 1 << 20;
 
 /// The ranges of a file of `size` bytes to read, given `read_at` (a positioned read
@@ -58,7 +58,7 @@ fn sections_to_read(
     };
     let mut header = [0u8; 64];
     read_at(0, &mut header).ok()?;
-    // 64-bit little-endian ELF only (x86-64); anything else is read whole.
+    // 64-bit little-endian ELF only (x86-64); anything else is not read.
     if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
         return None;
     }

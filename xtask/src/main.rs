@@ -71,6 +71,10 @@ enum Task {
         /// The agent's sampling rate (high: many samples).
         #[arg(long, default_value = "16KiB")]
         rate: String,
+        /// Run the burst bench instead: real programs started at once under the
+        /// default agent (samples, drops, ring and queue peaks, resident memory).
+        #[arg(long)]
+        burst: bool,
     },
 }
 
@@ -86,6 +90,10 @@ fn main() -> Result<()> {
             families,
         } => bench::bench(rounds, iterations, &parts, &families),
         Task::Accuracy { plots } => accuracy::accuracy(plots),
-        Task::Soak { minutes, rate } => soak::soak(minutes, &rate),
+        Task::Soak {
+            minutes,
+            rate,
+            burst,
+        } => soak::soak(minutes, &rate, burst),
     }
 }

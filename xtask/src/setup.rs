@@ -30,6 +30,7 @@ const APT_PACKAGES: &[&str] = &[
     "libc6-dev",
     "golang-go",
     "openssl",
+    "python3",
     "util-linux",
     "fonts-dejavu-core",
     "redis-server",

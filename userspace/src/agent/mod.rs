@@ -125,6 +125,10 @@ impl Agent {
         };
         let metrics_task =
             listener.map(|listener| tokio::spawn(metrics::serve(listener, self.metrics.clone())));
+        // Before the long start-up: a SIGHUP or SIGTERM meanwhile must not take the
+        // default action (end the process).
+        let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let mut profiler = SystemProfiler::start(system_options(&self.config, filter))?;
         tracing::info!(
             "agent started: {} image(s) attached, interval {}s, store {}{}",
@@ -140,8 +144,6 @@ impl Agent {
         if let Some(notifier) = &notifier {
             notifier.ready();
         }
-        let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-        let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
         let mut metrics_tick = tokio::time::interval(METRICS_REFRESH);
         let mut cut = new_cut_timer(self.config.interval);

@@ -230,6 +230,12 @@ impl Pusher {
                 config.url
             );
         }
+        if config.ca_file.is_some() && config.url.starts_with("http://") {
+            tracing::warn!(
+                "push.ca_file is set but {} is plain http://: the CA is not used",
+                config.url
+            );
+        }
         let agent = super::tls::http_agent(config.timeout, config.ca_file.as_deref())?;
         let spool = Arc::new(Spool::open(&store.join("spool"), config.spool_max_bytes)?);
         Ok(PreparedPush {

@@ -102,7 +102,7 @@ pub struct ProfileStore {
     retention: Retention,
     index: VecDeque<IndexEntry>,
     total_bytes: u64,
-    /// Profiles deleted by retention so far.
+    /// Profiles deleted so far, by retention or to make room on a full file system.
     pub deleted: u64,
 }
 
@@ -159,6 +159,24 @@ fn parse_name(path: &Path, bytes: u64) -> Option<StoredProfile> {
     })
 }
 
+/// Removes the temporary files a crash left in the day directories under `profiles`
+/// (`.START-PID.tmp`): they hold space and keep their directory from being removed.
+fn remove_partial_files(profiles: &Path) {
+    for day in std::fs::read_dir(profiles).into_iter().flatten().flatten() {
+        for file in std::fs::read_dir(day.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = file.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(file.path());
+            }
+        }
+    }
+}
+
 /// Every stored profile under `root`, oldest (by end time) first.
 pub fn list(root: &Path) -> Result<Vec<StoredProfile>> {
     let profiles = root.join("profiles");
@@ -196,6 +214,7 @@ impl ProfileStore {
             format!("the store directory {} is not writable", profiles.display())
         })?;
         let _ = std::fs::remove_file(probe);
+        remove_partial_files(&profiles);
         let index: VecDeque<IndexEntry> = list(root)?
             .into_iter()
             .filter_map(|p| {
@@ -247,35 +266,45 @@ impl ProfileStore {
         comm: &str,
         gzipped: &[u8],
     ) -> Result<PathBuf> {
-        /// Profiles deleted to make room for one: a bound on the work of one write
-        /// whose failure has another cause than the space the store takes.
-        const MAX_EVICTIONS: usize = 64;
         let (start_ms, end_ms) = (unix_ms(start), unix_ms(end));
         let day = day_of(end_ms);
         let dir = self.root.join("profiles").join(&day);
         let name = format!("{start_ms}-{end_ms}-{pid}-{}.pb.gz", sanitize(comm));
         let path = dir.join(&name);
         let temp = dir.join(format!(".{start_ms}-{pid}.tmp"));
-        let mut evicted = 0;
+        // On a full file system, the store makes room from its own oldest files, but
+        // only about as much as the new profile takes (twice its size, plus a few
+        // blocks): the disk may be full of something else, and emptying the store
+        // would not help then.
+        let len = gzipped.len() as u64;
+        let room_needed = 2 * len + (64 << 10);
+        let (mut evicted, mut freed) = (0, 0);
         loop {
             let written =
                 create_private_dir(&dir).and_then(|()| write_private(&temp, &path, gzipped));
-            match written {
+            let error = match written {
                 Ok(()) => break,
-                Err(error) if is_full(&error) && evicted < MAX_EVICTIONS => {
-                    if !self.delete_oldest() {
-                        return Err(error).with_context(|| format!("writing {}", path.display()));
-                    }
+                Err(error) => error,
+            };
+            let may_evict = is_full(&error) && freed < room_needed && evicted < 64;
+            match may_evict.then(|| self.delete_oldest()).flatten() {
+                Some(bytes) => {
                     evicted += 1;
+                    freed += bytes;
                 }
-                Err(error) => {
-                    return Err(error).with_context(|| format!("writing {}", path.display()))
+                None => {
+                    if evicted > 0 {
+                        tracing::warn!(
+                            "store: the file system is full; {evicted} oldest profile(s) ({freed} bytes) deleted and {name} still does not fit"
+                        );
+                    }
+                    return Err(error).with_context(|| format!("writing {}", path.display()));
                 }
             }
         }
         if evicted > 0 {
             tracing::warn!(
-                "store: the file system is full; {evicted} oldest profile(s) deleted to write {name} (retention.max_bytes is larger than the disk)"
+                "store: the file system is full; {evicted} oldest profile(s) ({freed} bytes) deleted to write {name} (retention.max_bytes is larger than the disk has room for)"
             );
         }
         self.total_bytes += gzipped.len() as u64;
@@ -287,25 +316,27 @@ impl ProfileStore {
         Ok(path)
     }
 
-    /// Deletes the oldest stored profile (and its day directory once empty); false if
-    /// there is none.
-    fn delete_oldest(&mut self) -> bool {
-        let Some(oldest) = self.index.pop_front() else {
-            return false;
-        };
+    /// Deletes the oldest stored profile (and its day directory once empty); the bytes
+    /// freed (0 if the file could not be deleted: it leaves the index all the same, or
+    /// retention would stop at it for good), `None` if nothing is stored.
+    fn delete_oldest(&mut self) -> Option<u64> {
+        let oldest = self.index.pop_front()?;
         let path = self.root.join("profiles").join(&*oldest.relative);
-        if let Err(error) = std::fs::remove_file(&path) {
-            if error.kind() != io::ErrorKind::NotFound {
+        self.total_bytes -= oldest.bytes;
+        self.deleted += 1;
+        let freed = match std::fs::remove_file(&path) {
+            Ok(()) => oldest.bytes,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => 0,
+            Err(error) => {
                 tracing::warn!("retention: cannot delete {}: {error}", path.display());
+                0
             }
-        }
+        };
         if let Some(day) = path.parent() {
             // Removes the day directory once it is empty (fails harmlessly before).
             let _ = std::fs::remove_dir(day);
         }
-        self.total_bytes -= oldest.bytes;
-        self.deleted += 1;
-        true
+        Some(freed)
     }
 
     /// Applies the retention bounds at `now`; returns how many profiles were deleted.
@@ -320,7 +351,9 @@ impl ProfileStore {
             if !too_old && !too_big && !too_many {
                 break;
             }
-            self.delete_oldest();
+            if self.delete_oldest().is_none() {
+                break;
+            }
             deleted += 1;
         }
         deleted
@@ -371,6 +404,11 @@ mod tests {
         }
         let listed = list(&root).unwrap();
         assert_eq!(listed.len(), 5);
+        // A crash's partial file is removed when the store opens.
+        let partial = listed[0].path.with_file_name(".1-2.tmp");
+        std::fs::write(&partial, b"partial").unwrap();
+        drop(ProfileStore::open(&root, store.retention).unwrap());
+        assert!(!partial.exists());
         // Private whatever the umask: profiles reveal other users' binaries.
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&root), 0o700);

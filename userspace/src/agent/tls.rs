@@ -29,21 +29,22 @@ fn client_config(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>> {
     let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
-    let mut added = 0;
-    for certificate in CertificateDer::pem_slice_iter(&pem) {
-        let certificate = certificate
-            .with_context(|| format!("push.ca_file: {} is not valid PEM", ca_file.display()))?;
-        roots.add(certificate).with_context(|| {
-            format!(
-                "push.ca_file: a certificate of {} is not a usable CA",
-                ca_file.display()
-            )
-        })?;
-        added += 1;
-    }
+    let certificates: Vec<CertificateDer> = CertificateDer::pem_slice_iter(&pem)
+        .filter_map(Result::ok)
+        .collect();
+    let found = certificates.len();
+    // A bundle may hold certificates webpki cannot use (a system bundle has a few):
+    // those are skipped and counted, as ureq does for the system's roots.
+    let (added, unusable) = roots.add_parsable_certificates(certificates);
     if added == 0 {
         bail!(
-            "push.ca_file: {} holds no PEM certificate",
+            "push.ca_file: {} holds no usable PEM certificate ({found} found)",
+            ca_file.display()
+        );
+    }
+    if unusable > 0 {
+        tracing::warn!(
+            "push.ca_file: {unusable} of the {found} certificates of {} are not usable CAs and are ignored",
             ca_file.display()
         );
     }
@@ -69,7 +70,7 @@ mod tests {
         let error = http_agent(Duration::from_secs(1), Some(&empty))
             .unwrap_err()
             .to_string();
-        assert!(error.contains("holds no PEM certificate"), "{error}");
+        assert!(error.contains("holds no usable PEM certificate"), "{error}");
         let missing = http_agent(Duration::from_secs(1), Some(&dir.join("missing.pem")))
             .unwrap_err()
             .to_string();

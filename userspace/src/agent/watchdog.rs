@@ -76,9 +76,10 @@ impl Notifier {
         self.send("STOPPING=1");
     }
 
-    /// Feeds the watchdog (at most every half period) unless `stalled_for`, the time the
-    /// writer has been on its current job, exceeds the period: then the agent lets
-    /// systemd restart it.
+    /// Feeds the watchdog (at most every twentieth of the period: a main-loop step may
+    /// then take up to 95% of the period) unless `stalled_for`, the time the writer
+    /// has been on its current profile, exceeds the period: then the agent lets systemd
+    /// restart it.
     pub fn feed(&mut self, stalled_for: Duration) {
         let Some(period) = self.watchdog else {
             return;
@@ -89,7 +90,7 @@ impl Notifier {
         let now = Instant::now();
         if self
             .last_feed
-            .is_some_and(|last| now.duration_since(last) < period / 2)
+            .is_some_and(|last| now.duration_since(last) < period / 20)
         {
             return;
         }
@@ -144,7 +145,7 @@ mod tests {
         systemd.set_nonblocking(true).unwrap();
         let mut notifier = Notifier::connect(
             format!("@{name}").as_bytes(),
-            Some(Duration::from_millis(200)),
+            Some(Duration::from_millis(2000)),
         )
         .unwrap();
         let received = || {
@@ -157,10 +158,10 @@ mod tests {
         };
         notifier.ready();
         notifier.feed(Duration::ZERO);
-        notifier.feed(Duration::ZERO); // within half a period: not sent again
+        notifier.feed(Duration::ZERO); // within a twentieth of the period: not sent again
         assert_eq!(received(), ["READY=1", "WATCHDOG=1"]);
         std::thread::sleep(Duration::from_millis(120));
-        notifier.feed(Duration::from_millis(300)); // writer stuck over the period
+        notifier.feed(Duration::from_millis(3000)); // writer stuck over the period
         assert!(received().is_empty());
         notifier.feed(Duration::from_millis(10));
         assert_eq!(received(), ["WATCHDOG=1"]);

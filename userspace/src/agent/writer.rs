@@ -35,12 +35,13 @@ pub struct WriterStats {
     pub store_deleted: AtomicU64,
     /// Bytes in the store.
     pub store_bytes: AtomicU64,
-    /// CLOCK_MONOTONIC nanoseconds at which the job in progress started (0: idle).
+    /// CLOCK_MONOTONIC nanoseconds at which the job in progress, or the profile in
+    /// progress of an export, started (0: idle): progress, not the length of a cut.
     pub job_started_ns: AtomicU64,
 }
 
 impl WriterStats {
-    /// How long the thread has been on its current job (zero when idle): the watchdog
+    /// How long the thread has been on its current step (zero when idle): the watchdog
     /// stops being fed when this exceeds its period.
     pub fn stalled_for(&self) -> Duration {
         match self.job_started_ns.load(Ordering::Relaxed) {
@@ -170,6 +171,9 @@ impl WriterState {
     /// Stores (and spools for push) one profile per process.
     fn export(&mut self, profiles: Vec<ProcessProfile>) {
         for profile in profiles {
+            self.stats
+                .job_started_ns
+                .store(crate::session::monotonic_now_ns(), Ordering::Relaxed);
             let labels = profile.info.labels(&self.hostname);
             let start_ns = profile
                 .started

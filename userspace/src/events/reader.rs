@@ -45,9 +45,14 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 /// only while a burst lasts.
 pub const QUEUE_BYTES: u64 = 16 << 20;
 
-/// Messages the channel holds at most (chunks are bounded by [`QUEUE_BYTES`]; this only
-/// bounds a flood of tiny ones).
+/// Messages the channel holds at most: chunks are bounded by [`QUEUE_BYTES`], and while
+/// the consumer is behind each is close to [`CHUNK_BYTES`], so this is never the bound
+/// that binds (it only keeps the channel's own memory bounded).
 const QUEUE_MESSAGES: usize = 4096;
+
+/// Chunks one `read_batch` decodes at most: decoded events take about as much memory
+/// as their records, so the consumer holds ~2 MiB of them at a time, not the queue.
+pub const BATCH_CHUNKS: usize = 2;
 
 /// How often a reader facing a full queue looks again.
 const FULL_QUEUE_RETRY: Duration = Duration::from_millis(1);
@@ -89,8 +94,12 @@ pub struct EventReader {
     pub stats: Arc<ReaderStats>,
     /// Records too short to decode (a version mismatch; should stay 0).
     pub malformed: u64,
-    /// Set once the thread has reported a read error (returned once by `read_batch`).
+    /// Set once the thread has reported a read error.
     failed: bool,
+    /// A read error met by `drain`, for the next `read_batch` to return.
+    pending_error: Option<io::Error>,
+    /// A drain was asked for and its answer has not arrived yet.
+    draining: bool,
 }
 
 impl EventReader {
@@ -111,6 +120,7 @@ impl EventReader {
             let pump = Pump {
                 ring,
                 ring_bytes: u64::from(ring_bytes),
+                pending: Vec::new(),
                 wake: wake.as_raw_fd(),
                 sender,
                 stop: stop.clone(),
@@ -130,52 +140,74 @@ impl EventReader {
             stats,
             malformed: 0,
             failed: false,
+            pending_error: None,
+            draining: false,
         })
     }
 
     /// Waits until records are available, or at most [`RING_POLL_EVERY`], then appends
-    /// every record queued to `out` (possibly none). A read error of the ring is returned
+    /// up to [`BATCH_CHUNKS`] chunks of queued records to `out` (possibly none). A read error of the ring is returned
     /// once, after the records read before it.
     pub async fn read_batch(&mut self, out: &mut Vec<Event>) -> io::Result<()> {
-        if self.take_queued(out)? == 0 {
+        if let Some(error) = self.pending_error.take() {
+            return Err(error);
+        }
+        if self.take_queued(out, BATCH_CHUNKS)? == 0 {
             let _ = tokio::time::timeout(RING_POLL_EVERY, self.arrived.notified()).await;
-            self.take_queued(out)?;
+            self.take_queued(out, BATCH_CHUNKS)?;
         }
         Ok(())
     }
 
     /// Appends every record in the kernel ring now, and everything queued before it,
-    /// without waiting for new ones (at a cut, and the final drain).
+    /// without waiting for new ones (the final drain of a one-process run). See
+    /// [`EventReader::drain_some`] for a drain in bounded steps.
     pub fn drain(&mut self, out: &mut Vec<Event>) {
-        if self.failed || self.signal().is_err() {
-            let _ = self.take_queued(out);
-            return;
-        }
-        let Some(queue) = self.queue.as_ref() else {
-            return;
-        };
-        loop {
-            // Bounded: the thread answers within one ring read (it never waits on
-            // anything but this queue, which is being emptied here).
-            match queue.recv() {
-                Ok(Message::Chunk(chunk)) => unpack(&self.stats, &mut self.malformed, &chunk, out),
-                Ok(Message::Drained) => return,
-                Ok(Message::Failed(error)) => {
-                    tracing::warn!("ring buffer: {error}");
-                    self.failed = true;
-                    return;
-                }
-                Err(_) => return,
-            }
-        }
+        while self.drain_some(out) {}
     }
 
-    /// Appends what is queued now; the number of chunks taken.
-    fn take_queued(&mut self, out: &mut Vec<Event>) -> io::Result<usize> {
+    /// One step of a drain: the first call asks the reader thread for everything in the
+    /// kernel ring now; each call appends at most one chunk (~1 MiB of records) to
+    /// `out`, and returns false once everything queued before the ask is out. Stepping
+    /// lets the caller handle each chunk before decoding the next, so a full queue is
+    /// never decoded at once (that would double the queue's memory).
+    pub fn drain_some(&mut self, out: &mut Vec<Event>) -> bool {
+        if !self.draining {
+            if self.failed || self.signal().is_err() {
+                let _ = self.take_queued(out, usize::MAX);
+                return false;
+            }
+            self.draining = true;
+        }
+        let Some(queue) = self.queue.as_ref() else {
+            self.draining = false;
+            return false;
+        };
+        // Bounded: the thread answers within one ring read (it never waits on anything
+        // but this queue, which is being emptied here).
+        let more = match queue.recv() {
+            Ok(Message::Chunk(chunk)) => {
+                unpack(&self.stats, &mut self.malformed, &chunk, out);
+                true
+            }
+            Ok(Message::Drained) | Err(_) => false,
+            Ok(Message::Failed(error)) => {
+                // Returned by the next `read_batch`: the caller stops on it.
+                self.failed = true;
+                self.pending_error = Some(error);
+                false
+            }
+        };
+        self.draining = more;
+        more
+    }
+
+    /// Appends at most `chunks` of what is queued now; the number of chunks taken.
+    fn take_queued(&mut self, out: &mut Vec<Event>, chunks: usize) -> io::Result<usize> {
         let mut taken = 0;
-        loop {
+        while taken < chunks {
             let Some(queue) = self.queue.as_ref() else {
-                return Ok(taken);
+                break;
             };
             match queue.try_recv() {
                 Ok(Message::Chunk(chunk)) => {
@@ -189,9 +221,10 @@ impl EventReader {
                     self.failed = true;
                     return Err(error);
                 }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return Ok(taken),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        Ok(taken)
     }
 
     fn signal(&self) -> io::Result<()> {
@@ -241,6 +274,8 @@ struct Pump {
     /// waiting (not what producers added while it ran) and the consumer gets chunks
     /// during a flood.
     ring_bytes: u64,
+    /// Records read and not sent yet (at most about a chunk).
+    pending: Vec<u8>,
     wake: RawFd,
     sender: SyncSender<Message>,
     stop: Arc<AtomicBool>,
@@ -254,8 +289,12 @@ impl Pump {
             let drain_asked = match self.wait() {
                 Ok(asked) => asked,
                 Err(error) => {
-                    let _ = self.sender.send(Message::Failed(error));
-                    self.arrived.notify_one();
+                    // What was read before the error goes first.
+                    let chunk = std::mem::take(&mut self.pending);
+                    if chunk.is_empty() || self.send(chunk) {
+                        let _ = self.sender.send(Message::Failed(error));
+                        self.arrived.notify_one();
+                    }
                     return;
                 }
             };
@@ -264,6 +303,16 @@ impl Pump {
             }
             if !self.move_records() {
                 return;
+            }
+            // While the consumer is behind, a pass's records wait in `pending` for the
+            // next pass (up to a chunk): on a host of many CPUs each wakeup would
+            // otherwise queue a chunk of its own.
+            let behind = self.stats.queued_bytes.load(Ordering::Relaxed) > 0;
+            if !self.pending.is_empty() && (drain_asked || !behind) {
+                let chunk = std::mem::take(&mut self.pending);
+                if !self.send(chunk) {
+                    return;
+                }
             }
             if drain_asked && self.sender.send(Message::Drained).is_err() {
                 return;
@@ -307,28 +356,28 @@ impl Pump {
         Ok(true)
     }
 
-    /// Moves the records in the ring (up to its size) into chunks for the consumer;
-    /// false once the consumer is gone.
+    /// Moves the records in the ring (up to its size) into `pending`, sending it each
+    /// time it reaches [`CHUNK_BYTES`]; false once the consumer is gone.
     fn move_records(&mut self) -> bool {
-        let mut chunk = Vec::new();
         let mut ring_bytes = 0;
         while ring_bytes < self.ring_bytes {
             let Some(item) = self.ring.next() else { break };
             ring_bytes += (item.len() as u64).next_multiple_of(8) + RECORD_HEADER;
-            if chunk.capacity() == 0 {
-                chunk.reserve(CHUNK_BYTES);
-            }
-            chunk.extend_from_slice(&(item.len() as u32).to_ne_bytes());
-            chunk.extend_from_slice(&item);
+            self.pending
+                .extend_from_slice(&(item.len() as u32).to_ne_bytes());
+            self.pending.extend_from_slice(&item);
             drop(item);
-            if chunk.len() >= CHUNK_BYTES && !self.send(std::mem::take(&mut chunk)) {
-                return false;
+            if self.pending.len() >= CHUNK_BYTES {
+                let chunk = std::mem::take(&mut self.pending);
+                if !self.send(chunk) {
+                    return false;
+                }
             }
         }
         self.stats
             .ring_peak_bytes
             .fetch_max(ring_bytes, Ordering::Relaxed);
-        chunk.is_empty() || self.send(chunk)
+        true
     }
 
     fn send(&self, chunk: Vec<u8>) -> bool {

@@ -410,7 +410,10 @@ impl SystemProfiler {
     /// Handles whatever the ring buffer holds now, without waiting.
     fn drain_ring(&mut self) {
         let mut batch = std::mem::take(&mut self.batch);
-        self.reader.drain(&mut batch);
+        // A chunk at a time: the queue may hold 16 MiB, and decoded events as much.
+        while self.reader.drain_some(&mut batch) {
+            self.handle(&mut batch);
+        }
         self.handle(&mut batch);
         self.batch = batch;
     }
