@@ -70,6 +70,10 @@ pub enum Frame {
 pub struct ModuleTable {
     modules: Vec<Module>,
     files: Vec<Option<Arc<File>>>,
+    /// Ids of modules released ([`ModuleTable::release_files`]), reused by the next
+    /// modules interned: the table holds what current stacks refer to, not every file
+    /// the host has run since the agent started.
+    free: Vec<u32>,
     index: HashMap<ModuleKey, u32>,
     /// Modules by the device and inode of a mapping they were seen through: after the
     /// process exits its build id can no longer be read (map_files is gone), but the
@@ -112,9 +116,18 @@ impl ModuleTable {
                 id
             }
             None => {
-                let id = self.modules.len() as u32;
-                self.files.push(file);
-                self.modules.push(module);
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        self.files[id as usize] = file;
+                        self.modules[id as usize] = module;
+                        id
+                    }
+                    None => {
+                        self.files.push(file);
+                        self.modules.push(module);
+                        self.modules.len() as u32 - 1
+                    }
+                };
                 self.index.insert(key, id);
                 id
             }
@@ -133,22 +146,52 @@ impl ModuleTable {
         Some(procfs::descriptor_path(file))
     }
 
-    /// Closes the files of the modules `keep` rejects (no profile, live block or
-    /// running process refers to them any more) and forgets the mappings they were
-    /// seen through; returns how many files were closed. A module seen again gets a
-    /// file again when it is interned. Descriptors follow the current workload.
+    /// Releases the modules `keep` rejects (no profile, live block or running process
+    /// refers to them any more): their files are closed, and their entries and ids
+    /// freed for reuse; returns how many files were closed. A module seen again is
+    /// interned again, with a file. Descriptors and entries follow the current
+    /// workload. The caller must hold no frame of a released module (cached
+    /// normalizations included).
     pub fn release_files(&mut self, keep: impl Fn(u32) -> bool) -> usize {
         let mut closed = 0;
-        for (id, file) in self.files.iter_mut().enumerate() {
-            if file.is_some() && !keep(id as u32) {
-                *file = None;
+        let mut released = vec![false; self.modules.len()];
+        for &id in &self.free {
+            released[id as usize] = true;
+        }
+        for id in 0..self.modules.len() {
+            if released[id] || keep(id as u32) {
+                continue;
+            }
+            if self.files[id].take().is_some() {
                 closed += 1;
             }
+            let module = std::mem::replace(
+                &mut self.modules[id],
+                Module {
+                    path: PathBuf::new(),
+                    build_id: None,
+                },
+            );
+            let key = match module.build_id {
+                Some(id) => ModuleKey::BuildId(id),
+                None => ModuleKey::Path(module.path),
+            };
+            self.index.remove(&key);
+            released[id] = true;
+            self.free.push(id as u32);
         }
-        let files = &self.files;
-        self.by_inode
-            .retain(|_, id| keep(*id) || files[*id as usize].is_some());
+        self.by_inode.retain(|_, id| !released[*id as usize]);
         closed
+    }
+
+    /// Modules in the table now (released ones excluded).
+    pub fn len(&self) -> usize {
+        self.modules.len() - self.free.len()
+    }
+
+    /// True if no module is in the table.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Modules whose file is open now.
@@ -257,12 +300,13 @@ impl AddressNormalizer {
         self.refreshed = Instant::now();
     }
 
-    /// Closes the files of the modules `keep` rejects ([`ModuleTable::release_files`]).
+    /// Releases the modules `keep` rejects ([`ModuleTable::release_files`]).
     /// The normalized frames cached so far are dropped with them: a cached frame skips
     /// interning, which is where a module seen again gets its file back.
     pub fn release_module_files(&mut self, keep: impl Fn(u32) -> bool) -> usize {
+        let before = self.modules.len();
         let closed = self.modules.release_files(keep);
-        if closed > 0 {
+        if closed > 0 || self.modules.len() != before {
             self.resolved.clear();
             self.cached_frames = 0;
         }
@@ -475,7 +519,7 @@ mod tests {
     }
 
     #[test]
-    fn released_files_are_closed_and_taken_again_when_seen_again() {
+    fn released_modules_are_closed_forgotten_and_their_ids_reused() {
         let mut table = ModuleTable::default();
         let file = || Some(Arc::new(File::open("/proc/self/exe").unwrap()));
         let module = |n: u8| Module {
@@ -489,9 +533,16 @@ mod tests {
         assert_eq!(table.open_files(), 2);
         assert_eq!(table.release_files(|id| id == a), 1);
         assert_eq!(table.open_files(), 1);
+        assert_eq!(table.len(), 1, "the released module left the table");
         assert!(table.symbolization_path(b).is_none());
-        // Seen again: the same id, with a file again.
-        assert_eq!(table.intern(module(2), None, file()), b);
-        assert!(table.symbolization_path(b).is_some());
+        // A new module takes the free id; the released one seen again is interned
+        // anew, with a file; the kept one is untouched.
+        assert_eq!(table.intern(module(3), None, file()), b);
+        assert_eq!(table.get(b).unwrap().path, PathBuf::from("/lib/3.so"));
+        let again = table.intern(module(2), None, file());
+        assert!(again != a && again != b);
+        assert!(table.symbolization_path(again).is_some());
+        assert_eq!(table.get(a).unwrap().path, PathBuf::from("/lib/1.so"));
+        assert_eq!(table.len(), 3);
     }
 }

@@ -138,6 +138,10 @@ const GAUGES: &[(&str, &str)] = &[
         "Most sample ring-buffer bytes found waiting at one read since start",
     ),
     (
+        "module_entries",
+        "Modules (executables and libraries) current stacks refer to",
+    ),
+    (
         "kernel_process_entries",
         "Processes with entries in the kernel's per-process maps at the last cut",
     ),
@@ -230,6 +234,7 @@ impl Metrics {
         self.total("lost_frees", system.lost_frees);
         self.total("module_files_closed", system.module_files_closed);
         self.gauge("module_files_open", system.module_files_open);
+        self.gauge("module_entries", system.module_entries);
         self.total("stack_errors", kernel.stack_errors);
         self.total("thread_map_full", kernel.thread_map_full);
         self.total("process_map_full", kernel.process_map_full);

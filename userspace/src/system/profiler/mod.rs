@@ -118,6 +118,8 @@ pub struct SystemStats {
     pub module_files_closed: u64,
     /// Module files held open now (for symbolization).
     pub module_files_open: u64,
+    /// Modules in the normalizer's table now (those current stacks refer to).
+    pub module_entries: u64,
     /// Images detached because no process maps them any more (total).
     pub images_released: u64,
     /// Exec events not followed up because the queue of processes to examine was full

@@ -80,5 +80,6 @@ impl SystemProfiler {
             .release_module_files(|id| referenced.contains(&id));
         self.stats.module_files_closed += closed as u64;
         self.stats.module_files_open = self.stacks.normalizer.modules.open_files() as u64;
+        self.stats.module_entries = self.stacks.normalizer.modules.len() as u64;
     }
 }
