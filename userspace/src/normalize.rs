@@ -158,8 +158,8 @@ impl ModuleTable {
         for &id in &self.free {
             released[id as usize] = true;
         }
-        for id in 0..self.modules.len() {
-            if released[id] || keep(id as u32) {
+        for (id, released) in released.iter_mut().enumerate() {
+            if *released || keep(id as u32) {
                 continue;
             }
             if self.files[id].take().is_some() {
@@ -177,7 +177,7 @@ impl ModuleTable {
                 None => ModuleKey::Path(module.path),
             };
             self.index.remove(&key);
-            released[id] = true;
+            *released = true;
             self.free.push(id as u32);
         }
         self.by_inode.retain(|_, id| !released[*id as usize]);
