@@ -114,3 +114,48 @@ fn every_format_is_written() {
         }
     }
 }
+
+/// System-wide with a filter nothing matches: every format is still a valid, empty
+/// profile that says why (a 0-byte file broke every consumer), and the run succeeds.
+#[test]
+fn a_filter_that_matches_nothing_gives_a_valid_empty_profile_in_every_format() {
+    require_root();
+    let dir = scratch_dir("empty-formats");
+    for format in ["json", "pprof", "text", "folded", "svg"] {
+        let path = dir.join(format!("empty.{format}"));
+        let finished = allocbpf_e2e::run_allocbpf(
+            &[
+                "--comm",
+                "^no-such-process-allocbpf$",
+                "--duration",
+                "1s",
+                "--format",
+                format,
+                "--output",
+                path.to_str().unwrap(),
+            ],
+            std::time::Duration::from_secs(90),
+        )
+        .unwrap();
+        assert_eq!(finished.code, Some(0), "{format}: {}", finished.stderr);
+        assert!(finished
+            .stderr
+            .contains("no profiled process allocated anything"));
+        let bytes = std::fs::read(&path).unwrap();
+        match format {
+            "json" => {
+                let json: Value = serde_json::from_slice(&bytes).unwrap();
+                assert_eq!(json["stacks"].as_array().map(Vec::len), Some(0));
+                assert_eq!(json["note"], "no profiled process allocated anything");
+            }
+            "pprof" => {
+                let raw = go_pprof(&["-raw"], &path, &dir);
+                assert!(raw.contains("PeriodType: space bytes"), "{raw}");
+            }
+            "svg" => assert!(String::from_utf8_lossy(&bytes).contains("</svg>")),
+            "text" => assert!(String::from_utf8_lossy(&bytes).contains("note:")),
+            // Folded stacks of nothing: no line.
+            _ => assert!(bytes.is_empty()),
+        }
+    }
+}

@@ -112,14 +112,14 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
         },
     };
     let (report, stop) = runtime()?.block_on(system::oneshot::run(options, cli.duration))?;
-    let Some(report) = report else {
-        eprintln!("allocbpf: stopped ({stop}): no profiled process allocated anything");
-        return Ok(());
-    };
-    eprintln!(
-        "allocbpf: stopped ({stop}): {} samples, {} dropped",
-        report.totals.samples, report.totals.drops
-    );
+    match &report.note {
+        // Still written below: an empty profile, valid in every format.
+        Some(note) => eprintln!("allocbpf: stopped ({stop}): {note}"),
+        None => eprintln!(
+            "allocbpf: stopped ({stop}): {} samples, {} dropped",
+            report.totals.samples, report.totals.drops
+        ),
+    }
     sink.write_with(|out| export::write(&report, cli.format, out))?;
     Ok(())
 }

@@ -205,6 +205,24 @@ impl Report {
         }
     }
 
+    /// A report of nothing: no profiled process allocated in `duration` (system-wide
+    /// mode), said in its note, so every output format is still a valid, empty profile.
+    pub fn empty(rate: u64, confidence: Confidence, duration: Duration, live: bool) -> Report {
+        Report {
+            rate,
+            confidence,
+            duration,
+            totals: Totals::default(),
+            counters: Counters::default(),
+            modules: Vec::new(),
+            stacks: Vec::new(),
+            live: live.then(LiveCounts::default),
+            leaks: None,
+            symbolized: true,
+            note: Some("no profiled process allocated anything".into()),
+        }
+    }
+
     /// One report of several processes' reports (system-wide mode), which share their
     /// module table: stacks side by side (each keeps its pid), totals summed. `None`
     /// for no reports.

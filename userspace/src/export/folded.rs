@@ -38,6 +38,22 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
 /// Writes an SVG flamegraph of estimated bytes.
 pub fn write_svg(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     let lines = lines(report);
+    if lines.is_empty() {
+        // inferno refuses an empty graph; an empty profile is still a valid answer.
+        let note = report.note.as_deref().unwrap_or("no samples");
+        return write!(
+            out,
+            concat!(
+                r#"<?xml version="1.0" standalone="no"?>"#,
+                r#"<svg version="1.1" width="1200" height="80" xmlns="http://www.w3.org/2000/svg">"#,
+                r#"<text x="600" y="40" text-anchor="middle" font-family="Verdana" font-size="16">allocbpf: {}</text></svg>"#,
+                "\n"
+            ),
+            note.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+        );
+    }
     let mut options = Options::default();
     options.title = format!(
         "allocbpf: estimated bytes allocated (rate {} bytes)",
@@ -53,6 +69,18 @@ pub fn write_svg(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::export::test_report;
+
+    #[test]
+    fn an_empty_report_is_an_empty_valid_graph() {
+        let mut report = test_report();
+        report.stacks.clear();
+        report.note = Some("no profiled process allocated anything".into());
+        let mut out = Vec::new();
+        write_svg(&report, &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("no profiled process allocated anything"));
+    }
 
     #[test]
     fn folded_lines_are_outermost_first_with_bytes() {

@@ -13,11 +13,13 @@ use crate::{report::Report, session::StopReason};
 pub const HOUSEKEEPING_TICK: Duration = Duration::from_millis(100);
 
 /// Profiles every process until `duration` elapses or a signal arrives; returns the
-/// merged report (`None` if nothing allocated) and why it stopped.
+/// merged report (an empty one, with a note, if nothing allocated) and why it stopped.
 pub async fn run(
     options: SystemOptions,
     duration: Option<Duration>,
-) -> Result<(Option<Report>, StopReason)> {
+) -> Result<(Report, StopReason)> {
+    let (rate, confidence, live) = (options.rate, options.confidence, options.live.is_some());
+    let started = std::time::Instant::now();
     let mut profiler = SystemProfiler::start(options)?;
     eprintln!(
         "allocbpf: profiling every process through {} allocator image(s); Ctrl-C to stop",
@@ -51,8 +53,7 @@ pub async fn run(
         stats.exec_events,
         stats.images_attached
     );
-    Ok((
-        Report::merge(profiles.into_iter().map(|p| p.report).collect()),
-        stop,
-    ))
+    let report = Report::merge(profiles.into_iter().map(|p| p.report).collect())
+        .unwrap_or_else(|| Report::empty(rate, confidence, started.elapsed(), live));
+    Ok((report, stop))
 }
