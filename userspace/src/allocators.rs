@@ -10,7 +10,7 @@
 
 use allocbpf_common::{AllocFn, Shape};
 
-use crate::probe::point::Input;
+use crate::image::point::Input;
 
 /// One allocation (or deallocation) entry point, by its unprefixed symbol name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

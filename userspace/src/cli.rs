@@ -8,6 +8,7 @@ use crate::{
     estimate::Confidence,
     export::Format,
     probe::LiveMechanism,
+    stacks::UnwindMode,
     units::{parse_duration, parse_size},
 };
 
@@ -234,27 +235,6 @@ fn parse_confidence(text: &str) -> Result<Confidence, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a number (example: --confidence 0.9)"))?;
     Confidence::new(level)
-}
-
-/// `--unwind`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum UnwindMode {
-    /// Unwind tables where a module has them, frame pointers elsewhere.
-    Auto,
-    /// Unwind tables only.
-    Dwarf,
-    /// Frame pointers, in the kernel.
-    Fp,
-}
-
-impl UnwindMode {
-    /// Bytes of user stack each sample copies in this mode (`--stack-bytes`; 0 for fp).
-    pub fn stack_copy_bytes(self, stack_bytes: u32) -> u32 {
-        match self {
-            UnwindMode::Fp => 0,
-            UnwindMode::Auto | UnwindMode::Dwarf => stack_bytes,
-        }
-    }
 }
 
 fn parse_stack_bytes(text: &str) -> Result<u32, String> {

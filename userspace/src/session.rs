@@ -26,16 +26,12 @@ use tokio::{
 
 use crate::{
     aggregate::{Aggregate, StackKey},
-    cli::UnwindMode,
-    estimate::Confidence,
+    estimate::{interval_table::REFRESH_INTERVAL, Confidence},
     events::{Event, EventReader, RawSample},
     export::raw_samples::RawSampleLog,
-    probe::{
-        intervals::REFRESH_INTERVAL, LiveMechanism, Sampler, SamplerConfig, ThreadTables,
-        COLLECT_EXITED_EVERY,
-    },
+    probe::{LiveMechanism, Sampler, SamplerConfig, ThreadTables, COLLECT_EXITED_EVERY},
     report::{KernelFigures, Report},
-    stacks::StackResolver,
+    stacks::{StackResolver, UnwindMode},
     symbolize::FrameSymbolizer,
     target::Target,
 };
@@ -74,7 +70,7 @@ impl SessionOptions {
     pub fn lookup(&self) -> crate::image::Lookup {
         crate::image::Lookup {
             prefixes: self.allocator_prefixes.clone(),
-            unwind_tables: self.unwind != crate::cli::UnwindMode::Fp,
+            unwind_tables: self.unwind != UnwindMode::Fp,
         }
     }
 }

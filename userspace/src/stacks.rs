@@ -3,7 +3,6 @@
 //! module + offset while the process's maps are still readable.
 
 use crate::{
-    cli::UnwindMode,
     events::RawSample,
     normalize::{AddressNormalizer, Frame},
     unwind::{Fallback, StackUnwinder},
@@ -64,5 +63,27 @@ impl StackResolver {
             _ => &sample.stack,
         };
         self.normalizer.normalize(sample.pid, stack)
+    }
+}
+
+/// How user stacks are unwound (`--unwind`; the clap derive goes with the CLI split of
+/// issue 13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    /// Unwind tables where a module has them, frame pointers elsewhere.
+    Auto,
+    /// Unwind tables only.
+    Dwarf,
+    /// Frame pointers, in the kernel.
+    Fp,
+}
+
+impl UnwindMode {
+    /// Bytes of user stack each sample copies in this mode (`--stack-bytes`; 0 for fp).
+    pub fn stack_copy_bytes(self, stack_bytes: u32) -> u32 {
+        match self {
+            UnwindMode::Fp => 0,
+            UnwindMode::Auto | UnwindMode::Dwarf => stack_bytes,
+        }
     }
 }

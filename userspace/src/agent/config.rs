@@ -11,7 +11,8 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::{
-    cli::{AgentArgs, FilterArgs, UnwindMode, MAX_DURATION, MAX_RATE},
+    cli::{AgentArgs, FilterArgs, MAX_DURATION, MAX_RATE},
+    stacks::UnwindMode,
     system::budget::BudgetOptions,
     units::{parse_duration, parse_size},
 };

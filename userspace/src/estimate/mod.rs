@@ -14,6 +14,7 @@
 //! [`interval`] adds confidence intervals (the .NET document's approach 2).
 
 pub mod interval;
+pub mod interval_table;
 
 pub use interval::{Confidence, Interval, IntervalInputs};
 

@@ -9,7 +9,7 @@
 //! container's own libc (opened through `/proc/PID/map_files`, [`procfs::open_mapped`])
 //! is a different image from the host's, even at the same path.
 //!
-//! For each entry the image resolves where to probe it ([`crate::probe::point`]) and
+//! For each entry the image resolves where to probe it ([`point`]) and
 //! whether it forwards to another entry ([`calls`]): an entry whose every call lands
 //! in another probed entry (a tail-jump stub, or a C++ runtime's `operator new` that
 //! calls `malloc`) is not probed at all, and one that only sometimes forwards is
@@ -18,6 +18,7 @@
 pub mod calls;
 mod cfi;
 mod frame;
+pub mod point;
 mod purity;
 
 pub use frame::CallFrame;
@@ -37,7 +38,7 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 
 use crate::{
     allocators::{self, EntrySpec},
-    probe::point::{self, ProbePoint},
+    image::point::ProbePoint,
     procfs::{self, MapsEntry},
 };
 

@@ -3,9 +3,7 @@
 //! The compiled eBPF object is embedded in the binary by `build.rs`.
 
 mod gates;
-pub mod intervals;
-pub mod point;
-pub mod session;
+pub mod session_link;
 mod totals;
 
 use std::num::NonZeroU32;
@@ -26,7 +24,8 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 
-use self::{intervals::IntervalTable, session::SessionPrograms};
+use self::session_link::SessionPrograms;
+use crate::estimate::interval_table::IntervalTable;
 use crate::{
     estimate::certain_threshold,
     image::{AllocatorImage, ProbedEntry},
@@ -206,7 +205,9 @@ impl Sampler {
         let slot_mask = tables.slots.next_power_of_two() - 1;
         let live_mode = match config.live {
             None => LiveMode::Off,
-            Some(LiveMechanism::Auto) if session::kernel_supports_sessions() => LiveMode::Session,
+            Some(LiveMechanism::Auto) if session_link::kernel_supports_sessions() => {
+                LiveMode::Session
+            }
             Some(LiveMechanism::Auto) => {
                 tracing::warn!(
                     "this kernel has no uprobe session links (Linux 6.13+): --live uses a uretprobe on every allocation call, which costs about 0.4 us more per call (docs/design.md)"

@@ -20,19 +20,15 @@ use super::{
 };
 use crate::{
     aggregate::{Aggregate, StackKey},
-    cli::UnwindMode,
     discover::ImageCache,
-    estimate::Confidence,
+    estimate::{interval_table::REFRESH_INTERVAL, Confidence},
     events::{Event, EventReader},
     image::{AllocatorImage, ImageKey},
-    probe::{
-        intervals::REFRESH_INTERVAL, Counters, ImageLinks, Sampler, SamplerConfig, ThreadTables,
-        COLLECT_EXITED_EVERY,
-    },
+    probe::{Counters, ImageLinks, Sampler, SamplerConfig, ThreadTables, COLLECT_EXITED_EVERY},
     procfs::{self, MapsEntry},
     report::{KernelFigures, Report},
     session::LiveOptions,
-    stacks::StackResolver,
+    stacks::{StackResolver, UnwindMode},
     symbolize::FrameSymbolizer,
 };
 
@@ -66,7 +62,7 @@ impl SystemOptions {
     pub fn lookup(&self) -> crate::image::Lookup {
         crate::image::Lookup {
             prefixes: self.allocator_prefixes.clone(),
-            unwind_tables: self.unwind != crate::cli::UnwindMode::Fp,
+            unwind_tables: self.unwind != UnwindMode::Fp,
         }
     }
 }
