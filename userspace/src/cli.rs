@@ -149,6 +149,34 @@ pub struct FilterArgs {
     pub cgroup: Option<String>,
 }
 
+impl From<&FilterArgs> for crate::system::filter::FilterOptions {
+    fn from(args: &FilterArgs) -> Self {
+        Self {
+            comm: args.comm.clone(),
+            exclude_comm: args.exclude_comm.clone(),
+            cgroup: args.cgroup.clone(),
+        }
+    }
+}
+
+/// A filter error in the command line's words (the library names its options).
+pub fn filter_error(error: crate::system::filter::FilterError) -> anyhow::Error {
+    use crate::system::filter::FilterError;
+    match error {
+        FilterError::Regex {
+            key,
+            pattern,
+            source,
+        } => anyhow::anyhow!(
+            "--{} {pattern:?} is not a valid regex: {source}",
+            key.replace('_', "-")
+        ),
+        FilterError::NoSuchCgroup(path, relative) => {
+            anyhow::anyhow!("--cgroup {path}: no such cgroup (looked for /sys/fs/cgroup{relative})")
+        }
+    }
+}
+
 /// Subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {

@@ -89,7 +89,7 @@ fn run(cli: Cli) -> Result<()> {
 
 /// `allocbpf` without `--pid`: every process, one merged report.
 fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
-    let filter = ProcessFilter::new(&cli.filter)?;
+    let filter = ProcessFilter::new(&(&cli.filter).into()).map_err(allocbpf::cli::filter_error)?;
     preflight::check_privileges()?;
     preflight::check_kernel()?;
     preflight::raise_descriptor_limit();

@@ -11,9 +11,10 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::{
-    cli::{AgentArgs, FilterArgs, MAX_DURATION, MAX_RATE},
+    cli::{AgentArgs, MAX_DURATION, MAX_RATE},
     stacks::UnwindMode,
     system::budget::BudgetOptions,
+    system::filter::FilterOptions,
     units::{parse_duration, parse_size},
 };
 
@@ -120,7 +121,7 @@ pub struct AgentConfig {
     /// `--allocator-symbol` prefixes.
     pub allocator_symbols: Vec<String>,
     /// Process filters.
-    pub filter: FilterArgs,
+    pub filter: FilterOptions,
     /// Prometheus endpoint (`None`: off).
     pub metrics_address: Option<SocketAddr>,
     /// Store retention.
@@ -241,7 +242,7 @@ impl AgentConfig {
             live: file.live.unwrap_or(true),
             unwind,
             allocator_symbols: file.allocator_symbols.unwrap_or_default(),
-            filter: FilterArgs {
+            filter: FilterOptions {
                 comm: file.comm,
                 exclude_comm: file.exclude_comm,
                 cgroup: file.cgroup,

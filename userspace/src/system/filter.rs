@@ -1,9 +1,21 @@
-//! Which processes system-wide mode profiles: `--comm`, `--exclude-comm`, `--cgroup`.
+//! Which processes system-wide mode profiles: by command name and by cgroup.
 
 use regex::Regex;
 
 use super::process::ProcessInfo;
-use crate::cli::FilterArgs;
+
+/// What a [`ProcessFilter`] is built from (the command line's filter flags, or the
+/// agent's config keys of the same names).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FilterOptions {
+    /// Only processes whose command name (/proc/PID/comm) matches this regex.
+    pub comm: Option<String>,
+    /// Not the processes whose command name matches this regex.
+    pub exclude_comm: Option<String>,
+    /// Only processes in this cgroup (v2) or below it: a path relative to the cgroup
+    /// root, or under /sys/fs/cgroup.
+    pub cgroup: Option<String>,
+}
 
 /// A filter on processes, built from the command line or the agent's config.
 #[derive(Clone, Debug, Default)]
@@ -18,25 +30,25 @@ pub struct ProcessFilter {
 #[derive(Debug, thiserror::Error)]
 pub enum FilterError {
     /// A regex that does not compile.
-    #[error("--{flag} {pattern:?} is not a valid regex: {source}")]
+    #[error("{key} {pattern:?} is not a valid regex: {source}")]
     Regex {
-        /// Which flag.
-        flag: &'static str,
+        /// Which option ([`FilterOptions`] field name).
+        key: &'static str,
         /// The pattern.
         pattern: String,
         /// The parse error.
         source: regex::Error,
     },
     /// A cgroup that does not exist.
-    #[error("--cgroup {0}: no such cgroup (looked for /sys/fs/cgroup{1})")]
+    #[error("cgroup {0}: no such cgroup (looked for /sys/fs/cgroup{1})")]
     NoSuchCgroup(String, String),
 }
 
-fn compile(flag: &'static str, pattern: Option<&str>) -> Result<Option<Regex>, FilterError> {
+fn compile(key: &'static str, pattern: Option<&str>) -> Result<Option<Regex>, FilterError> {
     pattern
         .map(|p| {
             Regex::new(p).map_err(|source| FilterError::Regex {
-                flag,
+                key,
                 pattern: p.to_string(),
                 source,
             })
@@ -46,7 +58,7 @@ fn compile(flag: &'static str, pattern: Option<&str>) -> Result<Option<Regex>, F
 
 impl ProcessFilter {
     /// Compiles the filter; a cgroup must exist.
-    pub fn new(args: &FilterArgs) -> Result<ProcessFilter, FilterError> {
+    pub fn new(args: &FilterOptions) -> Result<ProcessFilter, FilterError> {
         let cgroup = match args.cgroup.as_deref() {
             None => None,
             Some(path) => {
@@ -67,7 +79,7 @@ impl ProcessFilter {
         };
         Ok(ProcessFilter {
             comm: compile("comm", args.comm.as_deref())?,
-            exclude_comm: compile("exclude-comm", args.exclude_comm.as_deref())?,
+            exclude_comm: compile("exclude_comm", args.exclude_comm.as_deref())?,
             cgroup,
         })
     }
@@ -116,7 +128,7 @@ mod tests {
 
     #[test]
     fn comm_and_cgroup_filters() {
-        let filter = ProcessFilter::new(&FilterArgs {
+        let filter = ProcessFilter::new(&FilterOptions {
             comm: Some("^(nginx|redis)".into()),
             exclude_comm: Some("redis-cli".into()),
             cgroup: Some("/sys/fs/cgroup/".into()),
@@ -138,15 +150,15 @@ mod tests {
 
     #[test]
     fn bad_filters_say_why() {
-        let error = ProcessFilter::new(&FilterArgs {
+        let error = ProcessFilter::new(&FilterOptions {
             comm: Some("(".into()),
-            ..FilterArgs::default()
+            ..FilterOptions::default()
         })
         .unwrap_err();
         assert!(error.to_string().contains("not a valid regex"));
-        let error = ProcessFilter::new(&FilterArgs {
+        let error = ProcessFilter::new(&FilterOptions {
             cgroup: Some("/no/such/group".into()),
-            ..FilterArgs::default()
+            ..FilterOptions::default()
         })
         .unwrap_err();
         assert!(error.to_string().contains("no such cgroup"));
