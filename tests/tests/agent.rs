@@ -168,6 +168,33 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
             .iter()
             .all(|p| parse_stored_name(p).3.starts_with("agentwl")));
     }
+    // `allocbpf report` merges what the agent stored.
+    let merged = allocbpf_e2e::run_allocbpf(
+        &[
+            "report",
+            "--store",
+            store.to_str().unwrap(),
+            "--comm",
+            "^agentwl",
+            "--format",
+            "json",
+        ],
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(merged.code, Some(0), "{}", merged.stderr);
+    assert!(
+        merged.stderr.contains("merged") && !merged.stderr.contains("merged 0 "),
+        "{}",
+        merged.stderr
+    );
+    let json: serde_json::Value = serde_json::from_str(&merged.stdout).unwrap();
+    assert!(
+        json["totals"]["samples"].as_u64().unwrap_or(0) > 0,
+        "{:#}",
+        json["totals"]
+    );
+    assert!(merged.stdout.contains("agentwl_alloc_site"));
 }
 
 #[test]

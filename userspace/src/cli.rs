@@ -12,10 +12,7 @@ use crate::{
     units::{parse_duration, parse_size},
 };
 
-/// Largest accepted `--rate` (1 GiB): beyond it almost nothing is ever sampled.
-pub const MAX_RATE: u64 = 1 << 30;
-/// Longest accepted `--duration` (30 days).
-pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+pub use crate::units::{MAX_DURATION, MAX_RATE};
 
 /// allocbpf: sample heap allocations with eBPF uprobes on libc malloc, in one running
 /// process (--pid) or in every process of the host.
@@ -147,6 +144,18 @@ pub struct FilterArgs {
     /// cgroup root (/system.slice/nginx.service) or under /sys/fs/cgroup.
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
+}
+
+impl From<&AgentArgs> for crate::agent::config::AgentOverrides {
+    fn from(args: &AgentArgs) -> Self {
+        Self {
+            store: args.store.clone(),
+            interval: args.interval,
+            push: args.push.clone(),
+            metrics_address: args.metrics_address.clone(),
+            rate: args.rate,
+        }
+    }
 }
 
 impl From<&FilterArgs> for crate::system::filter::FilterOptions {

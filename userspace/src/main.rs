@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use allocbpf::{
     agent,
-    cli::{Cli, Command},
+    cli::{Cli, Command, ReportArgs},
     export,
     preflight::{self, Sink},
     probe::ThreadTables,
@@ -47,8 +47,8 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Calibrate { step }) => {
             return system::budget::calibration_child(*step).context("calibration loop")
         }
-        Some(Command::Report(args)) => return agent::report::run(args),
-        Some(Command::Agent(args)) => return agent::run(args.clone()),
+        Some(Command::Report(args)) => return run_report(args),
+        Some(Command::Agent(args)) => return agent::run(args.config.clone(), args.into()),
         None => {}
     }
     // Output first: an unwritable path must fail before anything is attached.
@@ -84,6 +84,30 @@ fn run(cli: Cli) -> Result<()> {
         report.totals.drops
     );
     sink.write_with(|out| export::write(&report, cli.format, out))?;
+    Ok(())
+}
+
+/// `allocbpf report`: the agent's stored profiles merged into one report.
+fn run_report(args: &ReportArgs) -> Result<()> {
+    let sink = Sink::open(args.output.as_deref())?;
+    let comm = args
+        .comm
+        .as_deref()
+        .map(regex::Regex::new)
+        .transpose()
+        .context("--comm is not a valid regex")?;
+    if !args.store.is_dir() {
+        anyhow::bail!(
+            "--store {}: no such directory (the agent's --store, /var/lib/allocbpf by default)",
+            args.store.display()
+        );
+    }
+    let (report, merged) = agent::report::merge_store(&args.store, args.since, comm.as_ref())?;
+    eprintln!(
+        "allocbpf: merged {merged} stored profile(s) from {}",
+        args.store.display()
+    );
+    sink.write_with(|out| export::write(&report, args.format, out))?;
     Ok(())
 }
 

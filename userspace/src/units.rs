@@ -61,6 +61,11 @@ fn split_number(text: &str) -> Result<(f64, &str), ParseError> {
     Ok((value, unit.trim()))
 }
 
+/// Largest accepted sampling rate (1 GiB): beyond it almost nothing is ever sampled.
+pub const MAX_RATE: u64 = 1 << 30;
+/// Longest accepted duration (30 days).
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
 /// Parses a byte size such as `4096`, `512KiB`, `1MiB`, `1M` or `2MB`.
 ///
 /// Returns a size of at least one byte and at most `max` bytes.

@@ -11,12 +11,28 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::{
-    cli::{AgentArgs, MAX_DURATION, MAX_RATE},
     stacks::UnwindMode,
     system::budget::BudgetOptions,
     system::filter::FilterOptions,
     units::{parse_duration, parse_size},
+    units::{MAX_DURATION, MAX_RATE},
 };
+
+/// What the command line sets over the config file (each `None`: the file's value,
+/// else the default).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentOverrides {
+    /// Directory of the local profile store.
+    pub store: Option<PathBuf>,
+    /// How often one profile per process is cut.
+    pub interval: Option<Duration>,
+    /// Pyroscope base URL.
+    pub push: Option<String>,
+    /// Metrics address, or "off".
+    pub metrics_address: Option<String>,
+    /// Mean sampling interval in bytes.
+    pub rate: Option<u64>,
+}
 
 /// Default `retention.max_files`: with ~100 bytes of index per file, ~10 MB of the
 /// agent's memory at most; 100,000 files of a few KiB fit the default `max_bytes`.
@@ -148,8 +164,8 @@ fn size(key: &str, text: Option<&str>, default: u64, max: u64) -> Result<u64> {
 
 impl AgentConfig {
     /// Reads the config file (if any) and applies the flags over it.
-    pub fn load(args: &AgentArgs) -> Result<AgentConfig> {
-        let file: File = match &args.config {
+    pub fn load(config_file: Option<&Path>, args: &AgentOverrides) -> Result<AgentConfig> {
+        let file: File = match config_file {
             None => File::default(),
             Some(path) => parse_file(path)?,
         };
@@ -337,12 +353,11 @@ cpu_percent = 2.5
 "#,
         )
         .unwrap();
-        let args = AgentArgs {
-            config: Some(path.clone()),
+        let args = AgentOverrides {
             interval: Some(Duration::from_secs(5)),
-            ..AgentArgs::default()
+            ..AgentOverrides::default()
         };
-        let config = AgentConfig::load(&args).unwrap();
+        let config = AgentConfig::load(Some(&path), &args).unwrap();
         assert_eq!(config.store, PathBuf::from("/srv/profiles"));
         assert_eq!(config.interval, Duration::from_secs(5));
         assert_eq!(config.rate, 1 << 20);
@@ -354,14 +369,14 @@ cpu_percent = 2.5
         assert!(config.live);
 
         std::fs::write(&path, "rate = \"lots\"\n").unwrap();
-        let error = format!("{:#}", AgentConfig::load(&args).unwrap_err());
+        let error = format!("{:#}", AgentConfig::load(Some(&path), &args).unwrap_err());
         assert!(error.contains("config key rate"), "{error}");
         std::fs::write(&path, "colour = \"blue\"\n").unwrap();
-        let error = format!("{:#}", AgentConfig::load(&args).unwrap_err());
+        let error = format!("{:#}", AgentConfig::load(Some(&path), &args).unwrap_err());
         assert!(error.contains("unknown field"), "{error}");
         // Credentials in the URL are refused, and the secret is not echoed.
         std::fs::write(&path, "[push]\nurl = \"https://joe:hunter2@p:4040/\"\n").unwrap();
-        let error = format!("{:#}", AgentConfig::load(&args).unwrap_err());
+        let error = format!("{:#}", AgentConfig::load(Some(&path), &args).unwrap_err());
         assert!(error.contains("must not carry credentials"), "{error}");
         assert!(!error.contains("hunter2"), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -369,7 +384,7 @@ cpu_percent = 2.5
 
     #[test]
     fn no_flags_no_file_just_works() {
-        let config = AgentConfig::load(&AgentArgs::default()).unwrap();
+        let config = AgentConfig::load(None, &AgentOverrides::default()).unwrap();
         assert_eq!(config.store, PathBuf::from("/var/lib/allocbpf"));
         assert_eq!(config.interval, Duration::from_secs(60));
         assert!(config.push.is_none());

@@ -23,6 +23,7 @@ pub mod watchdog;
 pub mod writer;
 
 use std::{
+    path::PathBuf,
     sync::{atomic::Ordering, Arc, Mutex},
     time::Duration,
 };
@@ -31,7 +32,7 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
 use self::{
-    config::AgentConfig,
+    config::{AgentConfig, AgentOverrides},
     metrics::Metrics,
     push::{PushStats, Pusher},
     store::ProfileStore,
@@ -39,7 +40,6 @@ use self::{
     writer::Writer,
 };
 use crate::{
-    cli::AgentArgs,
     estimate::Confidence,
     preflight,
     probe::{LiveMechanism, ThreadTables},
@@ -53,9 +53,14 @@ use crate::{
 /// How often metrics are refreshed from the kernel and the profiler.
 const METRICS_REFRESH: Duration = Duration::from_secs(1);
 
-/// Runs the agent until SIGTERM.
-pub fn run(args: AgentArgs) -> Result<()> {
-    let config = AgentConfig::load(&args)?;
+/// Runs the agent until SIGTERM, with the config file `config_file` (re-read at
+/// SIGHUP) under `overrides`.
+pub fn run(config_file: Option<PathBuf>, overrides: AgentOverrides) -> Result<()> {
+    let args = ConfigSource {
+        file: config_file,
+        overrides,
+    };
+    let config = args.load()?;
     let filter = ProcessFilter::new(&config.filter)?;
     // An unusable store fails before anything is attached.
     let store = ProfileStore::open(&config.store, config.retention)?;
@@ -90,8 +95,20 @@ fn system_options(config: &AgentConfig, filter: ProcessFilter) -> SystemOptions 
     }
 }
 
+/// Where the agent's config comes from, for the first load and every reload.
+struct ConfigSource {
+    file: Option<PathBuf>,
+    overrides: AgentOverrides,
+}
+
+impl ConfigSource {
+    fn load(&self) -> Result<AgentConfig> {
+        AgentConfig::load(self.file.as_deref(), &self.overrides)
+    }
+}
+
 struct Agent {
-    args: AgentArgs,
+    args: ConfigSource,
     config: AgentConfig,
     push_stats: Arc<PushStats>,
     writer: Writer,
@@ -99,7 +116,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(args: AgentArgs, config: AgentConfig, store: ProfileStore) -> Result<Agent> {
+    fn new(args: ConfigSource, config: AgentConfig, store: ProfileStore) -> Result<Agent> {
         let push_stats = Arc::new(PushStats::default());
         let pusher = config
             .push
@@ -224,7 +241,7 @@ impl Agent {
     /// SIGHUP: re-reads the config; applies filters, interval, retention and push.
     /// Returns the new interval if it changed.
     fn reload(&mut self, profiler: &mut SystemProfiler) -> Option<Duration> {
-        let config = match AgentConfig::load(&self.args) {
+        let config = match self.args.load() {
             Ok(config) => config,
             Err(error) => {
                 tracing::error!("SIGHUP: config not reloaded: {error:#}");

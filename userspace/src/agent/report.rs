@@ -5,7 +5,12 @@
 //! each stack keeps its raw sample count and confidence-interval inputs (numeric
 //! labels the agent writes), so the merged report's intervals are exact, not summed.
 
-use std::{collections::HashMap, io::Read, time::SystemTime};
+use std::{
+    collections::HashMap,
+    io::Read,
+    path::Path,
+    time::{Duration, SystemTime},
+};
 
 use anyhow::{Context, Result};
 use prost::Message;
@@ -14,38 +19,26 @@ use regex::Regex;
 use super::store::{age, list};
 use crate::{
     aggregate::{LiveCounts, StackStats},
-    cli::ReportArgs,
     estimate::{Confidence, IntervalInputs},
-    export::{
-        self,
-        pprof::{proto::Profile, INTERVAL_INPUT_LABELS},
-    },
+    export::pprof::{proto::Profile, INTERVAL_INPUT_LABELS},
     normalize::Frame,
-    preflight::Sink,
     report::{Location, Report, StackReport, Totals},
     symbolize::FunctionFrame,
 };
 
-/// Runs `allocbpf report`.
-pub fn run(args: &ReportArgs) -> Result<()> {
-    let sink = Sink::open(args.output.as_deref())?;
-    let comm = args
-        .comm
-        .as_deref()
-        .map(Regex::new)
-        .transpose()
-        .context("--comm is not a valid regex")?;
-    if !args.store.is_dir() {
-        anyhow::bail!(
-            "--store {}: no such directory (the agent's --store, /var/lib/allocbpf by default)",
-            args.store.display()
-        );
-    }
+/// Merges the profiles stored under `store` that ended at most `since` ago and whose
+/// process's command name matches `comm` into one report; also returns how many were
+/// merged. Files that do not decode are skipped, with a line on stderr.
+pub fn merge_store(
+    store: &Path,
+    since: Option<Duration>,
+    comm: Option<&Regex>,
+) -> Result<(Report, usize)> {
     let now = SystemTime::now();
     let mut merger = Merger::default();
     let mut read = 0;
-    for stored in list(&args.store)? {
-        if args.since.is_some_and(|since| age(&stored, now) > since) {
+    for stored in list(store)? {
+        if since.is_some_and(|since| age(&stored, now) > since) {
             continue;
         }
         let profile = match decode(&stored.path) {
@@ -56,19 +49,13 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             }
         };
         let profile_comm = comment(&profile, "comm").unwrap_or_else(|| stored.comm.clone());
-        if comm.as_ref().is_some_and(|re| !re.is_match(&profile_comm)) {
+        if comm.is_some_and(|re| !re.is_match(&profile_comm)) {
             continue;
         }
         merger.add(&profile);
         read += 1;
     }
-    eprintln!(
-        "allocbpf: merged {read} stored profile(s) from {}",
-        args.store.display()
-    );
-    let report = merger.finish();
-    sink.write_with(|out| export::write(&report, args.format, out))?;
-    Ok(())
+    Ok((merger.finish(), read))
 }
 
 /// Reads one stored profile.
