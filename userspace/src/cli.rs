@@ -64,8 +64,8 @@ pub struct Cli {
     pub output: Option<PathBuf>,
 
     /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    #[arg(short, long, value_enum, default_value_t = FormatArg::Text)]
+    pub format: FormatArg,
 
     /// Also track sampled allocations until they are freed: adds in-use (still live)
     /// estimates per stack (pprof inuse_objects/inuse_space, JSON inuse_bytes).
@@ -82,16 +82,16 @@ pub struct Cli {
     pub min_age: Duration,
 
     /// How --live observes returns (auto: session links where the kernel has them).
-    #[arg(long, hide = true, value_enum, default_value_t = LiveMechanism::Auto)]
-    pub live_mechanism: LiveMechanism,
+    #[arg(long, hide = true, value_enum, default_value_t = LiveMechanismArg::Auto)]
+    pub live_mechanism: LiveMechanismArg,
 
     /// How user stacks are unwound. auto: copy the top of the stack and unwind it in
     /// userspace with each module's unwind tables, following frame pointers where a
     /// module has none; dwarf: the same, but stop at code without unwind tables; fp:
     /// frame pointers, walked in the kernel (smallest events, but binaries built without
     /// frame pointers give truncated stacks).
-    #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
-    pub unwind: UnwindMode,
+    #[arg(long, value_enum, default_value_t = UnwindArg::Auto)]
+    pub unwind: UnwindArg,
 
     /// Do not symbolize: frames keep module + file offset, and pprof profiles carry
     /// addresses and mappings with build ids only, for a symbolizer elsewhere.
@@ -186,6 +186,72 @@ pub fn filter_error(error: crate::system::filter::FilterError) -> anyhow::Error 
     }
 }
 
+/// `--format` (the library's [`Format`]; clap stays in the binary's module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormatArg {
+    /// A table of the top stacks, exact vs estimated totals and drops.
+    Text,
+    /// Machine-readable JSON (schema in docs/output.md).
+    Json,
+    /// gzipped pprof profile.proto (Go heap conventions).
+    Pprof,
+    /// Folded stacks: `outer;...;inner estimated_bytes`.
+    Folded,
+    /// A flamegraph (inferno) of estimated bytes.
+    Svg,
+}
+
+impl From<FormatArg> for Format {
+    fn from(arg: FormatArg) -> Self {
+        match arg {
+            FormatArg::Text => Format::Text,
+            FormatArg::Json => Format::Json,
+            FormatArg::Pprof => Format::Pprof,
+            FormatArg::Folded => Format::Folded,
+            FormatArg::Svg => Format::Svg,
+        }
+    }
+}
+
+/// `--unwind` (the library's [`UnwindMode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindArg {
+    /// Unwind tables where a module has them, frame pointers elsewhere.
+    Auto,
+    /// Unwind tables only.
+    Dwarf,
+    /// Frame pointers, in the kernel.
+    Fp,
+}
+
+impl From<UnwindArg> for UnwindMode {
+    fn from(arg: UnwindArg) -> Self {
+        match arg {
+            UnwindArg::Auto => UnwindMode::Auto,
+            UnwindArg::Dwarf => UnwindMode::Dwarf,
+            UnwindArg::Fp => UnwindMode::Fp,
+        }
+    }
+}
+
+/// `--live-mechanism` (the library's [`LiveMechanism`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LiveMechanismArg {
+    /// uprobe session links where the kernel has them (6.13+), else uretprobes.
+    Auto,
+    /// A uretprobe on every allocation call (the fallback; for comparison).
+    Uretprobe,
+}
+
+impl From<LiveMechanismArg> for LiveMechanism {
+    fn from(arg: LiveMechanismArg) -> Self {
+        match arg {
+            LiveMechanismArg::Auto => LiveMechanism::Auto,
+            LiveMechanismArg::Uretprobe => LiveMechanism::Uretprobe,
+        }
+    }
+}
+
 /// Subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -246,8 +312,8 @@ pub struct ReportArgs {
     #[arg(long, value_name = "REGEX")]
     pub comm: Option<String>,
     /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    #[arg(short, long, value_enum, default_value_t = FormatArg::Text)]
+    pub format: FormatArg,
     /// Write the report here instead of stdout.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -306,7 +372,7 @@ mod tests {
         assert_eq!(cli.pid, Some(1));
         assert!(cli.command.is_none());
         assert_eq!(cli.rate, 512 * 1024);
-        assert_eq!(cli.format, Format::Text);
+        assert_eq!(cli.format, FormatArg::Text);
         assert!(cli.duration.is_none());
         assert_eq!(cli.confidence, Confidence::DEFAULT);
     }

@@ -37,7 +37,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 fn live_options(cli: &Cli) -> Option<LiveOptions> {
     (cli.live || cli.leaks).then_some(LiveOptions {
-        mechanism: cli.live_mechanism,
+        mechanism: cli.live_mechanism.into(),
         leaks_min_age: cli.leaks.then_some(cli.min_age),
     })
 }
@@ -65,7 +65,7 @@ fn run(cli: Cli) -> Result<()> {
         duration: cli.duration,
         empty_probes: cli.empty_probes,
         live: live_options(&cli),
-        unwind: cli.unwind,
+        unwind: cli.unwind.into(),
         symbolize: !cli.no_symbolize,
         stack_bytes: cli.stack_bytes,
         confidence: cli.confidence,
@@ -83,7 +83,7 @@ fn run(cli: Cli) -> Result<()> {
         report.totals.samples,
         report.totals.drops
     );
-    sink.write_with(|out| export::write(&report, cli.format, out))?;
+    sink.write_with(|out| export::write(&report, cli.format.into(), out))?;
     Ok(())
 }
 
@@ -107,7 +107,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
         "allocbpf: merged {merged} stored profile(s) from {}",
         args.store.display()
     );
-    sink.write_with(|out| export::write(&report, args.format, out))?;
+    sink.write_with(|out| export::write(&report, args.format.into(), out))?;
     Ok(())
 }
 
@@ -123,7 +123,7 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
     let options = SystemOptions {
         rate: cli.rate,
         live: live_options(cli),
-        unwind: cli.unwind,
+        unwind: cli.unwind.into(),
         stack_bytes: cli.stack_bytes,
         symbolize: !cli.no_symbolize,
         confidence: cli.confidence,
@@ -144,7 +144,7 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
             report.totals.samples, report.totals.drops
         ),
     }
-    sink.write_with(|out| export::write(&report, cli.format, out))?;
+    sink.write_with(|out| export::write(&report, cli.format.into(), out))?;
     Ok(())
 }
 

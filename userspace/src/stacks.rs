@@ -66,9 +66,8 @@ impl StackResolver {
     }
 }
 
-/// How user stacks are unwound (`--unwind`; the clap derive goes with the CLI split of
-/// issue 13).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// How user stacks are unwound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnwindMode {
     /// Unwind tables where a module has them, frame pointers elsewhere.
     Auto,

@@ -10,8 +10,8 @@ use std::io::Write;
 
 use crate::report::Report;
 
-/// The formats `--format` accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// The output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// A table of the top stacks, exact vs estimated totals and drops.
     Text,

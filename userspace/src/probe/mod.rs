@@ -108,8 +108,8 @@ impl SamplerConfig {
     }
 }
 
-/// How `--live` observes the return of sampled calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// How live tracking observes the return of sampled calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LiveMechanism {
     /// uprobe session links where the kernel has them (6.13+), else uretprobes.
     Auto,
