@@ -37,6 +37,20 @@ pub fn allocbpf_bin() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target/release/allocbpf"))
 }
 
+/// A memory figure of process `pid` from `/proc/PID/status`, in bytes (`field`:
+/// `VmRSS`, `VmHWM`...); `None` once the process is gone.
+pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .trim_end_matches(" kB")
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
+}
+
 /// Fails unless the tests run as root (they load eBPF programs).
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.

@@ -227,19 +227,6 @@ fn an_executable_swapped_with_libc_during_attach_is_probed_as_itself() {
     assert_sampled(&out, workload.pid);
 }
 
-/// The peak resident memory (`VmHWM`) of `pid`, in bytes, if it still runs.
-fn peak_rss(pid: u32) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .trim_end_matches(" kB")
-        .parse::<u64>()
-        .ok()
-        .map(|kb| kb * 1024)
-}
-
 /// A process maps an 8 GiB sparse file and a 400 MiB one that starts like an ELF file,
 /// both executable. allocbpf examines every executable mapping: it must refuse the
 /// first by size and the second unread (its headers lead nowhere), finish on time,
@@ -273,7 +260,7 @@ fn huge_mapped_files_are_neither_read_nor_held() {
     let pid = profiler.child.id();
     let watcher = std::thread::spawn(move || {
         let mut peak = 0;
-        while let Some(now) = peak_rss(pid) {
+        while let Some(now) = allocbpf_e2e::status_bytes(pid, "VmHWM") {
             peak = peak.max(now);
             std::thread::sleep(Duration::from_millis(20));
         }

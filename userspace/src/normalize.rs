@@ -87,6 +87,16 @@ enum ModuleKey {
     Path(PathBuf),
 }
 
+impl ModuleKey {
+    /// A module's identity: its build id if it has one, else its path.
+    fn of(module: &Module) -> ModuleKey {
+        match &module.build_id {
+            Some(id) => ModuleKey::BuildId(id.clone()),
+            None => ModuleKey::Path(module.path.clone()),
+        }
+    }
+}
+
 impl ModuleTable {
     /// The id of `module`, seen through `mapping` whose file (opened through the
     /// mapping, [`procfs::open_mapped`], never by path) is `file`; added if new.
@@ -103,13 +113,10 @@ impl ModuleTable {
                 return id;
             }
         }
-        let key = match &module.build_id {
-            Some(id) => ModuleKey::BuildId(id.clone()),
-            None => ModuleKey::Path(module.path.clone()),
-        };
+        let key = ModuleKey::of(&module);
         let id = match self.index.get(&key) {
             Some(&id) => {
-                // Its file was released (no profile needed it): seen again, kept again.
+                // Its file could not be opened when first seen: taken now if it can.
                 if self.files[id as usize].is_none() {
                     self.files[id as usize] = file;
                 }
@@ -165,18 +172,11 @@ impl ModuleTable {
             if self.files[id].take().is_some() {
                 closed += 1;
             }
-            let module = std::mem::replace(
-                &mut self.modules[id],
-                Module {
-                    path: PathBuf::new(),
-                    build_id: None,
-                },
-            );
-            let key = match module.build_id {
-                Some(id) => ModuleKey::BuildId(id),
-                None => ModuleKey::Path(module.path),
+            self.index.remove(&ModuleKey::of(&self.modules[id]));
+            self.modules[id] = Module {
+                path: PathBuf::new(),
+                build_id: None,
             };
-            self.index.remove(&key);
             *released = true;
             self.free.push(id as u32);
         }
@@ -301,8 +301,8 @@ impl AddressNormalizer {
     }
 
     /// Releases the modules `keep` rejects ([`ModuleTable::release_files`]).
-    /// The normalized frames cached so far are dropped with them: a cached frame skips
-    /// interning, which is where a module seen again gets its file back.
+    /// The normalized frames cached so far are dropped with them: a cached frame may
+    /// name a released module, whose id the next new module takes.
     pub fn release_module_files(&mut self, keep: impl Fn(u32) -> bool) -> usize {
         let before = self.modules.len();
         let closed = self.modules.release_files(keep);

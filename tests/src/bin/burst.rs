@@ -14,16 +14,9 @@ use std::{
 
 use allocbpf_e2e::{
     agent::{metric, scrape_within, AgentProcess},
-    scratch_dir,
+    scratch_dir, status_bytes,
 };
 use anyhow::{Context, Result};
-
-fn rss_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/statm"))
-        .ok()
-        .and_then(|s| s.split(' ').nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * 4096)
-}
 
 fn spawn(program: &str, args: &[&str], dir: &std::path::Path) -> Result<Child> {
     Command::new(program)
@@ -85,7 +78,7 @@ fn round(number: usize) -> Result<()> {
     let started = Instant::now();
     let mut peak_rss = 0;
     while started.elapsed() < Duration::from_secs(20) {
-        peak_rss = peak_rss.max(rss_bytes(agent_pid));
+        peak_rss = peak_rss.max(status_bytes(agent_pid, "VmRSS").unwrap_or(0));
         std::thread::sleep(Duration::from_millis(200));
     }
     let text = scrape_within(address, Duration::from_secs(5)).unwrap_or_default();

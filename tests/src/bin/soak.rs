@@ -23,20 +23,9 @@ use std::{
 
 use allocbpf_e2e::{
     agent::{metric, scrape_within, stored_profiles, AgentProcess},
-    compile_workload, scratch_dir,
+    compile_workload, scratch_dir, status_bytes,
 };
 use anyhow::{Context, Result};
-
-fn rss_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
 
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -189,7 +178,7 @@ fn main() -> Result<()> {
     let mut last_metrics = String::new();
     while started.elapsed() < total {
         std::thread::sleep(Duration::from_secs(10).min(total.saturating_sub(started.elapsed())));
-        let rss = rss_bytes(agent_pid) as f64 / (1 << 20) as f64;
+        let rss = status_bytes(agent_pid, "VmRSS").unwrap_or(0) as f64 / (1 << 20) as f64;
         let fds = open_descriptors(agent_pid);
         let text = scrape_retrying(address);
         let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);

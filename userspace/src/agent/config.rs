@@ -12,10 +12,8 @@ use serde::Deserialize;
 
 use crate::{
     stacks::UnwindMode,
-    system::budget::BudgetOptions,
-    system::filter::FilterOptions,
-    units::{parse_duration, parse_size},
-    units::{MAX_DURATION, MAX_RATE},
+    system::{budget::BudgetOptions, filter::FilterOptions},
+    units::{parse_duration, parse_size, MAX_DURATION, MAX_RATE},
 };
 
 /// What the command line sets over the config file (each `None`: the file's value,

@@ -52,7 +52,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "store_errors",
         "Profiles that could not be written to the local store",
     ),
-    ("store_deleted", "Profiles deleted by retention"),
+    (
+        "store_deleted",
+        "Profiles deleted by retention or to make room on a full disk",
+    ),
     ("push_delivered", "Profiles delivered to the profile store"),
     ("export_errors", "Failed push attempts"),
     (

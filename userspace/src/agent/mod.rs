@@ -56,11 +56,11 @@ const METRICS_REFRESH: Duration = Duration::from_secs(1);
 /// Runs the agent until SIGTERM, with the config file `config_file` (re-read at
 /// SIGHUP) under `overrides`.
 pub fn run(config_file: Option<PathBuf>, overrides: AgentOverrides) -> Result<()> {
-    let args = ConfigSource {
+    let source = ConfigSource {
         file: config_file,
         overrides,
     };
-    let config = args.load()?;
+    let config = source.load()?;
     let filter = ProcessFilter::new(&config.filter)?;
     // An unusable store fails before anything is attached.
     let store = ProfileStore::open(&config.store, config.retention)?;
@@ -71,7 +71,7 @@ pub fn run(config_file: Option<PathBuf>, overrides: AgentOverrides) -> Result<()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(Agent::new(args, config, store)?.run(filter))
+    runtime.block_on(Agent::new(source, config, store)?.run(filter))
 }
 
 fn system_options(config: &AgentConfig, filter: ProcessFilter) -> SystemOptions {
@@ -108,7 +108,7 @@ impl ConfigSource {
 }
 
 struct Agent {
-    args: ConfigSource,
+    source: ConfigSource,
     config: AgentConfig,
     push_stats: Arc<PushStats>,
     writer: Writer,
@@ -116,7 +116,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(args: ConfigSource, config: AgentConfig, store: ProfileStore) -> Result<Agent> {
+    fn new(source: ConfigSource, config: AgentConfig, store: ProfileStore) -> Result<Agent> {
         let push_stats = Arc::new(PushStats::default());
         let pusher = config
             .push
@@ -125,7 +125,7 @@ impl Agent {
             .transpose()?;
         let writer = Writer::start(store, pusher, hostname())?;
         Ok(Agent {
-            args,
+            source,
             config,
             push_stats,
             writer,
@@ -241,7 +241,7 @@ impl Agent {
     /// SIGHUP: re-reads the config; applies filters, interval, retention and push.
     /// Returns the new interval if it changed.
     fn reload(&mut self, profiler: &mut SystemProfiler) -> Option<Duration> {
-        let config = match self.args.load() {
+        let config = match self.source.load() {
             Ok(config) => config,
             Err(error) => {
                 tracing::error!("SIGHUP: config not reloaded: {error:#}");

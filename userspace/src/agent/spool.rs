@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 
 use super::{
     push::PushMeta,
-    store::{create_private_dir, write_private},
+    store::{create_private_dir, remove_temporary_files, write_private},
 };
 
 /// The bounded on-disk queue of undelivered profiles.
@@ -36,11 +36,7 @@ impl Spool {
         create_private_dir(dir)
             .with_context(|| format!("creating the spool directory {}", dir.display()))?;
         // A crash between write and rename leaves a .tmp: never delivered, so removed.
-        for entry in std::fs::read_dir(dir)?.flatten() {
-            if entry.path().extension().is_some_and(|x| x == "tmp") {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
+        remove_temporary_files(dir);
         let mut files: Vec<(PathBuf, u64)> = std::fs::read_dir(dir)?
             .flatten()
             .filter(|e| e.path().extension().is_some_and(|x| x == "spool"))

@@ -15,7 +15,8 @@
 //! after a crash; a write that fails removes its temporary file.
 //!
 //! A full file system (a store on a disk smaller than `max_bytes`) does not stop the
-//! store: the oldest profiles are deleted until the new one fits, as retention would,
+//! store: the oldest profiles are deleted until the new one fits, as retention would
+//! (but no more than about twice its size: the disk may be full of something else),
 //! and each deletion is counted.
 //!
 //! Memory: the index keeps one [`IndexEntry`] per stored file (~100 bytes with its
@@ -159,20 +160,13 @@ fn parse_name(path: &Path, bytes: u64) -> Option<StoredProfile> {
     })
 }
 
-/// Removes the temporary files a crash left in the day directories under `profiles`
-/// (`.START-PID.tmp`): they hold space and keep their directory from being removed.
-fn remove_partial_files(profiles: &Path) {
-    for day in std::fs::read_dir(profiles).into_iter().flatten().flatten() {
-        for file in std::fs::read_dir(day.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = file.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                let _ = std::fs::remove_file(file.path());
-            }
+/// Removes the `.tmp` files in `dir`: what a crash between [`write_private`]'s write and
+/// its rename left. They are never read, hold space, and keep the directory from being
+/// removed.
+pub(super) fn remove_temporary_files(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.path().extension().is_some_and(|x| x == "tmp") {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }
@@ -214,7 +208,9 @@ impl ProfileStore {
             format!("the store directory {} is not writable", profiles.display())
         })?;
         let _ = std::fs::remove_file(probe);
-        remove_partial_files(&profiles);
+        for day in std::fs::read_dir(&profiles).into_iter().flatten().flatten() {
+            remove_temporary_files(&day.path());
+        }
         let index: VecDeque<IndexEntry> = list(root)?
             .into_iter()
             .filter_map(|p| {

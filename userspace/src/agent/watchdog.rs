@@ -4,8 +4,8 @@
 //! Why a watchdog: an agent whose main thread hangs (a file operation that blocks despite
 //! every bound, a kernel call that never returns) stops sampling silently; systemd
 //! restarts one that stops feeding (`WatchdogSec=` in the unit). The main loop feeds it,
-//! and only while the writer thread is not stuck on one job for longer than the watchdog
-//! period, so a store on a hung disk is seen too.
+//! and only while the writer thread is not stuck on one profile (or job) for longer than
+//! the watchdog period, so a store on a hung disk is seen too.
 //!
 //! Without `NOTIFY_SOCKET` (not started by systemd) nothing is sent.
 
@@ -59,11 +59,6 @@ impl Notifier {
             watchdog,
             last_feed: None,
         })
-    }
-
-    /// The watchdog period, if systemd set one.
-    pub fn watchdog(&self) -> Option<Duration> {
-        self.watchdog
     }
 
     /// Tells systemd start-up is over.

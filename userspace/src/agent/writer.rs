@@ -31,7 +31,7 @@ pub struct WriterStats {
     pub profiles_written: AtomicU64,
     /// Profiles that could not be written to the store.
     pub store_errors: AtomicU64,
-    /// Profiles deleted by retention.
+    /// Profiles deleted by retention or to make room on a full file system.
     pub store_deleted: AtomicU64,
     /// Bytes in the store.
     pub store_bytes: AtomicU64,
@@ -41,6 +41,17 @@ pub struct WriterStats {
 }
 
 impl WriterStats {
+    /// Marks the start of a step: a job, or one profile of an export.
+    fn busy(&self) {
+        self.job_started_ns
+            .store(crate::session::monotonic_now_ns(), Ordering::Relaxed);
+    }
+
+    /// Marks the thread idle.
+    fn idle(&self) {
+        self.job_started_ns.store(0, Ordering::Relaxed);
+    }
+
     /// How long the thread has been on its current step (zero when idle): the watchdog
     /// stops being fed when this exceeds its period.
     pub fn stalled_for(&self) -> Duration {
@@ -132,9 +143,7 @@ struct WriterState {
 impl WriterState {
     fn run(mut self, jobs: mpsc::Receiver<Job>) {
         for job in jobs {
-            self.stats
-                .job_started_ns
-                .store(crate::session::monotonic_now_ns(), Ordering::Relaxed);
+            self.stats.busy();
             let finish = matches!(job, Job::Finish(_));
             match job {
                 Job::Export(profiles) => self.export(profiles),
@@ -145,7 +154,7 @@ impl WriterState {
                     }
                 }
             }
-            self.stats.job_started_ns.store(0, Ordering::Relaxed);
+            self.stats.idle();
             if finish {
                 return;
             }
@@ -171,9 +180,7 @@ impl WriterState {
     /// Stores (and spools for push) one profile per process.
     fn export(&mut self, profiles: Vec<ProcessProfile>) {
         for profile in profiles {
-            self.stats
-                .job_started_ns
-                .store(crate::session::monotonic_now_ns(), Ordering::Relaxed);
+            self.stats.busy();
             let labels = profile.info.labels(&self.hostname);
             let start_ns = profile
                 .started

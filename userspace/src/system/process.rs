@@ -96,10 +96,11 @@ const MAX_BUILD_IDS: usize = 4096;
 
 impl BuildIdCache {
     /// The hex build id of `pid`'s executable `exe` (as `/proc/PID/exe` names it, and
-    /// found in the process's memory map `maps`; empty if it has none or cannot be read). The file is the one the process maps, opened
-    /// through map_files with `procfs::open_mapped`'s checks (never on a FUSE file
-    /// system, whose daemon could stall the read), and keyed by the mapping's device
-    /// and inode: nothing is looked up by path.
+    /// found in the process's memory map `maps`; empty if it has none or cannot be
+    /// read). The file is the one the process maps, opened through map_files with
+    /// `procfs::open_mapped`'s checks (never on a FUSE file system, whose daemon could
+    /// stall the read), and keyed by the mapping's device and inode: nothing is looked
+    /// up by path.
     pub fn of(&mut self, pid: u32, maps: &[MapsEntry], exe: &Path) -> String {
         let exe = exe.to_string_lossy();
         let Some(mapping) = maps.iter().find(|m| m.name == exe) else {

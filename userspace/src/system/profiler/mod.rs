@@ -672,9 +672,10 @@ impl SystemProfiler {
             sampler.forget_processes(&gone);
             self.stats.kernel_processes =
                 kernel_pids.iter().filter(|pid| !gone.contains(pid)).count() as u64;
+            // Not at stop (no sampler): everything is let go of with the profiler.
+            self.release_unused_images();
+            self.release_unused_modules();
         }
-        self.release_unused_images();
-        self.release_unused_modules();
         self.stats.processes_tracked = self.processes.len() as u64;
         self.interval_started = ended;
         self.interval_started_at = Instant::now();

@@ -61,8 +61,9 @@ impl SystemProfiler {
     }
 
     /// Called at each cut, after the new interval started (stacks that hold neither
-    /// samples nor live blocks are gone): closes the files of modules no remaining
-    /// stack refers to. A running process's module is opened again at its next sample.
+    /// samples nor live blocks are gone): releases the modules no remaining stack
+    /// refers to (file and entry). A running process's module is interned again, with
+    /// its file, at its next sample.
     pub(super) fn release_unused_modules(&mut self) {
         let referenced: HashSet<u32> = self
             .processes
