@@ -14,7 +14,7 @@
 
 use std::{path::Path, sync::Mutex, time::Duration};
 
-use allocbpf::agent::report::decode;
+use allocbpf_agent::report::decode;
 use allocbpf_e2e::{
     agent::{stored_profiles, write_config, AgentProcess},
     profile_running_json, require_root, scratch_dir, sites_binary, Workload,

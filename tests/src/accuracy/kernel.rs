@@ -138,7 +138,7 @@ fn analyse(output: &str, profile: &Value, raw_path: &Path) -> Result<KernelCover
             stacks.entry(site).or_default().push(stack);
         }
     }
-    let threshold = allocbpf::estimate::certain_threshold(COVERAGE_RATE);
+    let threshold = allocbpf_profile::estimate::certain_threshold(COVERAGE_RATE);
     let mut results = Vec::new();
     for (name, &(size, calls)) in &truth {
         ensure!(

@@ -13,7 +13,8 @@ pub mod print;
 pub mod stats;
 pub mod workloads;
 
-use allocbpf::{aggregate::StackStats, estimate::Confidence};
+use allocbpf_profile::aggregate::StackStats;
+use allocbpf_profile::estimate::Confidence;
 
 use self::{stats::*, workloads::SimWorkload};
 use crate::{
@@ -191,7 +192,7 @@ pub fn sampling_probabilities(
     allocations: u64,
     seed: u64,
 ) -> Vec<ProbabilityCheck> {
-    let threshold = allocbpf::estimate::certain_threshold(rate);
+    let threshold = allocbpf_profile::estimate::certain_threshold(rate);
     sizes
         .iter()
         .map(|&size| {

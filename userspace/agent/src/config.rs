@@ -1,0 +1,469 @@
+//! The agent's configuration: a TOML file (every key optional), overridden by flags.
+//! docs/operations.md is the reference for every key.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::Deserialize;
+
+use allocbpf_collect::{budget::BudgetOptions, filter::FilterOptions, options::DEFAULT_RATE};
+use allocbpf_profile::units::{parse_duration, parse_size, ParseError, MAX_DURATION, MAX_RATE};
+use allocbpf_stacks::resolve::UnwindMode;
+
+/// What the command line sets over the config file (each `None`: the file's value,
+/// else the default).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentOverrides {
+    /// Directory of the local profile store.
+    pub store: Option<PathBuf>,
+    /// How often one profile per process is cut.
+    pub interval: Option<Duration>,
+    /// Pyroscope base URL.
+    pub push: Option<String>,
+    /// Metrics address, or "off".
+    pub metrics_address: Option<String>,
+    /// Mean sampling interval in bytes.
+    pub rate: Option<u64>,
+}
+
+/// Default `retention.max_files`: with ~100 bytes of index per file, ~10 MB of the
+/// agent's memory at most; 100,000 files of a few KiB fit the default `max_bytes`.
+pub const DEFAULT_MAX_FILES: u64 = 100_000;
+
+/// The config file as written (strings for sizes and durations: "512KiB", "60s").
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    store: Option<PathBuf>,
+    interval: Option<String>,
+    rate: Option<String>,
+    live: Option<bool>,
+    unwind: Option<String>,
+    allocator_symbols: Option<Vec<String>>,
+    comm: Option<String>,
+    exclude_comm: Option<String>,
+    cgroup: Option<String>,
+    metrics_address: Option<String>,
+    retention: Option<RetentionFile>,
+    push: Option<PushFile>,
+    budget: Option<BudgetFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetentionFile {
+    max_age: Option<String>,
+    max_bytes: Option<String>,
+    max_files: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PushFile {
+    url: Option<String>,
+    application: Option<String>,
+    credentials_file: Option<PathBuf>,
+    tenant: Option<String>,
+    timeout: Option<String>,
+    spool_max_bytes: Option<String>,
+    allow_insecure_http: Option<bool>,
+    ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetFile {
+    enabled: Option<bool>,
+    cpu_percent: Option<f64>,
+    detach_cpu_percent: Option<f64>,
+    check_interval: Option<String>,
+    backoff_initial: Option<String>,
+    backoff_max: Option<String>,
+}
+
+/// Retention of the local store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Profiles older than this are deleted.
+    pub max_age: Duration,
+    /// The oldest profiles are deleted while the store is larger than this.
+    pub max_bytes: u64,
+    /// ... or holds more files than this (which bounds the store's index in memory).
+    pub max_files: u64,
+}
+
+/// Where and how profiles are pushed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PushConfig {
+    /// Base URL of the Pyroscope server (`/ingest` is appended).
+    pub url: String,
+    /// Application name: the metric name in Pyroscope (`allocbpf`).
+    pub application: String,
+    /// File holding `Bearer TOKEN` or `USER:PASSWORD` (else the environment).
+    pub credentials_file: Option<PathBuf>,
+    /// `X-Scope-OrgID` for multi-tenant servers.
+    pub tenant: Option<String>,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// Bound of the on-disk spool of undelivered profiles.
+    pub spool_max_bytes: u64,
+    /// Credentials may be sent over plain `http://` (off by default).
+    pub allow_insecure_http: bool,
+    /// PEM certificates trusted besides the public roots (a private CA).
+    pub ca_file: Option<PathBuf>,
+}
+
+/// The agent's effective configuration.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Local store directory.
+    pub store: PathBuf,
+    /// Profile interval.
+    pub interval: Duration,
+    /// Mean sampling interval in bytes.
+    pub rate: u64,
+    /// Track live blocks (inuse profiles).
+    pub live: bool,
+    /// Stack unwinding.
+    pub unwind: UnwindMode,
+    /// Symbol prefixes of renamed allocators, probed besides the catalogue.
+    pub allocator_symbols: Vec<String>,
+    /// Process filters.
+    pub filter: FilterOptions,
+    /// Prometheus endpoint (`None`: off).
+    pub metrics_address: Option<SocketAddr>,
+    /// Store retention.
+    pub retention: Retention,
+    /// Pyroscope push, if configured.
+    pub push: Option<PushConfig>,
+    /// The overhead budget (`None`: disabled).
+    pub budget: Option<BudgetOptions>,
+}
+
+/// A config that cannot be used: the file or a value in it, or a flag's value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("reading the config file {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the known keys.
+    #[error("parsing the config file {}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: toml::de::Error,
+    },
+    /// A size or duration that does not parse or is out of range.
+    #[error("config key {key}")]
+    Value {
+        /// The key.
+        key: &'static str,
+        /// Why.
+        source: ParseError,
+    },
+    /// Another value out of its range or set; the message names the key.
+    #[error("{0}")]
+    Invalid(String),
+    /// The push URL carries credentials (not echoed: the URL holds a secret).
+    #[error(
+        "the push URL must not carry credentials (user:password@host): they would show in \
+         logs and in the process list; put them in push.credentials_file (mode 0600) or \
+         ALLOCBPF_PUSH_TOKEN"
+    )]
+    PushCredentials,
+    /// The metrics address is not an address.
+    #[error("metrics address {address:?} (example: 127.0.0.1:9464)")]
+    MetricsAddress {
+        /// As written.
+        address: String,
+        /// Why.
+        source: std::net::AddrParseError,
+    },
+}
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+fn duration(key: &'static str, text: Option<&str>, default: Duration) -> Result<Duration> {
+    match text {
+        None => Ok(default),
+        Some(t) => {
+            parse_duration(t, MAX_DURATION).map_err(|source| ConfigError::Value { key, source })
+        }
+    }
+}
+
+fn size(key: &'static str, text: Option<&str>, default: u64, max: u64) -> Result<u64> {
+    match text {
+        None => Ok(default),
+        Some(t) => parse_size(t, max).map_err(|source| ConfigError::Value { key, source }),
+    }
+}
+
+impl AgentConfig {
+    /// Reads the config file (if any) and applies the overrides over it.
+    pub fn load(config_file: Option<&Path>, args: &AgentOverrides) -> Result<AgentConfig> {
+        let file: File = match config_file {
+            None => File::default(),
+            Some(path) => parse_file(path)?,
+        };
+        let config = AgentConfig {
+            store: args
+                .store
+                .clone()
+                .or(file.store)
+                .unwrap_or_else(|| PathBuf::from("/var/lib/allocbpf")),
+            interval: match args.interval {
+                Some(i) => i,
+                None => duration(
+                    "interval",
+                    file.interval.as_deref(),
+                    Duration::from_secs(60),
+                )?,
+            },
+            rate: match args.rate {
+                Some(r) => r,
+                None => size("rate", file.rate.as_deref(), DEFAULT_RATE, MAX_RATE)?,
+            },
+            live: file.live.unwrap_or(true),
+            unwind: unwind_mode(file.unwind.as_deref())?,
+            allocator_symbols: file.allocator_symbols.unwrap_or_default(),
+            filter: FilterOptions {
+                comm: file.comm,
+                exclude_comm: file.exclude_comm,
+                cgroup: file.cgroup,
+            },
+            metrics_address: metrics_address(
+                args.metrics_address.clone().or(file.metrics_address),
+            )?,
+            retention: retention(file.retention.unwrap_or_default())?,
+            push: push_config(args.push.clone(), file.push.unwrap_or_default())?,
+            budget: budget_options(file.budget.unwrap_or_default())?,
+        };
+        if config.interval < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid("interval must be at least 1s".into()));
+        }
+        Ok(config)
+    }
+}
+
+fn unwind_mode(text: Option<&str>) -> Result<UnwindMode> {
+    match text {
+        None | Some("auto") => Ok(UnwindMode::Auto),
+        Some("dwarf") => Ok(UnwindMode::Dwarf),
+        Some("fp") => Ok(UnwindMode::Fp),
+        Some(other) => Err(ConfigError::Invalid(format!(
+            "config key unwind: {other:?} is not auto, dwarf or fp"
+        ))),
+    }
+}
+
+fn metrics_address(address: Option<String>) -> Result<Option<SocketAddr>> {
+    let address = address.unwrap_or_else(|| "127.0.0.1:9464".into());
+    match address.as_str() {
+        "off" | "" => Ok(None),
+        text => text
+            .parse()
+            .map(Some)
+            .map_err(|source| ConfigError::MetricsAddress { address, source }),
+    }
+}
+
+fn retention(file: RetentionFile) -> Result<Retention> {
+    Ok(Retention {
+        max_age: duration(
+            "retention.max_age",
+            file.max_age.as_deref(),
+            Duration::from_secs(7 * 24 * 3600),
+        )?,
+        max_bytes: size(
+            "retention.max_bytes",
+            file.max_bytes.as_deref(),
+            1 << 30,
+            1 << 50,
+        )?,
+        max_files: match file.max_files {
+            Some(0) => {
+                return Err(ConfigError::Invalid(
+                    "retention.max_files must be at least 1".into(),
+                ))
+            }
+            Some(n) => n,
+            None => DEFAULT_MAX_FILES,
+        },
+    })
+}
+
+/// The push settings, if a URL is set (the override's, else the file's).
+fn push_config(url: Option<String>, file: PushFile) -> Result<Option<PushConfig>> {
+    let Some(url) = url.or(file.url) else {
+        return Ok(None);
+    };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(ConfigError::Invalid(format!(
+            "push URL {url:?} must start with http:// or https://"
+        )));
+    }
+    let authority = url
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+    if authority.contains('@') {
+        return Err(ConfigError::PushCredentials);
+    }
+    Ok(Some(PushConfig {
+        url: url.trim_end_matches('/').to_string(),
+        application: file.application.unwrap_or_else(|| "allocbpf".into()),
+        credentials_file: file.credentials_file,
+        tenant: file.tenant,
+        timeout: duration(
+            "push.timeout",
+            file.timeout.as_deref(),
+            Duration::from_secs(10),
+        )?,
+        spool_max_bytes: size(
+            "push.spool_max_bytes",
+            file.spool_max_bytes.as_deref(),
+            256 << 20,
+            1 << 40,
+        )?,
+        allow_insecure_http: file.allow_insecure_http.unwrap_or(false),
+        ca_file: file.ca_file,
+    }))
+}
+
+/// The overhead budget, unless disabled; percentages in (0, 100].
+fn budget_options(file: BudgetFile) -> Result<Option<BudgetOptions>> {
+    if !file.enabled.unwrap_or(true) {
+        return Ok(None);
+    }
+    let defaults = BudgetOptions::default();
+    let percent = |key: &str, value: Option<f64>, default: f64| -> Result<f64> {
+        match value {
+            None => Ok(default / 100.0),
+            Some(p) if p > 0.0 && p <= 100.0 => Ok(p / 100.0),
+            Some(p) => Err(ConfigError::Invalid(format!(
+                "config key budget.{key}: {p} is not in (0, 100]"
+            ))),
+        }
+    };
+    Ok(Some(BudgetOptions {
+        cpu_fraction: percent(
+            "cpu_percent",
+            file.cpu_percent,
+            defaults.cpu_fraction * 100.0,
+        )?,
+        detach_fraction: percent(
+            "detach_cpu_percent",
+            file.detach_cpu_percent,
+            defaults.detach_fraction * 100.0,
+        )?,
+        check_every: duration(
+            "budget.check_interval",
+            file.check_interval.as_deref(),
+            defaults.check_every,
+        )?,
+        backoff_initial: duration(
+            "budget.backoff_initial",
+            file.backoff_initial.as_deref(),
+            defaults.backoff_initial,
+        )?,
+        backoff_max: duration(
+            "budget.backoff_max",
+            file.backoff_max.as_deref(),
+            defaults.backoff_max,
+        )?,
+    }))
+}
+
+fn parse_file(path: &Path) -> Result<File> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_defaults_fill_the_rest() {
+        let dir = std::env::temp_dir().join(format!("allocbpf-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agent.toml");
+        std::fs::write(
+            &path,
+            r#"
+store = "/srv/profiles"
+interval = "30s"
+rate = "1MiB"
+comm = "^nginx"
+[retention]
+max_bytes = "10MiB"
+[push]
+url = "http://pyroscope:4040/"
+[budget]
+cpu_percent = 2.5
+"#,
+        )
+        .unwrap();
+        let args = AgentOverrides {
+            interval: Some(Duration::from_secs(5)),
+            ..AgentOverrides::default()
+        };
+        let config = AgentConfig::load(Some(&path), &args).unwrap();
+        assert_eq!(config.store, PathBuf::from("/srv/profiles"));
+        assert_eq!(config.interval, Duration::from_secs(5));
+        assert_eq!(config.rate, 1 << 20);
+        assert_eq!(config.retention.max_bytes, 10 << 20);
+        assert_eq!(config.retention.max_age, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(config.push.unwrap().url, "http://pyroscope:4040");
+        assert_eq!(config.budget.unwrap().cpu_fraction, 0.025);
+        assert_eq!(config.filter.comm.as_deref(), Some("^nginx"));
+        assert!(config.live);
+
+        std::fs::write(&path, "rate = \"lots\"\n").unwrap();
+        let error = format!(
+            "{:#}",
+            anyhow::Error::from(AgentConfig::load(Some(&path), &args).unwrap_err())
+        );
+        assert!(error.contains("config key rate"), "{error}");
+        std::fs::write(&path, "colour = \"blue\"\n").unwrap();
+        let error = format!(
+            "{:#}",
+            anyhow::Error::from(AgentConfig::load(Some(&path), &args).unwrap_err())
+        );
+        assert!(error.contains("unknown field"), "{error}");
+        // Credentials in the URL are refused, and the secret is not echoed.
+        std::fs::write(&path, "[push]\nurl = \"https://joe:hunter2@p:4040/\"\n").unwrap();
+        let error = format!(
+            "{:#}",
+            anyhow::Error::from(AgentConfig::load(Some(&path), &args).unwrap_err())
+        );
+        assert!(error.contains("must not carry credentials"), "{error}");
+        assert!(!error.contains("hunter2"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn no_flags_no_file_just_works() {
+        let config = AgentConfig::load(None, &AgentOverrides::default()).unwrap();
+        assert_eq!(config.store, PathBuf::from("/var/lib/allocbpf"));
+        assert_eq!(config.interval, Duration::from_secs(60));
+        assert!(config.push.is_none());
+        let budget = config.budget.unwrap();
+        assert_eq!(budget, BudgetOptions::default());
+    }
+}

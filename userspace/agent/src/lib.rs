@@ -1,0 +1,330 @@
+//! `allocbpf agent`: the fleet node agent.
+//!
+//! It profiles every process of the host ([`allocbpf_collect::system`]) continuously, and every
+//! interval cuts one profile per process that allocated (alloc and, with live tracking,
+//! inuse sample types), labelled with hostname, pid, comm, exe, build id and cgroup /
+//! container id. Profiles go to the local [`store`] (always) and, when configured, to
+//! Pyroscope through the bounded spool of [`push`]. Sampling never waits for either:
+//! encoding, store and spool writes run on the [`writer`] thread, and pushing on its
+//! own thread.
+//!
+//! Signals: SIGTERM (and Ctrl-C) cut the current, partial interval, store it, try to
+//! deliver the spool for up to the push timeout, and exit; SIGHUP reloads the config
+//! file. docs/operations.md is the operator's guide.
+//!
+//! The agent sits above the collection engine ([`allocbpf_collect`]) and the exporters
+//! ([`allocbpf_export`]); it is the only library crate that reports errors as
+//! `anyhow` (its top level, [`run`]), since nothing calls it but the binary.
+#![deny(missing_docs)]
+
+pub mod config;
+mod metrics;
+mod push;
+pub mod report;
+mod spool;
+mod store;
+mod tls;
+mod watchdog;
+mod writer;
+
+use std::{
+    path::PathBuf,
+    sync::{atomic::Ordering, Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use tokio::signal::unix::{signal, SignalKind};
+
+use self::{
+    config::{AgentConfig, AgentOverrides},
+    metrics::Metrics,
+    push::{PushStats, Pusher},
+    store::ProfileStore,
+    watchdog::Notifier,
+    writer::Writer,
+};
+use allocbpf_collect::{
+    engine::{Collector, HOUSEKEEPING_TICK},
+    filter::ProcessFilter,
+    options::{CollectOptions, LiveOptions, Scope},
+    process::hostname,
+};
+use allocbpf_probe::preflight;
+use allocbpf_probe::sampler::LiveMechanism;
+
+/// How often metrics are refreshed from the kernel and the collector.
+const METRICS_REFRESH: Duration = Duration::from_secs(1);
+
+/// Runs the agent until SIGTERM, with the config file `config_file` (re-read at
+/// SIGHUP) under `overrides`.
+pub fn run(config_file: Option<PathBuf>, overrides: AgentOverrides) -> Result<()> {
+    let source = ConfigSource {
+        file: config_file,
+        overrides,
+    };
+    let config = source.load()?;
+    let filter = ProcessFilter::new(&config.filter)?;
+    // An unusable store fails before anything is attached.
+    let store = ProfileStore::open(&config.store, config.retention)?;
+    preflight::check_privileges()?;
+    preflight::check_kernel()?;
+    preflight::raise_descriptor_limit();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(Agent::new(source, config, store)?.run(filter))
+}
+
+/// What the engine collects for the agent: the config's choices, the defaults elsewhere.
+fn collect_options(config: &AgentConfig) -> CollectOptions {
+    CollectOptions {
+        rate: config.rate,
+        live: config.live.then_some(LiveOptions {
+            mechanism: LiveMechanism::Auto,
+            leaks_min_age: None,
+        }),
+        unwind: config.unwind,
+        allocator_prefixes: config.allocator_symbols.clone(),
+        ..CollectOptions::default()
+    }
+}
+
+/// Where the agent's config comes from, for the first load and every reload.
+struct ConfigSource {
+    file: Option<PathBuf>,
+    overrides: AgentOverrides,
+}
+
+impl ConfigSource {
+    fn load(&self) -> Result<AgentConfig> {
+        Ok(AgentConfig::load(self.file.as_deref(), &self.overrides)?)
+    }
+}
+
+struct Agent {
+    source: ConfigSource,
+    config: AgentConfig,
+    push_stats: Arc<PushStats>,
+    writer: Writer,
+    metrics: Arc<Mutex<Metrics>>,
+}
+
+impl Agent {
+    fn new(source: ConfigSource, config: AgentConfig, store: ProfileStore) -> Result<Agent> {
+        let push_stats = Arc::new(PushStats::default());
+        let pusher = config
+            .push
+            .clone()
+            .map(|push| Pusher::start(push, &config.store, push_stats.clone()))
+            .transpose()?;
+        let writer = Writer::start(store, pusher, hostname())?;
+        Ok(Agent {
+            source,
+            config,
+            push_stats,
+            writer,
+            metrics: Arc::new(Mutex::new(Metrics::new())),
+        })
+    }
+
+    async fn run(mut self, filter: ProcessFilter) -> Result<()> {
+        // Bound before anything is attached: a configured endpoint that cannot exist is
+        // an error at start, not a silent task failure.
+        let listener = match self.config.metrics_address {
+            Some(address) => Some(metrics::bind(address).await?),
+            None => None,
+        };
+        let metrics_task =
+            listener.map(|listener| tokio::spawn(metrics::serve(listener, self.metrics.clone())));
+        // Before the long start-up: a SIGHUP or SIGTERM meanwhile must not take the
+        // default action (end the process).
+        let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        let mut collector = Collector::start(
+            collect_options(&self.config),
+            Scope::Host {
+                filter,
+                budget: self.config.budget,
+            },
+        )?;
+        tracing::info!(
+            "agent started: {} image(s) attached, interval {}s, store {}{}",
+            collector.stats.images_attached,
+            self.config.interval.as_secs(),
+            self.config.store.display(),
+            match &self.config.push {
+                Some(push) => format!(", pushing to {}", push.url),
+                None => String::new(),
+            }
+        );
+        let mut notifier = Notifier::from_env();
+        if let Some(notifier) = &notifier {
+            notifier.ready();
+        }
+        let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
+        let mut metrics_tick = tokio::time::interval(METRICS_REFRESH);
+        let mut cut = new_cut_timer(self.config.interval);
+        let mut read_error = None;
+        loop {
+            tokio::select! {
+                read = collector.read() => {
+                    if let Err(error) = read {
+                        // Stop, flush what was collected, then exit non-zero: a
+                        // supervisor restarts an agent that can no longer sample.
+                        tracing::error!("reading the ring buffer failed: {error}; stopping");
+                        read_error = Some(error);
+                        break;
+                    }
+                }
+                _ = tick.tick() => {
+                    collector.housekeeping();
+                    if let Some(notifier) = notifier.as_mut() {
+                        notifier.feed(self.writer.stats.stalled_for());
+                    }
+                }
+                _ = metrics_tick.tick() => self.update_metrics(&mut collector),
+                _ = cut.tick() => {
+                    self.writer.export(collector.cut());
+                }
+                _ = sighup.recv() => {
+                    if let Some(interval) = self.reload(&mut collector) {
+                        cut = new_cut_timer(interval);
+                    }
+                }
+                _ = sigterm.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        self.shut_down(collector, notifier, metrics_task, read_error)
+    }
+
+    /// Stops collecting; the current, partial interval is stored and pushed before exit.
+    fn shut_down(
+        self,
+        collector: Collector,
+        notifier: Option<Notifier>,
+        metrics_task: Option<tokio::task::JoinHandle<()>>,
+        read_error: Option<std::io::Error>,
+    ) -> Result<()> {
+        tracing::info!("stopping: flushing the current interval");
+        if let Some(notifier) = &notifier {
+            notifier.stopping();
+        }
+        let profiles = collector.stop();
+        let flushed = profiles.len();
+        self.writer.export(profiles);
+        let timeout = self
+            .config
+            .push
+            .as_ref()
+            .map_or(Duration::ZERO, |p| p.timeout);
+        let stats = self.writer.stats.clone();
+        self.writer.finish(timeout);
+        if let Some(task) = metrics_task {
+            task.abort();
+        }
+        eprintln!(
+            "allocbpf agent: stopped; {flushed} profile(s) flushed, {} written in all, {} spooled for push",
+            stats.profiles_written.load(Ordering::Relaxed),
+            self.push_stats.spool_files.load(Ordering::Relaxed)
+        );
+        match read_error {
+            Some(error) => Err(anyhow::Error::new(error).context("reading the ring buffer")),
+            None => Ok(()),
+        }
+    }
+
+    fn update_metrics(&mut self, collector: &mut Collector) {
+        let kernel = collector.counters();
+        let metrics = self.metrics.lock().expect("metrics lock");
+        metrics.update(&collector.stats, &kernel, &self.push_stats);
+        let stats = &self.writer.stats;
+        metrics.total(
+            "profiles_written",
+            stats.profiles_written.load(Ordering::Relaxed),
+        );
+        metrics.total("store_errors", stats.store_errors.load(Ordering::Relaxed));
+        metrics.total("store_deleted", stats.store_deleted.load(Ordering::Relaxed));
+        metrics.gauge("store_bytes", stats.store_bytes.load(Ordering::Relaxed));
+    }
+
+    /// SIGHUP: re-reads the config; applies filters, interval, retention and push.
+    /// Returns the new interval if it changed.
+    fn reload(&mut self, collector: &mut Collector) -> Option<Duration> {
+        let config = match self.source.load() {
+            Ok(config) => config,
+            Err(error) => {
+                tracing::error!("SIGHUP: config not reloaded: {error:#}");
+                return None;
+            }
+        };
+        let filter = match ProcessFilter::new(&config.filter) {
+            Ok(filter) => filter,
+            Err(error) => {
+                tracing::error!("SIGHUP: config not reloaded: {error}");
+                return None;
+            }
+        };
+        // Every fallible part before anything changes: a reload applies whole or not
+        // at all. The push is restarted on every reload, so a changed credentials file
+        // is read again; its spool is the running store's (a store change waits for a
+        // restart).
+        let push = match config.push.clone() {
+            Some(push) => {
+                match Pusher::prepare(push, &self.config.store, self.push_stats.clone()) {
+                    Ok(prepared) => Some(prepared),
+                    Err(error) => {
+                        tracing::error!("SIGHUP: config not reloaded: push: {error:#}");
+                        return None;
+                    }
+                }
+            }
+            None => None,
+        };
+        collector.set_filter(filter);
+        // Applied by the writer thread after the profiles queued before; the old
+        // pusher finishes its request in flight in the background, so no thread waits
+        // on the network.
+        self.writer.reconfigure(config.retention, push);
+        for (what, changed) in [
+            ("rate", config.rate != self.config.rate),
+            ("live", config.live != self.config.live),
+            ("unwind", config.unwind != self.config.unwind),
+            ("store", config.store != self.config.store),
+            (
+                "metrics_address",
+                config.metrics_address != self.config.metrics_address,
+            ),
+            (
+                "allocator_symbols",
+                config.allocator_symbols != self.config.allocator_symbols,
+            ),
+            ("budget", config.budget != self.config.budget),
+        ] {
+            if changed {
+                tracing::warn!("SIGHUP: {what} changes take effect at the next restart");
+            }
+        }
+        let interval = (config.interval != self.config.interval).then_some(config.interval);
+        tracing::info!("SIGHUP: config reloaded");
+        self.config = AgentConfig {
+            rate: self.config.rate,
+            live: self.config.live,
+            unwind: self.config.unwind,
+            store: self.config.store.clone(),
+            metrics_address: self.config.metrics_address,
+            allocator_symbols: self.config.allocator_symbols.clone(),
+            budget: self.config.budget,
+            ..config
+        };
+        interval
+    }
+}
+
+fn new_cut_timer(interval: Duration) -> tokio::time::Interval {
+    let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    timer
+}

@@ -1,0 +1,404 @@
+//! The agent's self-metrics, served in the Prometheus text format.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, gauge::Gauge},
+    registry::Registry,
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+use super::push::PushStats;
+use allocbpf_collect::engine::CollectorStats;
+use allocbpf_profile::report::Counters;
+
+/// Every metric, registered once.
+pub struct Metrics {
+    registry: Registry,
+    counters: Vec<(&'static str, Counter)>,
+    gauges: Vec<(&'static str, Gauge)>,
+    cpu_seconds: Gauge<f64, AtomicU64>,
+}
+
+const COUNTERS: &[(&str, &str)] = &[
+    ("samples", "Samples aggregated"),
+    (
+        "ring_buffer_drops",
+        "Samples lost because the ring buffer was full",
+    ),
+    (
+        "filtered_samples",
+        "Samples dropped because their process is filtered out",
+    ),
+    (
+        "attach_failures",
+        "Allocator images that could not be attached",
+    ),
+    ("exec_events", "Exec events received"),
+    ("exit_events", "Process exits received"),
+    ("profiles_written", "Profiles written to the local store"),
+    (
+        "store_errors",
+        "Profiles that could not be written to the local store",
+    ),
+    (
+        "store_deleted",
+        "Profiles deleted by retention or to make room on a full disk",
+    ),
+    ("push_delivered", "Profiles delivered to the profile store"),
+    ("export_errors", "Failed push attempts"),
+    (
+        "push_dropped",
+        "Profiles dropped because the push spool was full",
+    ),
+    (
+        "push_rejected",
+        "Profiles dropped because they can never be delivered (corrupt spool record, 4xx)",
+    ),
+    (
+        "budget_backoffs",
+        "Processes backed off for exceeding their overhead budget",
+    ),
+    (
+        "budget_detachments",
+        "Image detachments for the overhead budget",
+    ),
+    (
+        "lost_frees",
+        "Live blocks retired at a cut because the kernel no longer tracked them (Freed event lost)",
+    ),
+    (
+        "module_files_closed",
+        "Module files closed at a cut because no profile referred to them any more",
+    ),
+    (
+        "released_images",
+        "Allocator images detached because no process maps them any more",
+    ),
+    (
+        "stack_errors",
+        "Samples whose user stack could not be read in the kernel",
+    ),
+    (
+        "thread_map_full",
+        "Probe hits that found the thread maps full (counted per process, sampled per CPU)",
+    ),
+    (
+        "process_map_full",
+        "Probe hits lost to exact totals because the process map was full",
+    ),
+    (
+        "live_map_full",
+        "Sampled blocks not tracked as live because the live map was full",
+    ),
+    (
+        "exec_queue_overflows",
+        "Exec events left to the periodic rescan because the exec queue was full",
+    ),
+    (
+        "malformed_records",
+        "Ring-buffer records that could not be decoded",
+    ),
+    (
+        "descriptor_errors",
+        "Mapped files that could not be opened for want of file descriptors",
+    ),
+    (
+        "metrics_accept_errors",
+        "Failed accepts on the metrics endpoint (descriptors exhausted)",
+    ),
+    (
+        "metrics_connections_refused",
+        "Metrics connections closed at once: too many open",
+    ),
+];
+
+const GAUGES: &[(&str, &str)] = &[
+    ("attached_images", "Allocator images with probes attached"),
+    ("tracked_processes", "Processes followed"),
+    ("budget_paused_processes", "Processes backed off now"),
+    ("spool_bytes", "Bytes of profiles waiting in the push spool"),
+    ("spool_profiles", "Profiles waiting in the push spool"),
+    ("store_bytes", "Bytes in the local store"),
+    ("resident_memory_bytes", "Agent resident set size"),
+    (
+        "module_files_open",
+        "Module files held open for symbolization",
+    ),
+    (
+        "ring_buffer_peak_bytes",
+        "Most sample ring-buffer bytes found waiting at one read since start",
+    ),
+    (
+        "module_entries",
+        "Modules (executables and libraries) current stacks refer to",
+    ),
+    (
+        "kernel_process_entries",
+        "Processes with entries in the kernel's per-process maps at the last cut",
+    ),
+    (
+        "kernel_live_blocks",
+        "Sampled blocks in the kernel's live map at the last cut",
+    ),
+    ("open_descriptors", "File descriptors the agent holds"),
+    (
+        "event_queue_peak_bytes",
+        "Most record bytes read from the ring and waiting for the main thread at once",
+    ),
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `allocbpf_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("allocbpf");
+        let counters = COUNTERS
+            .iter()
+            .map(|&(name, help)| {
+                let counter = Counter::default();
+                registry.register(name, help, counter.clone());
+                (name, counter)
+            })
+            .collect();
+        let gauges = GAUGES
+            .iter()
+            .map(|&(name, help)| {
+                let gauge = Gauge::default();
+                registry.register(name, help, gauge.clone());
+                (name, gauge)
+            })
+            .collect();
+        let cpu_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "cpu_seconds",
+            "Agent CPU time (user + system), seconds",
+            cpu_seconds.clone(),
+        );
+        Self {
+            registry,
+            counters,
+            gauges,
+            cpu_seconds,
+        }
+    }
+
+    /// Sets counter `name` to the running total `value`.
+    pub fn total(&self, name: &str, value: u64) {
+        if let Some((_, counter)) = self.counters.iter().find(|(n, _)| *n == name) {
+            let current = counter.get();
+            if value > current {
+                counter.inc_by(value - current);
+            }
+        }
+    }
+
+    /// Adds one to counter `name`.
+    pub fn count(&self, name: &str) {
+        if let Some((_, counter)) = self.counters.iter().find(|(n, _)| *n == name) {
+            counter.inc();
+        }
+    }
+
+    /// Sets gauge `name`.
+    pub fn gauge(&self, name: &str, value: u64) {
+        if let Some((_, gauge)) = self.gauges.iter().find(|(n, _)| *n == name) {
+            gauge.set(value as i64);
+        }
+    }
+
+    /// Updates everything from the profiler, the kernel and the exporters.
+    pub fn update(&self, system: &CollectorStats, kernel: &Counters, push: &PushStats) {
+        self.total("samples", system.samples);
+        self.total("ring_buffer_drops", kernel.ring_buffer_drops);
+        self.total("filtered_samples", system.filtered_samples);
+        self.total("attach_failures", system.attach_failures);
+        self.total("exec_events", system.exec_events);
+        self.total("exit_events", system.exit_events);
+        self.total("budget_backoffs", system.budget_backoffs);
+        self.total("budget_detachments", system.budget_detachments);
+        self.total("released_images", system.images_released);
+        self.total("lost_frees", system.lost_frees);
+        self.total("module_files_closed", system.module_files_closed);
+        self.gauge("module_files_open", system.module_files_open);
+        self.gauge("module_entries", system.module_entries);
+        self.total("stack_errors", kernel.stack_errors);
+        self.total("thread_map_full", kernel.thread_map_full);
+        self.total("process_map_full", kernel.process_map_full);
+        self.total("live_map_full", kernel.live_map_full);
+        self.total("exec_queue_overflows", system.exec_queue_overflows);
+        self.total("malformed_records", system.malformed_records);
+        self.total(
+            "descriptor_errors",
+            allocbpf_probe::procfs::DESCRIPTOR_ERRORS.load(Ordering::Relaxed),
+        );
+        self.gauge("ring_buffer_peak_bytes", system.ring_peak_bytes);
+        self.gauge("event_queue_peak_bytes", system.queue_peak_bytes);
+        self.gauge("kernel_process_entries", system.kernel_processes);
+        self.gauge("kernel_live_blocks", system.kernel_live_blocks);
+        self.gauge("open_descriptors", open_descriptors());
+        self.total("push_delivered", push.delivered.load(Ordering::Relaxed));
+        self.total("export_errors", push.errors.load(Ordering::Relaxed));
+        self.total("push_dropped", push.dropped.load(Ordering::Relaxed));
+        self.total("push_rejected", push.rejected.load(Ordering::Relaxed));
+        self.gauge("attached_images", system.images_attached);
+        self.gauge("tracked_processes", system.processes_tracked);
+        self.gauge("budget_paused_processes", system.budget_paused);
+        self.gauge("spool_bytes", push.spool_bytes.load(Ordering::Relaxed));
+        self.gauge("spool_profiles", push.spool_files.load(Ordering::Relaxed));
+        let (cpu, rss) = own_cpu_and_rss();
+        self.cpu_seconds.set(cpu);
+        self.gauge("resident_memory_bytes", rss);
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Descriptors this process holds (entries of `/proc/self/fd`, less the one listing it).
+pub fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count().saturating_sub(1) as u64)
+}
+
+/// This process's CPU seconds and resident bytes, from `/proc/self`.
+pub fn own_cpu_and_rss() -> (f64, u64) {
+    // SAFETY: sysconf has no preconditions.
+    let (ticks, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK) as f64,
+            libc::sysconf(libc::_SC_PAGESIZE) as u64,
+        )
+    };
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name (which may contain spaces).
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<&str> = rest.split(' ').collect();
+            let user: f64 = fields.get(11)?.parse().ok()?;
+            let system: f64 = fields.get(12)?.parse().ok()?;
+            Some((user + system) / ticks)
+        })
+        .unwrap_or(0.0);
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split(' ').nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page);
+    (cpu, rss)
+}
+
+/// Connections served at once; more are closed at accept. Each costs a task and a
+/// descriptor, and anybody on the network may open them.
+const MAX_CONNECTIONS: usize = 16;
+
+/// A connection is closed if it has not sent its request, or taken the answer, within
+/// this long.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pause after a failed accept (descriptors exhausted): a failing accept returns at
+/// once, and retrying at once would spin a core.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Binds the metrics endpoint. Failing to bind is an error the agent reports at start:
+/// a configured endpoint that silently does not exist would look like a dead agent.
+pub async fn bind(address: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(address).await.with_context(|| {
+        format!(
+            "binding the metrics endpoint {address} (metrics_address in the config, \
+             or --metrics-address; \"off\" disables it)"
+        )
+    })
+}
+
+/// Serves `metrics` on `listener` until the task is dropped: any GET gets the text.
+/// At most [`MAX_CONNECTIONS`] at once, each closed after [`CONNECTION_TIMEOUT`].
+pub async fn serve(listener: TcpListener, metrics: Arc<Mutex<Metrics>>) {
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!("metrics on http://{address}/metrics");
+    }
+    let active = Arc::new(AtomicUsize::new(0));
+    loop {
+        let mut stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                metrics
+                    .lock()
+                    .expect("metrics lock")
+                    .count("metrics_accept_errors");
+                tracing::debug!("metrics endpoint: accept failed: {error}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            metrics
+                .lock()
+                .expect("metrics lock")
+                .count("metrics_connections_refused");
+            continue; // dropped: closed at once
+        }
+        active.fetch_add(1, Ordering::Relaxed);
+        let body = metrics.lock().expect("metrics lock").render();
+        let active = active.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, async {
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            })
+            .await;
+            active.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_with_totals() {
+        let metrics = Metrics::new();
+        metrics.total("samples", 42);
+        metrics.total("samples", 40); // never goes back
+        metrics.gauge("attached_images", 3);
+        metrics.update(
+            &CollectorStats {
+                samples: 50,
+                ..Default::default()
+            },
+            &Counters::default(),
+            &PushStats::default(),
+        );
+        let text = metrics.render();
+        assert!(text.contains("allocbpf_samples_total 50"), "{text}");
+        assert!(text.contains("allocbpf_attached_images 0"), "{text}");
+        assert!(text.contains("allocbpf_resident_memory_bytes"), "{text}");
+        assert!(own_cpu_and_rss().1 > 0);
+    }
+}

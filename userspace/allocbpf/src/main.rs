@@ -1,0 +1,176 @@
+//! The `allocbpf` command.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command, ReportArgs};
+use allocbpf_collect::{
+    budget::{self, BudgetOptions},
+    filter::ProcessFilter,
+    options::{CollectOptions, LiveOptions, Scope},
+    run,
+};
+use allocbpf_probe::preflight::{self, Sink};
+use allocbpf_probe::sampler::ThreadTables;
+use anyhow::{Context, Result};
+use clap::Parser;
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ALLOCBPF_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn live_options(cli: &Cli) -> Option<LiveOptions> {
+    (cli.live || cli.leaks).then_some(LiveOptions {
+        mechanism: cli.live_mechanism.into(),
+        leaks_min_age: cli.leaks.then_some(cli.min_age),
+    })
+}
+
+/// The command line's collection options (every mode but the agent's).
+fn collect_options(cli: &Cli) -> CollectOptions {
+    CollectOptions {
+        rate: cli.rate,
+        live: live_options(cli),
+        unwind: cli.unwind.into(),
+        stack_bytes: cli.stack_bytes,
+        symbolize: !cli.no_symbolize,
+        confidence: cli.confidence,
+        thread_tables: ThreadTables {
+            slots: cli.thread_slots,
+            overflow: cli.overflow_threads,
+        },
+        allocator_prefixes: cli.allocator_symbol.clone(),
+        empty_probes: cli.empty_probes,
+        raw_samples: cli.raw_samples.clone(),
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match &cli.command {
+        Some(Command::Calibrate { step }) => {
+            return budget::calibration_child(*step).context("calibration loop")
+        }
+        Some(Command::Report(args)) => return run_report(args),
+        Some(Command::Agent(args)) => return allocbpf_agent::run(args.config.clone(), args.into()),
+        None => {}
+    }
+    // Output first: an unwritable path must fail before anything is attached.
+    let sink = Sink::open(cli.output.as_deref())?;
+    let Some(pid) = cli.pid else {
+        return run_system_wide(&cli, sink);
+    };
+    preflight::check_privileges()?;
+    preflight::check_kernel()?;
+    preflight::raise_descriptor_limit();
+    let options = collect_options(&cli);
+    let (report, stop) =
+        runtime()?.block_on(run::run(options, Scope::Process(pid), cli.duration))?;
+    eprintln!(
+        "allocbpf: stopped ({stop}) after {:.1}s: {} samples, {} dropped",
+        report.duration.as_secs_f64(),
+        report.totals.samples,
+        report.totals.drops
+    );
+    sink.write_with(|out| allocbpf_export::write(&report, cli.format.into(), out))?;
+    Ok(())
+}
+
+/// `allocbpf report`: the agent's stored profiles merged into one report.
+fn run_report(args: &ReportArgs) -> Result<()> {
+    let sink = Sink::open(args.output.as_deref())?;
+    let comm = args
+        .comm
+        .as_deref()
+        .map(regex::Regex::new)
+        .transpose()
+        .context("--comm is not a valid regex")?;
+    if !args.store.is_dir() {
+        anyhow::bail!(
+            "--store {}: no such directory (the agent's --store, /var/lib/allocbpf by default)",
+            args.store.display()
+        );
+    }
+    let (report, merged) =
+        allocbpf_agent::report::merge_store(&args.store, args.since, comm.as_ref())?;
+    eprintln!(
+        "allocbpf: merged {merged} stored profile(s) from {}",
+        args.store.display()
+    );
+    sink.write_with(|out| allocbpf_export::write(&report, args.format.into(), out))?;
+    Ok(())
+}
+
+/// `allocbpf` without `--pid`: every process, one merged report.
+fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
+    let filter = ProcessFilter::new(&(&cli.filter).into()).map_err(crate::cli::filter_error)?;
+    preflight::check_privileges()?;
+    preflight::check_kernel()?;
+    preflight::raise_descriptor_limit();
+    if cli.leaks {
+        anyhow::bail!("--leaks needs --pid (system-wide mode reports in-use bytes with --live)");
+    }
+    let scope = Scope::Host {
+        filter,
+        budget: Some(BudgetOptions::default()),
+    };
+    let (report, stop) =
+        runtime()?.block_on(run::run(collect_options(cli), scope, cli.duration))?;
+    match &report.note {
+        // Still written below: an empty profile, valid in every format.
+        Some(note) => eprintln!("allocbpf: stopped ({stop}): {note}"),
+        None => eprintln!(
+            "allocbpf: stopped ({stop}): {} samples, {} dropped",
+            report.totals.samples, report.totals.drops
+        ),
+    }
+    sink.write_with(|out| allocbpf_export::write(&report, cli.format.into(), out))?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    preflight::keep_large_buffers_out_of_the_heap();
+    let cli = Cli::parse();
+    let verbose = match &cli.command {
+        Some(Command::Agent(args)) => args.verbose.max(1),
+        _ => cli.verbose,
+    };
+    init_logging(verbose);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("allocbpf: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults are defined once, in the engine's options: the flags' defaults
+    /// (written as text for `--help`) must come out as exactly those.
+    #[test]
+    fn flag_defaults_are_the_engines_defaults() {
+        let cli = Cli::try_parse_from(["allocbpf", "--pid", "1"]).unwrap();
+        assert_eq!(collect_options(&cli), CollectOptions::default());
+    }
+}

@@ -1,0 +1,175 @@
+//! The engine's start-up measurement for the overhead budget: what one probe hit costs
+//! on this machine, timed in a child process (`allocbpf __calibrate`, the running
+//! executable, whose own code is probed to time a single-stepped hit).
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Command, Stdio},
+};
+
+use super::Collector;
+use crate::{
+    budget::{calibration_step, HitCost},
+    error::CollectError,
+};
+use allocbpf_common::GateState;
+
+type Result<T> = std::result::Result<T, CollectError>;
+
+/// `context` for the calibration's steps: a failed step names itself.
+trait Context<T> {
+    fn context(self, what: &str) -> Result<T>;
+}
+
+impl<T, E: std::error::Error + Send + Sync + 'static> Context<T> for std::result::Result<T, E> {
+    fn context(self, what: &str) -> Result<T> {
+        self.map_err(|source| CollectError::Calibration {
+            what: what.to_string(),
+            source: Box::new(source),
+        })
+    }
+}
+
+impl<T> Context<T> for Option<T> {
+    fn context(self, what: &str) -> Result<T> {
+        self.ok_or_else(|| CollectError::Calibration {
+            what: what.to_string(),
+            source: "not found".into(),
+        })
+    }
+}
+
+/// The median of calibration runs (an odd number of them).
+pub(crate) fn median(mut runs: Vec<f64>) -> f64 {
+    runs.sort_by(f64::total_cmp);
+    runs[runs.len() / 2]
+}
+
+impl Collector {
+    /// Measures what a probe hit costs: a child process times malloc/free pairs with
+    /// its gate open (sampled) and paused, three times each; `baseline` is the same loop
+    /// timed before any probe was attached. Then what a single-stepped probe adds: the
+    /// child calls [`calibration_step`] with an empty program on its emulated first
+    /// instruction, then on its single-stepped second one. Medians, because this
+    /// machine is noisy.
+    pub(super) fn calibrate(&mut self, baseline: f64) -> Result<HitCost> {
+        let hits_per_pair = if self.options.live.is_some() {
+            2.0
+        } else {
+            1.0
+        };
+        let mut sampled = Vec::new();
+        let mut paused = Vec::new();
+        for _ in 0..3 {
+            sampled.push(self.calibration_run(GateState::Open)?);
+            paused.push(self.calibration_run(GateState::Paused)?);
+        }
+        let per_hit = |ns: f64| ((ns - baseline) / hits_per_pair).max(1.0);
+        let stepped_extra_ns = match self.stepped_extra() {
+            Ok(ns) => ns,
+            Err(error) => {
+                // The figure measured on the development machines (docs/design.md).
+                tracing::warn!("single-step cost not measured ({error:#}); assuming 14 us");
+                14_000.0
+            }
+        };
+        Ok(HitCost {
+            sampled_ns: per_hit(median(sampled)),
+            paused_ns: per_hit(median(paused)),
+            stepped_extra_ns,
+        })
+    }
+
+    /// What a probe on a single-stepped instruction costs more than one on an emulated
+    /// instruction, in nanoseconds per hit.
+    fn stepped_extra(&mut self) -> Result<f64> {
+        let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
+        let offset = own_file_offset(calibration_step as *const () as usize as u64)
+            .context("locating the calibration function in our executable")?;
+        let mut emulated = Vec::new();
+        let mut stepped = Vec::new();
+        for _ in 0..3 {
+            emulated.push(self.child_run(true, GateState::Open, Some((&exe, offset)))?);
+            stepped.push(self.child_run(true, GateState::Open, Some((&exe, offset + 1)))?);
+        }
+        Ok((median(stepped) - median(emulated)).max(0.0))
+    }
+
+    pub(super) fn calibration_run(&mut self, gate: GateState) -> Result<f64> {
+        self.child_run(false, gate, None)
+    }
+
+    /// Runs the calibration child (`step`: its single-step loop) with its gate set to
+    /// `gate` and, if `probe` names a file offset, the empty program attached there for
+    /// the child alone. Returns the child's nanoseconds per iteration.
+    fn child_run(
+        &mut self,
+        step: bool,
+        gate: GateState,
+        probe: Option<(&std::path::Path, u64)>,
+    ) -> Result<f64> {
+        let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
+        let mut command = Command::new(exe);
+        command.arg("__calibrate");
+        if step {
+            command.arg("--step");
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the calibration child")?;
+        let pid = child.id();
+        self.processes.ignored.insert(pid);
+        self.sampler().set_gate(pid, gate)?;
+        let link = match probe {
+            Some((path, offset)) => Some(self.sampler().attach_empty_at(path, offset, pid)?),
+            None => None,
+        };
+        let mut run = || -> Result<(String, std::process::ExitStatus)> {
+            child
+                .stdin
+                .take()
+                .expect("piped")
+                .write_all(b"go\n")
+                .context("starting the calibration loop")?;
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().expect("piped"))
+                .read_line(&mut line)
+                .context("reading the calibration result")?;
+            Ok((
+                line,
+                child.wait().context("waiting for the calibration child")?,
+            ))
+        };
+        let result = run();
+        if result.is_err() {
+            // Never leave the child or its probe behind.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(link) = link {
+            self.sampler().detach_empty(link);
+        }
+        // Nobody reads the ring buffer during start-up: empty it now, or the sampled
+        // runs' records would crowd out every process's samples (they are ignored).
+        self.drain_ring();
+        self.processes.ignored.remove(&pid);
+        let (line, status) = result?;
+        let ns: f64 = line
+            .trim()
+            .parse()
+            .context(&format!("calibration child printed {line:?} ({status})"))?;
+        Ok(ns)
+    }
+}
+
+/// The file offset, in our own executable, of the code at `address` in this process.
+fn own_file_offset(address: u64) -> Option<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    allocbpf_probe::procfs::parse_maps(&maps)
+        .into_iter()
+        .find(|entry| entry.range.contains(&address))
+        .map(|entry| address - entry.range.start + entry.offset)
+}

@@ -1,0 +1,240 @@
+//! The one stop/drain/cut/report path: an interval's profiles are built from exactly
+//! the calls and samples of its window, whether it is cut while probing goes on (the
+//! agent) or at stop (every mode).
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Instant, SystemTime},
+};
+
+use allocbpf_common::Totals;
+use allocbpf_probe::{
+    procfs,
+    sampler::{monotonic_now_ns, wait_for_running_programs},
+};
+use allocbpf_profile::report::{Counters, KernelFigures, Report};
+use allocbpf_stacks::symbolize::FrameSymbolizer;
+
+use super::{Collector, ProcessProfile, LOST_FREE_MIN_AGE};
+
+impl Collector {
+    /// Exact kernel totals and counters of `epoch`, which has ended (or, at stop, is
+    /// the current one with every probe detached), after running programs are waited
+    /// for. A failed read costs those figures (reported as 0, with a warning), never
+    /// the samples.
+    fn kernel_figures(&mut self, epoch: u64) -> (Counters, HashMap<u32, Totals>) {
+        let sampler = self.sampler();
+        let counters = sampler.counters_of(epoch).unwrap_or_else(|error| {
+            tracing::warn!("kernel counters unavailable: {error}");
+            Counters::default()
+        });
+        let totals = sampler.totals_of(epoch).unwrap_or_else(|error| {
+            tracing::warn!("exact totals unavailable: {error}");
+            HashMap::new()
+        });
+        (counters, totals)
+    }
+
+    /// Cuts one profile per profiled process for the interval that ends now, and starts
+    /// the next; processes that exited are forgotten after their last profile. See
+    /// [`cutter`] for how the interval's records are told from the next one's.
+    pub fn cut(&mut self) -> Vec<ProcessProfile> {
+        let ended = match self.sampler().next_epoch() {
+            Ok(ended) => ended,
+            Err(error) => {
+                // Reading a running epoch would count its calls again at the next
+                // cut: the interval stays open instead, and is cut next time.
+                tracing::warn!("interval not cut, the epoch could not advance: {error}");
+                return Vec::new();
+            }
+        };
+        wait_for_running_programs();
+        let figures = self.kernel_figures(ended);
+        self.cutter.begin(ended);
+        self.drain_ring();
+        let profiles = self.cut_with(figures);
+        let mut held = self.cutter.end();
+        self.handle(&mut held);
+        profiles
+    }
+
+    /// Builds the ended interval's profiles, forgets what exited and starts the next
+    /// interval.
+    fn cut_with(&mut self, figures: (Counters, HashMap<u32, Totals>)) -> Vec<ProcessProfile> {
+        let ended = SystemTime::now();
+        let (profiles, gone) = self.build_profiles(figures, ended);
+        self.forget(gone);
+        self.stats.processes_tracked = self.processes.tracked.len() as u64;
+        self.cutter.restart(ended);
+        profiles
+    }
+
+    /// One profile per admitted process that allocated in the interval (and always the
+    /// target's, in process scope); every aggregate starts its next interval. Returns
+    /// the profiles and the processes that exited.
+    fn build_profiles(
+        &mut self,
+        (counters, totals): (Counters, HashMap<u32, Totals>),
+        ended: SystemTime,
+    ) -> (Vec<ProcessProfile>, HashSet<u32>) {
+        let duration = self.cutter.elapsed();
+        let now_ns = monotonic_now_ns();
+        let leaks_min_age = self.options.live.and_then(|l| l.leaks_min_age);
+        // The one process of a process scope always gets its profile, empty or not.
+        let always = self.scope.pid();
+        let mut symbolizer = if self.options.symbolize {
+            FrameSymbolizer::new()
+        } else {
+            FrameSymbolizer::unsymbolized()
+        };
+        let symbolizing = Instant::now();
+        let mut profiles = Vec::new();
+        let mut gone = HashSet::new();
+        let kernel_live = self.kernel_live_blocks();
+        let settled_before = now_ns.saturating_sub(LOST_FREE_MIN_AGE.as_nanos() as u64);
+        for (&pid, tracked) in &mut self.processes.tracked {
+            if let Some(kernel_live) = &kernel_live {
+                let known = kernel_live.get(&pid);
+                let lost = tracked.aggregate.forget_lost_frees(settled_before, |id| {
+                    known.is_some_and(|ids| ids.contains(&id))
+                });
+                self.stats.lost_frees += lost;
+            }
+            if !tracked.exited && !procfs::is_alive(pid) {
+                // Its exit event was lost (full ring): same outcome.
+                tracked.exited = true;
+            }
+            // The window's own totals (one epoch), not a running sum.
+            let exact = totals.get(&pid).copied().unwrap_or_default();
+            let allocated = !tracked.aggregate.is_empty() || exact.calls > 0;
+            if tracked.admitted && (allocated || always == Some(pid)) {
+                tracked.aggregate.finish(now_ns, leaks_min_age);
+                let report = Report::build(
+                    &tracked.aggregate,
+                    &mut symbolizer.for_modules(&self.stacks.normalizer.modules),
+                    self.options.rate,
+                    self.options.confidence,
+                    KernelFigures {
+                        duration,
+                        exact,
+                        counters,
+                    },
+                );
+                profiles.push(ProcessProfile {
+                    info: tracked.info.clone(),
+                    report,
+                    started: self.cutter.started,
+                    ended,
+                    exited: tracked.exited,
+                });
+            }
+            tracked.aggregate.start_interval();
+            if tracked.exited {
+                gone.insert(pid);
+            }
+        }
+        tracing::info!(
+            "symbolized {} stacks of {} samples in {:.6}s",
+            profiles
+                .iter()
+                .map(|p| p.report.stacks.len())
+                .sum::<usize>(),
+            profiles
+                .iter()
+                .map(|p| p.report.totals.samples)
+                .sum::<u64>(),
+            symbolizing.elapsed().as_secs_f64()
+        );
+        (profiles, gone)
+    }
+
+    /// Live tracking: the sampled blocks the kernel still tracks, by pid (`None` at
+    /// stop, or without live tracking). Blocks whose Freed event was lost (a full ring)
+    /// would stay live for good: those the kernel no longer tracks, allocated long
+    /// enough ago that their call has returned (a sample is sent at the call, its block
+    /// tracked at the return), are retired at the cut.
+    fn kernel_live_blocks(&mut self) -> Option<HashMap<u32, HashSet<u64>>> {
+        let kernel_live = match (&self.sampler, self.options.live.is_some()) {
+            (Some(sampler), true) => Some(sampler.live_sample_ids()),
+            _ => None,
+        };
+        if let Some(kernel_live) = &kernel_live {
+            self.stats.kernel_live_blocks = kernel_live.values().map(|ids| ids.len() as u64).sum();
+        }
+        kernel_live
+    }
+
+    /// Forgets the processes in `gone` (exited) and, in the kernel, those and every
+    /// process that exited without being followed; then lets go of the images and
+    /// module files no remaining process uses.
+    fn forget(&mut self, mut gone: HashSet<u32>) {
+        for pid in &gone {
+            self.processes.tracked.remove(pid);
+            self.stacks.forget(*pid);
+        }
+        // Processes never tracked are in no report: their entries go too (a pid reused
+        // since has sampled and is tracked, and is left alone).
+        for pid in std::mem::take(&mut self.processes.untracked_exits) {
+            if !self.processes.tracked.contains_key(&pid) {
+                gone.insert(pid);
+            }
+        }
+        let Some(sampler) = self.sampler.as_mut() else {
+            // At stop: everything is let go of with the collector.
+            return;
+        };
+        // Backstop for exit events lost to a full ring: kernel entries of processes
+        // neither tracked nor alive.
+        let kernel_pids = sampler.kernel_pids();
+        let tracked = &self.processes.tracked;
+        gone.extend(
+            kernel_pids
+                .iter()
+                .filter(|pid| !tracked.contains_key(pid) && !procfs::is_alive(**pid)),
+        );
+        sampler.forget_processes(&gone);
+        self.stats.kernel_processes =
+            kernel_pids.iter().filter(|pid| !gone.contains(pid)).count() as u64;
+        self.release_unused_images();
+        self.release_unused_modules();
+    }
+
+    /// Detaches everything, reads what is still in the ring buffer and cuts the last
+    /// profiles: nothing collected is lost. The exact totals are read after every
+    /// probe is detached and no program run is in flight, so they and the samples
+    /// cover the same calls (docs/statistics.md, "One window").
+    pub fn stop(mut self) -> Vec<ProcessProfile> {
+        let links = self.images.take_links();
+        if let Some(sampler) = self.sampler.as_mut() {
+            for image in links {
+                sampler.detach(image);
+            }
+        }
+        wait_for_running_programs();
+        let epoch = self.sampler().epoch();
+        let figures = self.kernel_figures(epoch);
+        if let Some(mut sampler) = self.sampler.take() {
+            sampler.flush_logs();
+        }
+        self.drain_ring();
+        if self.reader.malformed > 0 {
+            tracing::warn!(
+                "{} malformed ring-buffer records skipped",
+                self.reader.malformed
+            );
+        }
+        if let Some(log) = self.raw_samples.as_mut() {
+            log.finish();
+        }
+        if let Some(unwinder) = &self.stacks.unwinder {
+            tracing::info!(
+                "unwound {} stacks in {:.6}s ({} bytes of unwind sections cached, {} files evicted)",
+                unwinder.unwound,
+                unwinder.elapsed.as_secs_f64(),
+                unwinder.cached_bytes(),
+                unwinder.evicted_files(),
+            );
+        }
+        self.cut_with(figures)
+    }
+}

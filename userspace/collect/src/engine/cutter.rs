@@ -1,0 +1,94 @@
+//! The interval cutter: where one interval ends and the next starts, and which records
+//! read during a cut belong to which.
+//!
+//! One window without stopping the probes (docs/statistics.md, "One window"): a new
+//! epoch starts, running programs are waited for, then the ended epoch's totals,
+//! counters and samples are exactly the interval's; samples of the new epoch read
+//! meanwhile are held for the next interval.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use allocbpf_probe::events::Event;
+use allocbpf_profile::report::Report;
+
+use crate::process::ProcessInfo;
+
+/// One process's profile for one interval.
+#[derive(Clone, Debug)]
+pub struct ProcessProfile {
+    /// The process and its labels.
+    pub info: ProcessInfo,
+    /// Its profile.
+    pub report: Report,
+    /// Start of the interval (wall clock).
+    pub started: SystemTime,
+    /// End of the interval.
+    pub ended: SystemTime,
+    /// True if the process exited during the interval (its last profile).
+    pub exited: bool,
+}
+
+/// The current interval's start, and the records held during a cut.
+pub(crate) struct IntervalCutter {
+    /// Start of the interval (wall clock).
+    pub started: SystemTime,
+    started_at: Instant,
+    /// During a cut: the epoch that ended.
+    cutting: Option<u64>,
+    /// Records of the next interval read during a cut, in order.
+    held: Vec<Event>,
+}
+
+impl IntervalCutter {
+    /// An interval starting now.
+    pub fn new() -> Self {
+        Self {
+            started: SystemTime::now(),
+            started_at: Instant::now(),
+            cutting: None,
+            held: Vec::new(),
+        }
+    }
+
+    /// How long the current interval has lasted.
+    pub fn elapsed(&self) -> Duration {
+        self.started_at.elapsed()
+    }
+
+    /// Starts the next interval at `ended` (and now).
+    pub fn restart(&mut self, ended: SystemTime) {
+        self.started = ended;
+        self.started_at = Instant::now();
+    }
+
+    /// A cut of `ended` begins: records of later epochs are held from now on.
+    pub fn begin(&mut self, ended: u64) {
+        self.cutting = Some(ended);
+    }
+
+    /// The cut is over: the records held for the next interval.
+    pub fn end(&mut self) -> Vec<Event> {
+        self.cutting = None;
+        std::mem::take(&mut self.held)
+    }
+
+    /// During a cut, a sample of the new epoch and every event after it wait for the
+    /// next interval, in order: a block's `Freed` must not be handled before its held
+    /// sample, or the block would stay live. Returns the event if it is not held.
+    pub fn hold(&mut self, event: Event) -> Option<Event> {
+        let Some(ended) = self.cutting else {
+            return Some(event);
+        };
+        let held = match &event {
+            Event::Sample(sample) => !self.held.is_empty() || sample.epoch != ended as u32,
+            Event::Freed { .. } | Event::Untracked { .. } => !self.held.is_empty(),
+            Event::Exec { .. } | Event::Exit { .. } => false,
+        };
+        if held {
+            self.held.push(event);
+            None
+        } else {
+            Some(event)
+        }
+    }
+}

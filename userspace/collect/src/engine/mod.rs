@@ -1,0 +1,350 @@
+//! The collection engine: one [`Collector`] for one process and for every process.
+//!
+//! Data flow, keyed by process: probes (one set of uprobes per allocator image, shared
+//! by every process that maps it) → ring buffer (samples, and exec/exit events) →
+//! per-process gate and [`Scope`] → stacks resolved on receipt → one aggregate per
+//! process → per-process reports ([`ProcessProfile`]), cut on demand (the agent cuts
+//! one per interval; a one-shot run cuts once, at [`Collector::stop`]).
+//!
+//! Its parts, one job each: the [`ProcessTable`] (who is followed), the [`ImageSet`]
+//! (what is attached), the [`ExecQueue`] (who exec'd and is examined next), the
+//! [`BudgetController`] (the overhead budget) and the [`IntervalCutter`] (where an
+//! interval ends). The engine routes records between them and owns the sampler.
+//!
+//! With [`Scope::Process`], the images are the target's, attached at start, and the
+//! kernel filters on its pid. With [`Scope::Host`], new images are found from exec
+//! events (a BTF raw tracepoint on `sched_process_exec`) a moment after the exec, when
+//! the dynamic loader has mapped the libraries, plus a full `/proc` scan at start and
+//! every [`RESCAN_INTERVAL`] as a safety net for libraries loaded later (dlopen) and for
+//! events lost to a full ring buffer. Scanning only is simpler but either misses
+//! short-lived processes in new images or costs a full `/proc` walk every few hundred
+//! milliseconds; exec events cost nothing between execs.
+
+use std::{
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use allocbpf_common::{GateState, LiveMode};
+use allocbpf_probe::{
+    discover::Silence,
+    events::{Event, EventReader},
+    image::{AllocatorImage, ImageKey},
+    procfs,
+    sampler::{Sampler, COLLECT_EXITED_EVERY},
+};
+use allocbpf_profile::{
+    aggregate::StackKey, estimate::interval_table::REFRESH_INTERVAL, report::Counters,
+};
+use allocbpf_stacks::resolve::StackResolver;
+
+mod calibrate;
+mod cut;
+mod cutter;
+mod exec_queue;
+mod images;
+mod processes;
+mod release;
+mod start;
+mod stats;
+
+use self::cutter::IntervalCutter;
+pub use self::{cutter::ProcessProfile, stats::CollectorStats};
+pub(crate) use self::{exec_queue::ExecQueue, images::ImageSet, processes::ProcessTable};
+use crate::{
+    budget::controller::BudgetController,
+    filter::ProcessFilter,
+    options::{CollectOptions, Scope},
+    process::ProcessInfo,
+    raw_samples::RawSampleLog,
+};
+
+/// How often all of `/proc` is rescanned for new images ([`Scope::Host`]).
+pub const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How often [`Collector::housekeeping`] should run.
+pub const HOUSEKEEPING_TICK: Duration = Duration::from_millis(100);
+
+/// A live block's allocation is older than this before a missing kernel entry is taken
+/// for a lost `Freed` event (its call has long returned by then).
+const LOST_FREE_MIN_AGE: Duration = Duration::from_secs(10);
+
+/// [`Scope::Process`]: the target as attached at start.
+pub struct AttachedTarget {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// Its allocator images, in the order they were found.
+    pub images: Vec<AllocatorImage>,
+    /// Probes attached, over all images.
+    pub probes: usize,
+    /// How returns are observed (the first image's), with live tracking.
+    pub live_mode: Option<LiveMode>,
+    /// Deallocation entries probed, over all images.
+    pub frees: usize,
+    /// What to say if it makes no probed call while profiled.
+    pub silence: Silence,
+}
+
+/// Collects samples per process. See the module docs.
+pub struct Collector {
+    options: CollectOptions,
+    scope: Scope,
+    sampler: Option<Sampler>,
+    reader: EventReader,
+    stacks: StackResolver,
+    processes: ProcessTable,
+    images: ImageSet,
+    exec_queue: ExecQueue,
+    budget: Option<BudgetController>,
+    cutter: IntervalCutter,
+    raw_samples: Option<RawSampleLog>,
+    target: Option<AttachedTarget>,
+    batch: Vec<Event>,
+    last_scan: Instant,
+    last_refresh: Instant,
+    last_collect: Instant,
+    /// Running counts.
+    pub stats: CollectorStats,
+}
+
+impl Collector {
+    fn sampler(&mut self) -> &mut Sampler {
+        self.sampler.as_mut().expect("the sampler lives until stop")
+    }
+
+    /// [`Scope::Process`]: the target as attached.
+    pub fn target(&self) -> Option<&AttachedTarget> {
+        self.target.as_ref()
+    }
+
+    /// Looks at every process in `/proc`.
+    fn scan_all(&mut self) {
+        self.last_scan = Instant::now();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        let pids: Vec<u32> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        for pid in pids {
+            if !self.processes.tracked.contains_key(&pid) {
+                self.observe(pid);
+            }
+        }
+    }
+
+    /// (Re)reads `pid`'s identity, applies the scope and (host) attaches its images.
+    fn observe(&mut self, pid: u32) {
+        if self.processes.ignored.contains(&pid) {
+            return;
+        }
+        // One read of the maps serves the identity (the executable's build id) and
+        // the images to attach.
+        let maps = procfs::read_maps(pid);
+        let Some(info) = ProcessInfo::read(pid, &maps, &mut self.processes.build_ids) else {
+            return;
+        };
+        let admitted = match &self.scope {
+            Scope::Process(target) => pid == *target,
+            Scope::Host { filter, .. } => {
+                let admitted = filter.admits(&info);
+                // The kernel filters on the pid in process scope: no gate is needed.
+                self.set_gate(pid, admitted);
+                admitted
+            }
+        };
+        let live = self.options.live.is_some();
+        if self.processes.update(info, admitted, live) {
+            self.stats.processes_seen += 1;
+        }
+        if admitted && matches!(self.scope, Scope::Host { .. }) {
+            self.attach_images_of(pid, &maps);
+        }
+    }
+
+    /// Opens or closes `pid`'s gate for the scope's verdict and its budget state.
+    fn set_gate(&mut self, pid: u32, admitted: bool) {
+        let paused = self
+            .budget
+            .as_ref()
+            .is_some_and(|b| b.budget.is_backed_off(pid));
+        let gate = match (admitted, paused) {
+            (false, _) => GateState::Excluded,
+            (true, true) => GateState::Paused,
+            (true, false) => GateState::Open,
+        };
+        if let Err(error) = self.sampler().set_gate(pid, gate) {
+            tracing::warn!("pid {pid}: cannot set its gate: {error}");
+        }
+    }
+
+    /// Attaches the images `pid` maps (`maps`) that are not attached yet.
+    fn attach_images_of(&mut self, pid: u32, maps: &[procfs::MapsEntry]) {
+        let lookup = self.options.lookup();
+        let sampler = self.sampler.as_mut().expect("the sampler lives until stop");
+        let (keys, mapped) =
+            self.images
+                .attach_images_of(sampler, &mut self.stats, pid, maps, &lookup);
+        if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+            tracked.images = keys;
+            tracked.mapped = mapped;
+        }
+    }
+
+    /// Reads the next batch of ring-buffer records and handles them.
+    pub async fn read(&mut self) -> std::io::Result<()> {
+        let mut batch = std::mem::take(&mut self.batch);
+        let result = self.reader.read_batch(&mut batch).await;
+        self.handle(&mut batch);
+        self.batch = batch;
+        result
+    }
+
+    /// Handles whatever the ring buffer holds now, without waiting.
+    fn drain_ring(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        // A chunk at a time: the queue may hold 16 MiB, and decoded events as much.
+        while self.reader.drain_some(&mut batch) {
+            self.handle(&mut batch);
+        }
+        self.handle(&mut batch);
+        self.batch = batch;
+    }
+
+    fn handle(&mut self, batch: &mut Vec<Event>) {
+        self.stats.malformed_records = self.reader.malformed;
+        let reader = &self.reader.stats;
+        self.stats.ring_peak_bytes = reader.ring_peak_bytes.load(Ordering::Relaxed);
+        self.stats.queue_peak_bytes = reader.queue_peak_bytes.load(Ordering::Relaxed);
+        for event in batch.drain(..) {
+            let Some(event) = self.cutter.hold(event) else {
+                continue;
+            };
+            match event {
+                Event::Sample(sample) => {
+                    let pid = sample.pid;
+                    if self.processes.ignored.contains(&pid) {
+                        continue;
+                    }
+                    // After stop (no sampler) only processes already known count.
+                    if !self.processes.tracked.contains_key(&pid) && self.sampler.is_some() {
+                        self.observe(pid);
+                    }
+                    match self.processes.tracked.get(&pid) {
+                        Some(tracked) if tracked.admitted => {}
+                        Some(_) => {
+                            // Sampled before its gate closed (or after the LRU map
+                            // forgot it): dropped here, and the gate closed again.
+                            self.stats.filtered_samples += 1;
+                            if let Some(sampler) = self.sampler.as_mut() {
+                                let _ = sampler.set_gate(pid, GateState::Excluded);
+                            }
+                            continue;
+                        }
+                        // Gone before we could read its identity.
+                        None => continue,
+                    }
+                    if let Some(log) = self.raw_samples.as_mut() {
+                        log.write(&sample);
+                    }
+                    let frames = self.stacks.resolve(&sample);
+                    let tracked = self.processes.tracked.get_mut(&pid).expect("checked above");
+                    tracked
+                        .aggregate
+                        .add(StackKey { pid, frames }, &sample.allocation());
+                    self.stats.samples += 1;
+                }
+                Event::Freed { pid, sample_id, .. } => {
+                    if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+                        tracked.aggregate.freed(sample_id);
+                    }
+                }
+                Event::Untracked { pid, sample_id } => {
+                    if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+                        tracked.aggregate.untracked(sample_id);
+                    }
+                }
+                Event::Exec { pid } => {
+                    self.stats.exec_events += 1;
+                    self.stacks.forget(pid);
+                    let host = matches!(self.scope, Scope::Host { .. });
+                    if host && self.sampler.is_some() && !self.exec_queue.push(pid, Instant::now())
+                    {
+                        self.stats.exec_queue_overflows += 1;
+                    }
+                }
+                Event::Exit { pid } => {
+                    self.stats.exit_events += 1;
+                    self.processes.exited(pid);
+                }
+            }
+        }
+    }
+
+    /// Periodic work, to call every [`HOUSEKEEPING_TICK`]: exec'd processes, rescans,
+    /// the interval table, the budget, exited threads, kernel logs.
+    pub fn housekeeping(&mut self) {
+        let now = Instant::now();
+        for pid in self.exec_queue.due(now) {
+            self.observe(pid);
+        }
+        let host = matches!(self.scope, Scope::Host { .. });
+        if host && now.duration_since(self.last_scan) >= RESCAN_INTERVAL {
+            self.scan_all();
+        }
+        if now.duration_since(self.last_refresh) >= REFRESH_INTERVAL {
+            self.last_refresh = now;
+            // The old table stays a valid exponential table: a failed refresh costs
+            // nothing but freshness, so sampling goes on.
+            if let Err(error) = self.sampler().refresh_intervals() {
+                tracing::warn!("interval table not refreshed: {error}");
+            }
+        }
+        let sampler = self.sampler.as_mut().expect("the sampler lives until stop");
+        if let Some(budget) = self.budget.as_mut() {
+            budget.tick(
+                now,
+                sampler,
+                &self.processes,
+                &mut self.images,
+                &mut self.stats,
+            );
+        }
+        self.images.reattach_due(sampler, &mut self.stats, now);
+        // Exited threads' entries stay frozen until collected (probe/totals.rs): free
+        // them often enough that a program churning threads keeps finding slots.
+        if now.duration_since(self.last_collect) >= COLLECT_EXITED_EVERY {
+            self.last_collect = now;
+            sampler.collect_exited_threads();
+        }
+        sampler.flush_logs();
+    }
+
+    /// The kernel's counters now (zero if they cannot be read).
+    pub fn counters(&mut self) -> Counters {
+        self.sampler().counters().unwrap_or_default()
+    }
+
+    /// Replaces the process filter of a host scope (SIGHUP) and applies it to every
+    /// known process.
+    pub fn set_filter(&mut self, new: ProcessFilter) {
+        if let Scope::Host { filter, .. } = &mut self.scope {
+            *filter = new;
+        }
+        let pids: Vec<u32> = self.processes.tracked.keys().copied().collect();
+        for pid in pids {
+            self.observe(pid);
+        }
+    }
+
+    /// Images known (attached or not), for logs.
+    pub fn images(&self) -> impl Iterator<Item = (&AllocatorImage, bool)> {
+        self.images
+            .images
+            .values()
+            .map(|s| (&s.image, s.links.is_some()))
+    }
+}

@@ -1,0 +1,170 @@
+//! Starting the engine: load the sampler, attach the target's images or every image
+//! in use, and (host scope, with a budget) measure what a probe hit costs.
+
+use std::time::Instant;
+
+use allocbpf_common::GateState;
+use allocbpf_probe::{
+    events::EventReader,
+    procfs,
+    sampler::{Sampler, SamplerConfig},
+    target::Target,
+};
+use allocbpf_stacks::resolve::StackResolver;
+
+use super::{
+    calibrate, cutter::IntervalCutter, AttachedTarget, Collector, CollectorStats, ExecQueue,
+    ImageSet, ProcessTable,
+};
+use crate::{
+    budget::{controller::BudgetController, Budget},
+    error::CollectError,
+    options::{CollectOptions, Scope},
+    process::ProcessInfo,
+    raw_samples::RawSampleLog,
+};
+
+impl Collector {
+    /// Loads the sampler and attaches: the target's images ([`Scope::Process`]), or
+    /// every image in use, measuring the cost of a probe hit if there is a budget
+    /// ([`Scope::Host`]). Errors say why nothing can be profiled; a host image that
+    /// cannot be attached is only a warning.
+    pub fn start(options: CollectOptions, scope: Scope) -> Result<Collector, CollectError> {
+        // The target first: an unknown pid or a process without an allocator fails
+        // before anything is loaded.
+        let target = match scope {
+            Scope::Process(pid) => Some(Target::resolve(pid, &options.lookup())?),
+            Scope::Host { .. } => None,
+        };
+        let raw_samples = options
+            .raw_samples
+            .as_deref()
+            .map(RawSampleLog::create)
+            .transpose()?;
+        let mut sampler = Sampler::load(SamplerConfig {
+            pid: scope.pid(),
+            rate: options.rate,
+            empty_probes: options.empty_probes,
+            thread_tables: options.thread_tables,
+            live: options.live.map(|l| l.mechanism),
+            stack_copy_bytes: options.unwind.stack_copy_bytes(options.stack_bytes),
+        })?;
+        let reader = {
+            let (ring, ring_bytes) = sampler.take_events()?;
+            EventReader::new(ring, ring_bytes)
+        }
+        .map_err(CollectError::RingBuffer)?;
+        let now = Instant::now();
+        let mut collector = Collector {
+            stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
+            options,
+            scope,
+            sampler: Some(sampler),
+            reader,
+            processes: ProcessTable::ignoring(std::process::id()),
+            images: ImageSet::default(),
+            exec_queue: ExecQueue::default(),
+            budget: None,
+            cutter: IntervalCutter::new(),
+            raw_samples,
+            target: None,
+            batch: Vec::new(),
+            last_scan: now,
+            last_refresh: now,
+            last_collect: now,
+            stats: CollectorStats::default(),
+        };
+        match target {
+            Some(target) => collector.attach_target(target)?,
+            None => collector.attach_host()?,
+        }
+        Ok(collector)
+    }
+
+    /// [`Scope::Process`]: attaches every image of the target (any failure is an
+    /// error), and starts the interval once they are.
+    fn attach_target(&mut self, target: Target) -> Result<(), CollectError> {
+        let mut attached = AttachedTarget {
+            pid: target.pid,
+            comm: target.comm,
+            images: Vec::new(),
+            probes: 0,
+            live_mode: None,
+            frees: 0,
+            silence: target.silence,
+        };
+        for image in target.images {
+            let links = self.sampler().attach(&image)?;
+            attached.probes += links.links.len();
+            attached.frees += links.frees;
+            attached.live_mode.get_or_insert(links.live_mode);
+            attached.images.push(image.clone());
+            self.stats.images_attached += 1;
+            self.images.insert(image, Some(links.links));
+        }
+        if self.options.live.is_none() {
+            attached.live_mode = None;
+        }
+        let pid = attached.pid;
+        let comm = attached.comm.clone();
+        self.target = Some(attached);
+        self.observe(pid);
+        if !self.processes.tracked.contains_key(&pid) {
+            // Its identity could not be read (it may be exiting): its samples still
+            // count, under what was read when it was resolved.
+            let info = ProcessInfo {
+                pid,
+                comm,
+                ..ProcessInfo::default()
+            };
+            self.processes
+                .update(info, true, self.options.live.is_some());
+        }
+        // Cache the target's maps while it surely lives: its last samples may be read
+        // after it exits.
+        self.stacks.prime(pid);
+        self.cutter = IntervalCutter::new();
+        Ok(())
+    }
+
+    /// [`Scope::Host`]: excludes allocbpf itself, attaches every image in use and (with
+    /// a budget) measures the cost of a probe hit.
+    fn attach_host(&mut self) -> Result<(), CollectError> {
+        let me = std::process::id();
+        self.sampler().set_gate(me, GateState::Excluded)?;
+        let budget = match &self.scope {
+            Scope::Host { budget, .. } => *budget,
+            Scope::Process(_) => None,
+        };
+        // The unprobed cost of the calibration loop, before anything is attached.
+        let baseline = match budget {
+            Some(_) => {
+                let mut runs = Vec::new();
+                for _ in 0..3 {
+                    runs.push(self.calibration_run(GateState::Open)?);
+                }
+                calibrate::median(runs)
+            }
+            None => 0.0,
+        };
+        // Our own libc is the host's: attach it whatever the filters say, so the
+        // calibration below measures a real probe.
+        self.attach_images_of(me, &procfs::read_maps(me));
+        self.scan_all();
+        if self.stats.images_attached == 0 {
+            return Err(CollectError::NoImage);
+        }
+        if let Some(options) = budget {
+            let cost = self.calibrate(baseline)?;
+            tracing::info!(
+                "overhead budget: {:.1}% of a CPU per process; a probe hit costs {:.0} ns sampled, {:.0} ns paused, {:.0} ns more where the probed instruction is single-stepped",
+                options.cpu_fraction * 100.0,
+                cost.sampled_ns,
+                cost.paused_ns,
+                cost.stepped_extra_ns
+            );
+            self.budget = Some(BudgetController::new(Budget::new(options, cost)));
+        }
+        Ok(())
+    }
+}

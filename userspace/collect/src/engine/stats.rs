@@ -1,0 +1,54 @@
+//! The engine's running counts, for logs and the agent's metrics.
+
+/// Running counts, for logs and the agent's metrics.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CollectorStats {
+    /// Samples aggregated.
+    pub samples: u64,
+    /// Samples dropped because their process is filtered out (before its gate closed).
+    pub filtered_samples: u64,
+    /// Images with probes attached now.
+    pub images_attached: u64,
+    /// Images that could not be attached.
+    pub attach_failures: u64,
+    /// Processes seen so far.
+    pub processes_seen: u64,
+    /// Processes followed now.
+    pub processes_tracked: u64,
+    /// Exec events received.
+    pub exec_events: u64,
+    /// Exit events received.
+    pub exit_events: u64,
+    /// Processes backed off for their overhead budget (total).
+    pub budget_backoffs: u64,
+    /// Image detachments for the budget (total).
+    pub budget_detachments: u64,
+    /// Processes backed off now.
+    pub budget_paused: u64,
+    /// Live blocks retired because the kernel no longer tracked them: their `Freed`
+    /// event was lost (total).
+    pub lost_frees: u64,
+    /// Module files closed because no profile referred to them any more (total).
+    pub module_files_closed: u64,
+    /// Module files held open now (for symbolization).
+    pub module_files_open: u64,
+    /// Modules in the normalizer's table now (those current stacks refer to).
+    pub module_entries: u64,
+    /// Images detached because no process maps them any more (total).
+    pub images_released: u64,
+    /// Exec events not followed up because the queue of processes to examine was full
+    /// (the periodic rescan finds them later).
+    pub exec_queue_overflows: u64,
+    /// Ring-buffer records that could not be decoded.
+    pub malformed_records: u64,
+    /// The most ring-buffer bytes found waiting at one read.
+    pub ring_peak_bytes: u64,
+    /// The most record bytes read from the ring and waiting for this thread at once
+    /// (while it examined an image or cut a profile).
+    pub queue_peak_bytes: u64,
+    /// Processes with kernel entries (totals or gate) after the last cut: bounded by
+    /// the processes running, whatever the churn.
+    pub kernel_processes: u64,
+    /// Blocks in the kernel's live map at the last cut (live tracking).
+    pub kernel_live_blocks: u64,
+}

@@ -1,0 +1,63 @@
+//! Why collection could not start or go on.
+
+use std::{io, path::PathBuf};
+
+use allocbpf_probe::{sampler::ProbeError, target::TargetError};
+
+/// An error of the collection engine. Once collection runs, nothing returns an error:
+/// what goes wrong then is logged and counted, and what was collected is kept.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    /// The process to profile cannot be (it does not exist, has no allocator...).
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// The sampler could not be loaded, or a probe attached.
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    /// The ring buffer's reader could not start.
+    #[error("ring buffer")]
+    RingBuffer(#[source] io::Error),
+    /// The raw-sample log cannot be written.
+    #[error("cannot write raw samples to {}", path.display())]
+    RawSamples {
+        /// The log's path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A descriptor the run loop waits on (pidfd, signal handler) could not be made.
+    #[error("{what}")]
+    Wait {
+        /// Which one.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Host scope: not one allocator image could be attached.
+    #[error("no allocator image could be attached (see the warnings above)")]
+    NoImage,
+    /// The overhead budget's calibration failed.
+    #[error("{what}")]
+    Calibration {
+        /// The step that failed.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// An error and its sources, `: `-separated, as the command line prints errors: for
+/// messages that log an error and go on.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

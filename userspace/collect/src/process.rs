@@ -1,0 +1,165 @@
+//! What a profile says about its process: the labels every profile carries.
+
+use std::{collections::HashMap, path::Path};
+
+use allocbpf_probe::procfs::{self, MapsEntry};
+
+/// A process as seen in `/proc` when it was first sampled (or last exec'd).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Command name (`/proc/PID/comm`).
+    pub comm: String,
+    /// Executable path as the process sees it (`/proc/PID/exe`).
+    pub exe: String,
+    /// GNU build id of the executable, hex (empty if none).
+    pub exe_build_id: String,
+    /// cgroup v2 path (`0::PATH` in `/proc/PID/cgroup`).
+    pub cgroup: String,
+    /// Container id found in the cgroup path (docker, containerd, CRI-O, podman).
+    pub container_id: Option<String>,
+}
+
+impl ProcessInfo {
+    /// Reads `pid`'s identity; `None` if it is gone (or a kernel thread). `maps`: its
+    /// memory map, read by the caller.
+    pub fn read(pid: u32, maps: &[MapsEntry], build_ids: &mut BuildIdCache) -> Option<ProcessInfo> {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        let exe_link = format!("/proc/{pid}/exe");
+        let exe = std::fs::read_link(&exe_link).ok()?;
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .ok()
+            .and_then(|text| cgroup_v2_path(&text))
+            .unwrap_or_default();
+        Some(ProcessInfo {
+            pid,
+            comm: comm.trim_end().to_string(),
+            exe: exe.display().to_string(),
+            exe_build_id: build_ids.of(pid, maps, &exe),
+            container_id: container_id(&cgroup),
+            cgroup,
+        })
+    }
+
+    /// The labels of this process's profiles, in a fixed order.
+    pub fn labels(&self, hostname: &str) -> Vec<(&'static str, String)> {
+        let mut labels = vec![
+            ("hostname", hostname.to_string()),
+            ("pid", self.pid.to_string()),
+            ("comm", self.comm.clone()),
+            ("exe", self.exe.clone()),
+            ("exe_build_id", self.exe_build_id.clone()),
+            ("cgroup", self.cgroup.clone()),
+        ];
+        if let Some(id) = &self.container_id {
+            labels.push(("container_id", id.clone()));
+        }
+        labels
+    }
+}
+
+/// The unified hierarchy's path in a `/proc/PID/cgroup` text.
+pub fn cgroup_v2_path(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// A 64-hex-digit container id in a cgroup path (`/docker/ID`,
+/// `/system.slice/docker-ID.scope`, `.../cri-containerd-ID.scope`, `crio-ID`,
+/// `libpod-ID`), the innermost if several.
+pub fn container_id(cgroup: &str) -> Option<String> {
+    cgroup.rsplit('/').find_map(|segment| {
+        let segment = segment.strip_suffix(".scope").unwrap_or(segment);
+        let id = segment.rsplit(['-', ':']).next()?;
+        (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+    })
+}
+
+/// The machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+/// Build ids of executables by device and inode: a host runs the same few binaries in
+/// many processes, and each is read once. Bounded (cleared when full).
+#[derive(Debug, Default)]
+pub struct BuildIdCache {
+    ids: HashMap<(u64, u64), String>,
+}
+
+/// Entries kept before the cache starts over.
+const MAX_BUILD_IDS: usize = 4096;
+
+impl BuildIdCache {
+    /// The hex build id of `pid`'s executable `exe` (as `/proc/PID/exe` names it, and
+    /// found in the process's memory map `maps`; empty if it has none or cannot be
+    /// read). The file is the one the process maps, opened through map_files with
+    /// `procfs::open_mapped`'s checks (never on a FUSE file system, whose daemon could
+    /// stall the read), and keyed by the mapping's device and inode: nothing is looked
+    /// up by path.
+    pub fn of(&mut self, pid: u32, maps: &[MapsEntry], exe: &Path) -> String {
+        let exe = exe.to_string_lossy();
+        let Some(mapping) = maps.iter().find(|m| m.name == exe) else {
+            return String::new();
+        };
+        let key = (mapping.device, mapping.inode);
+        if let Some(id) = self.ids.get(&key) {
+            return id.clone();
+        }
+        let Ok(file) = procfs::open_mapped(pid, mapping) else {
+            return String::new();
+        };
+        let id: String = procfs::build_id(&file)
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
+            .unwrap_or_default();
+        if self.ids.len() >= MAX_BUILD_IDS {
+            self.ids.clear();
+        }
+        self.ids.insert(key, id.clone());
+        id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids_from_common_runtimes() {
+        let id = "4f1c9a3b2d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a";
+        for path in [
+            format!("/system.slice/docker-{id}.scope"),
+            format!("/docker/{id}"),
+            format!("/kubepods.slice/kubepods-pod1.slice/cri-containerd-{id}.scope"),
+            format!("/machine.slice/libpod-{id}.scope/container"),
+        ] {
+            assert_eq!(container_id(&path).as_deref(), Some(id), "{path}");
+        }
+        assert_eq!(
+            container_id("/user.slice/user-0.slice/session-1.scope"),
+            None
+        );
+        assert_eq!(
+            cgroup_v2_path("0::/system.slice/ssh.service\n").as_deref(),
+            Some("/system.slice/ssh.service")
+        );
+    }
+
+    #[test]
+    fn this_process_has_labels() {
+        let mut cache = BuildIdCache::default();
+        let pid = std::process::id();
+        let me = ProcessInfo::read(pid, &procfs::read_maps(pid), &mut cache).unwrap();
+        assert!(!me.exe.is_empty());
+        // This test binary has a build id (the linker's default), read through its
+        // mapping.
+        assert_eq!(me.exe_build_id.len(), 40, "{me:?}");
+        let labels = me.labels("host");
+        assert_eq!(labels[0], ("hostname", "host".to_string()));
+        assert_eq!(labels[1].1, std::process::id().to_string());
+    }
+}

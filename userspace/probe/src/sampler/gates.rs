@@ -1,0 +1,172 @@
+//! The kernel's per-process gates (system-wide mode): probe hits per process, and
+//! which processes are not sampled. See `ebpf/allocbpf-ebpf/src/process.rs`.
+
+use std::collections::{HashMap, HashSet};
+
+use allocbpf_common::{GateState, LiveKey, ProcessCounts, ProcessGate};
+use aya::maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues};
+
+use super::{map_error, ProbeError, Sampler};
+
+impl Sampler {
+    /// Sets `pid`'s gate, keeping the hits counted so far.
+    pub fn set_gate(&mut self, pid: u32, state: GateState) -> Result<(), ProbeError> {
+        let map = self
+            .ebpf
+            .map_mut("PROCESS_GATES")
+            .ok_or_else(|| super::load_error(super::missing("PROCESS_GATES")))?;
+        let mut gates = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map)
+            .map_err(map_error("PROCESS_GATES"))?;
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| super::load_error(e))?;
+        // A racing increment on another CPU between this read and the write is lost: a
+        // hit or two in the budget estimate, never a sample.
+        let values: Vec<ProcessGate> = match gates.get(&pid, 0) {
+            Ok(current) => current
+                .iter()
+                .map(|gate| ProcessGate {
+                    state: state as u32,
+                    ..*gate
+                })
+                .collect(),
+            Err(_) => vec![
+                ProcessGate {
+                    state: state as u32,
+                    ..Default::default()
+                };
+                cpus
+            ],
+        };
+        let values = PerCpuValues::try_from(values).map_err(super::load_error)?;
+        gates
+            .insert(pid, values, 0)
+            .map_err(map_error("PROCESS_GATES"))
+    }
+
+    /// Attaches the empty program at `offset` of file `path`, for process `pid` only
+    /// (the budget's calibration of a single-stepped probe).
+    pub fn attach_empty_at(
+        &mut self,
+        path: &std::path::Path,
+        offset: u64,
+        pid: u32,
+    ) -> Result<aya::programs::uprobe::UProbeLinkId, ProbeError> {
+        use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+        let program: &mut aya::programs::UProbe = super::program_of(&mut self.ebpf, "probe_empty")?;
+        if program.fd().is_err() {
+            program.load().map_err(super::load_error)?;
+        }
+        let scope = match std::num::NonZeroU32::new(pid) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: None,
+        };
+        program
+            .attach(point, path, scope)
+            .map_err(|source| ProbeError::Attach {
+                symbol: format!("+{offset:#x}"),
+                path: path.display().to_string(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Detaches what [`Sampler::attach_empty_at`] attached.
+    pub fn detach_empty(&mut self, link: aya::programs::uprobe::UProbeLinkId) {
+        if let Ok(program) =
+            super::program_of::<aya::programs::UProbe>(&mut self.ebpf, "probe_empty")
+        {
+            let _ = program.detach(link);
+        }
+    }
+
+    /// Probe hits per process counted in the kernel since it was first seen (summed
+    /// over CPUs): all of them and those at single-stepped probe points, with its gate
+    /// state.
+    pub fn gate_hits(&self) -> Result<HashMap<u32, (u64, u64, u32)>, ProbeError> {
+        let map = self
+            .ebpf
+            .map("PROCESS_GATES")
+            .ok_or_else(|| super::load_error(super::missing("PROCESS_GATES")))?;
+        let gates = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map)
+            .map_err(map_error("PROCESS_GATES"))?;
+        Ok(gates
+            .iter()
+            .flatten()
+            .map(|(pid, values)| {
+                let hits = values.iter().map(|g| g.hits).sum();
+                let stepped = values.iter().map(|g| g.stepped_hits).sum();
+                let state = values.iter().map(|g| g.state).max().unwrap_or(0);
+                (pid, (hits, stepped, state))
+            })
+            .collect())
+    }
+
+    /// Every process the kernel maps keep an entry for (totals kept without a thread
+    /// entry, gates): with [`Sampler::forget_processes`], a backstop for exit events
+    /// lost to a full ring buffer, after which those entries would stay for good.
+    pub fn kernel_pids(&self) -> HashSet<u32> {
+        let mut pids = HashSet::new();
+        if let Some(map) = self.ebpf.map("PROCESS_TOTALS") {
+            if let Ok(totals) = PerCpuHashMap::<_, u32, ProcessCounts>::try_from(map) {
+                pids.extend(totals.keys().flatten());
+            }
+        }
+        if let Some(map) = self.ebpf.map("PROCESS_GATES") {
+            if let Ok(gates) = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map) {
+                pids.extend(gates.keys().flatten());
+            }
+        }
+        pids
+    }
+
+    /// The sample ids of the blocks the kernel tracks as live now (`LIVE`), by pid:
+    /// with [`allocbpf_profile::aggregate::Aggregate::forget_lost_frees`], a block userspace
+    /// holds live and the kernel does not was freed, and its `Freed` event lost.
+    pub fn live_sample_ids(&self) -> HashMap<u32, HashSet<u64>> {
+        let mut ids: HashMap<u32, HashSet<u64>> = HashMap::new();
+        if let Some(map) = self.ebpf.map("LIVE") {
+            if let Ok(live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) {
+                for (key, id) in live.iter().flatten() {
+                    ids.entry(key.pid).or_default().insert(id);
+                }
+            }
+        }
+        ids
+    }
+
+    /// Forgets processes that exited: their kept totals, gates and tracked live blocks,
+    /// so the bounded maps hold running processes only (system-wide mode).
+    pub fn forget_processes(&mut self, pids: &HashSet<u32>) {
+        if pids.is_empty() {
+            return;
+        }
+        if let Some(map) = self.ebpf.map_mut("PROCESS_TOTALS") {
+            if let Ok(mut totals) = PerCpuHashMap::<_, u32, ProcessCounts>::try_from(map) {
+                for pid in pids {
+                    let _ = totals.remove(pid);
+                }
+            }
+        }
+        if let Some(map) = self.ebpf.map_mut("PROCESS_GATES") {
+            if let Ok(mut gates) = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map) {
+                for pid in pids {
+                    let _ = gates.remove(pid);
+                }
+            }
+        }
+        if let Some(map) = self.ebpf.map_mut("LIVE") {
+            if let Ok(mut live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) {
+                let stale: Vec<LiveKey> = live
+                    .keys()
+                    .flatten()
+                    .filter(|key| pids.contains(&key.pid))
+                    .collect();
+                for key in stale {
+                    let _ = live.remove(&key);
+                }
+            }
+        }
+    }
+}

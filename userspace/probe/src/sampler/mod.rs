@@ -1,0 +1,526 @@
+//! Loading, configuring and attaching the eBPF sampler, and reading its maps.
+//!
+//! The compiled eBPF object is embedded in the binary by `build.rs`.
+
+mod gates;
+pub mod session_link;
+mod totals;
+
+use std::num::NonZeroU32;
+
+use std::os::fd::OwnedFd;
+
+use allocbpf_common::{
+    Counter, LiveMode, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, LIVE_MODE_GLOBAL,
+    RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOT_MASK_GLOBAL,
+};
+use aya::{
+    maps::{Array, MapData, RingBuf},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        RawTracePoint, UProbe,
+    },
+    Btf, Ebpf, EbpfLoader,
+};
+use aya_log::EbpfLogger;
+
+use self::session_link::SessionPrograms;
+use crate::image::{AllocatorImage, ProbedEntry};
+use allocbpf_profile::estimate::certain_threshold;
+use allocbpf_profile::estimate::interval_table::IntervalTable;
+use allocbpf_profile::report::Counters;
+
+/// The eBPF object built from `ebpf/allocbpf-ebpf` for this binary.
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/allocbpf.bpf.o"));
+
+/// Errors from loading or attaching the sampler.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The kernel refused the object or a program.
+    #[error("cannot load the eBPF sampler")]
+    Load(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A uprobe could not be attached.
+    #[error("cannot attach a uprobe to {symbol} in {path}")]
+    Attach {
+        /// The entry.
+        symbol: String,
+        /// The image file.
+        path: String,
+        /// The cause (boxed: it is large, and errors travel by value).
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// A map could not be read or written.
+    #[error("eBPF map {map}")]
+    Map {
+        /// Map name.
+        map: &'static str,
+        /// The cause.
+        source: aya::maps::MapError,
+    },
+    /// A map could not be memory-mapped, or the CPUs counted.
+    #[error("eBPF map {map}: {source}")]
+    System {
+        /// Map name.
+        map: &'static str,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// How often the thread tables' frozen entries of exited threads are collected.
+pub const COLLECT_EXITED_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn load_error(e: impl std::error::Error + Send + Sync + 'static) -> ProbeError {
+    ProbeError::Load(Box::new(e))
+}
+
+fn map_error(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> ProbeError {
+    move |source| ProbeError::Map { map, source }
+}
+
+/// What to load.
+#[derive(Clone, Copy, Debug)]
+pub struct SamplerConfig {
+    /// Profile only this process (also filtered in the kernel); `None` for all.
+    pub pid: Option<u32>,
+    /// Mean sampling interval in bytes.
+    pub rate: u64,
+    /// Attach the empty program instead of the sampler (benchmark floor).
+    pub empty_probes: bool,
+    /// Thread table sizes (tests shrink them to exercise the overflow paths).
+    pub thread_tables: ThreadTables,
+    /// Track sampled blocks until freed, and how.
+    pub live: Option<LiveMechanism>,
+    /// Bytes of user stack copied per sample (0: frame pointers walked in the kernel).
+    pub stack_copy_bytes: u32,
+}
+
+impl SamplerConfig {
+    /// The size of the `EVENTS` ring buffer: larger when samples carry stack copies.
+    pub fn ring_bytes(&self) -> u32 {
+        if self.stack_copy_bytes > 0 {
+            allocbpf_common::RING_BUFFER_BYTES_WITH_STACKS
+        } else {
+            allocbpf_common::RING_BUFFER_BYTES
+        }
+    }
+}
+
+/// How live tracking observes the return of sampled calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LiveMechanism {
+    /// uprobe session links where the kernel has them (6.13+), else uretprobes.
+    Auto,
+    /// A uretprobe on every allocation call (the fallback; for comparison).
+    Uretprobe,
+}
+
+/// What [`Sampler::attach`] attached to one image.
+#[derive(Debug)]
+pub struct Attached {
+    /// With live tracking: how returns are observed...
+    pub live_mode: LiveMode,
+    /// ...and how many deallocation entries are probed.
+    pub frees: usize,
+    /// The links, for [`Sampler::detach`].
+    pub links: ImageLinks,
+}
+
+/// The probes attached to one image.
+#[derive(Debug, Default)]
+pub struct ImageLinks {
+    /// aya-managed uprobes: (program name, link).
+    uprobes: Vec<(&'static str, UProbeLinkId)>,
+    /// Session links (closing the fd detaches).
+    sessions: Vec<OwnedFd>,
+}
+
+impl ImageLinks {
+    /// Number of probes (links) attached.
+    pub fn len(&self) -> usize {
+        self.uprobes.len() + self.sessions.len()
+    }
+
+    /// True if nothing is attached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Sizes of the per-thread state tables (docs/design.md, "Per-thread countdown");
+/// by default `THREAD_SLOTS_LEN` and `MAX_OVERFLOW_THREADS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadTables {
+    /// Direct-mapped slots (a power of two).
+    pub slots: u32,
+    /// Overflow hash entries for threads whose slot is taken.
+    pub overflow: u32,
+}
+
+impl Default for ThreadTables {
+    fn default() -> Self {
+        Self {
+            slots: allocbpf_common::THREAD_SLOTS_LEN,
+            overflow: allocbpf_common::MAX_OVERFLOW_THREADS,
+        }
+    }
+}
+
+/// The loaded and attached sampler. Dropping it detaches every probe.
+pub struct Sampler {
+    ebpf: Ebpf,
+    config: SamplerConfig,
+    intervals: Option<Array<MapData, u64>>,
+    table: IntervalTable,
+    logger: Option<EbpfLogger<&'static dyn log::Log>>,
+    /// Programs relocated for session links (live tracking, on kernels that have them).
+    session_programs: Option<SessionPrograms>,
+    /// Exact totals and counters by epoch.
+    book: totals::EpochBook,
+}
+
+impl Sampler {
+    /// Loads the sampler for `libc` with its globals set; nothing is attached yet.
+    pub fn load(config: SamplerConfig) -> Result<Sampler, ProbeError> {
+        let btf = Btf::from_sys_fs().ok();
+        let target_pid = config.pid.unwrap_or(0);
+        let threshold = certain_threshold(config.rate);
+        let tables = config.thread_tables;
+        let slot_mask = tables.slots.next_power_of_two() - 1;
+        let live_mode = match config.live {
+            None => LiveMode::Off,
+            Some(LiveMechanism::Auto) if session_link::kernel_supports_sessions() => {
+                LiveMode::Session
+            }
+            Some(LiveMechanism::Auto) => {
+                tracing::warn!(
+                    "this kernel has no uprobe session links (Linux 6.13+): live tracking uses a uretprobe on every allocation call, which costs about 0.4 us more per call (docs/design.md)"
+                );
+                LiveMode::Uretprobe
+            }
+            Some(LiveMechanism::Uretprobe) => LiveMode::Uretprobe,
+        };
+        let live_mode_value = live_mode as u32;
+        let mut ebpf = EbpfLoader::new()
+            .btf(btf.as_ref())
+            .override_global(TARGET_PID_GLOBAL, &target_pid, true)
+            .override_global(RATE_GLOBAL, &config.rate, true)
+            .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
+            .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
+            .override_global(LIVE_MODE_GLOBAL, &live_mode_value, true)
+            .override_global(STACK_COPY_BYTES_GLOBAL, &config.stack_copy_bytes, true)
+            .map_max_entries("THREAD_SLOTS", slot_mask + 1)
+            .map_max_entries("THREADS", tables.overflow.max(1))
+            .map_max_entries("EVENTS", config.ring_bytes())
+            .load(EBPF_OBJECT)
+            .map_err(load_error)?;
+        // Before anything takes maps out of `ebpf`: relocation needs every map's fd.
+        let session_programs = (live_mode == LiveMode::Session && !config.empty_probes)
+            .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf))
+            .transpose()
+            .map_err(load_error)?;
+        // The eBPF side logs only on rare paths; no log map means nothing to forward.
+        let logger = EbpfLogger::init(&mut ebpf).ok();
+        let intervals = ebpf
+            .take_map("INTERVALS")
+            .map(Array::try_from)
+            .transpose()
+            .map_err(map_error("INTERVALS"))?;
+        let book = totals::EpochBook::new(&ebpf, (slot_mask + 1) as usize)?;
+        let mut sampler = Sampler {
+            ebpf,
+            config,
+            intervals,
+            table: IntervalTable::new(config.rate),
+            logger,
+            session_programs,
+            book,
+        };
+        sampler.refresh_intervals()?;
+        if !config.empty_probes {
+            sampler.attach_tracepoints()?;
+        }
+        Ok(sampler)
+    }
+
+    /// Writes a fresh table of exponential intervals (see [`intervals`]).
+    pub fn refresh_intervals(&mut self) -> Result<(), ProbeError> {
+        let Some(map) = self.intervals.as_mut() else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        for (index, interval) in self.table.generate().into_iter().enumerate() {
+            map.set(index as u32, interval, 0)
+                .map_err(map_error("INTERVALS"))?;
+        }
+        tracing::debug!("interval table refreshed in {:?}", started.elapsed());
+        Ok(())
+    }
+
+    /// Attaches the thread-exit tracepoint and, system-wide, the exec tracepoint.
+    fn attach_tracepoints(&mut self) -> Result<(), ProbeError> {
+        let mut names = vec![("thread_exit", "sched_process_exit")];
+        if self.config.pid.is_none() {
+            names.push(("process_exec", "sched_process_exec"));
+        }
+        for (name, tracepoint) in names {
+            let program: &mut RawTracePoint = program_of(&mut self.ebpf, name)?;
+            program.load().map_err(load_error)?;
+            program.attach(tracepoint).map_err(load_error)?;
+        }
+        Ok(())
+    }
+
+    /// Attaches one probe per allocation entry of `image`, and with live tracking the
+    /// probes on its deallocation entries and the return mechanism. Dropping the
+    /// sampler detaches everything; [`Sampler::detach`] detaches one image earlier.
+    pub fn attach(&mut self, image: &AllocatorImage) -> Result<Attached, ProbeError> {
+        let mut attached = Attached {
+            live_mode: LiveMode::Off,
+            frees: 0,
+            links: ImageLinks::default(),
+        };
+        // On failure, what this image attached so far is detached again.
+        let result = self.attach_all(image, &mut attached);
+        if let Err(error) = result {
+            self.detach(std::mem::take(&mut attached.links));
+            return Err(error);
+        }
+        Ok(attached)
+    }
+
+    fn attach_all(
+        &mut self,
+        image: &AllocatorImage,
+        attached: &mut Attached,
+    ) -> Result<(), ProbeError> {
+        let empty = self.config.empty_probes;
+        let program = |entry: &ProbedEntry| {
+            if empty {
+                "probe_empty"
+            } else {
+                entry.shape.program()
+            }
+        };
+        if self.config.live.is_some() {
+            for entry in &image.frees {
+                let link = self.attach_uprobe(program(entry), entry, entry.cookie(), image)?;
+                attached.links.uprobes.push(link);
+                attached.frees += 1;
+            }
+        }
+        if self.config.live.is_some() && !empty {
+            if self.session_programs.is_some() {
+                attached.live_mode = LiveMode::Session;
+                return self.attach_sessions(image, &mut attached.links);
+            }
+            attached.live_mode = LiveMode::Uretprobe;
+            // The return of every allocation call, armed at the entry's probe point:
+            // `[sp]` is still the return address there, and the kernel runs our entry
+            // program before it swaps that for its trampoline.
+            for entry in &image.entries {
+                let link = self.attach_uprobe("probe_return", entry, 0, image)?;
+                attached.links.uprobes.push(link);
+            }
+        }
+        for entry in &image.entries {
+            let link = self.attach_uprobe(program(entry), entry, entry.cookie(), image)?;
+            attached.links.uprobes.push(link);
+        }
+        Ok(())
+    }
+
+    /// Attaches every allocation entry of `image` through a session link.
+    fn attach_sessions(
+        &mut self,
+        image: &AllocatorImage,
+        links: &mut ImageLinks,
+    ) -> Result<(), ProbeError> {
+        let Some(programs) = self.session_programs.as_mut() else {
+            return Ok(());
+        };
+        for entry in &image.entries {
+            let link = programs
+                .attach(
+                    entry.shape.program(),
+                    &image.attach_path(),
+                    entry.probe_file_offset(),
+                    entry.cookie(),
+                    self.config.pid,
+                )
+                .map_err(load_error)?;
+            links.sessions.push(link);
+        }
+        Ok(())
+    }
+
+    /// Loads (once) and attaches aya program `name` at `entry`'s probe point in
+    /// `image`, with `cookie` for the program to read.
+    fn attach_uprobe(
+        &mut self,
+        name: &'static str,
+        entry: &ProbedEntry,
+        cookie: u64,
+        image: &AllocatorImage,
+    ) -> Result<(&'static str, UProbeLinkId), ProbeError> {
+        let scope = match self.config.pid.and_then(NonZeroU32::new) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        let program: &mut UProbe = program_of(&mut self.ebpf, name)?;
+        if program.fd().is_err() {
+            program.load().map_err(load_error)?;
+        }
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(entry.probe_file_offset()),
+            cookie: Some(cookie),
+        };
+        let link = program
+            .attach(point, image.attach_path(), scope)
+            .map_err(|source| ProbeError::Attach {
+                symbol: entry.symbol.clone(),
+                path: image.path_in_target.display().to_string(),
+                source: Box::new(source),
+            })?;
+        Ok((name, link))
+    }
+
+    /// Detaches the probes of one image (system-wide mode: a budget back-off, or an
+    /// image no process maps any more).
+    pub fn detach(&mut self, links: ImageLinks) {
+        for (name, link) in links.uprobes {
+            if let Ok(program) = program_of::<UProbe>(&mut self.ebpf, name) {
+                if let Err(error) = program.detach(link) {
+                    tracing::warn!("detaching {name}: {error}");
+                }
+            }
+        }
+        // Session links are file descriptors: closing them detaches.
+        drop(links.sessions);
+    }
+
+    /// Takes the sample ring buffer (once).
+    /// The ring buffer and its size ([`SamplerConfig::ring_bytes`]), for its reader.
+    pub fn take_events(&mut self) -> Result<(RingBuf<MapData>, u32), ProbeError> {
+        let map = self
+            .ebpf
+            .take_map("EVENTS")
+            .ok_or_else(|| load_error(missing("EVENTS")))?;
+        let ring = RingBuf::try_from(map).map_err(map_error("EVENTS"))?;
+        Ok((ring, self.config.ring_bytes()))
+    }
+
+    /// Forwards pending eBPF log records to the `log` facade.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = self.logger.as_mut() {
+            logger.flush();
+        }
+    }
+
+    /// Reads the per-CPU counters, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters, ProbeError> {
+        Ok(counters_from(self.book.counters(&self.ebpf, None)?))
+    }
+
+    /// The kernel's counters of one epoch only (see [`Sampler::next_epoch`]).
+    pub fn counters_of(&self, epoch: u64) -> Result<Counters, ProbeError> {
+        Ok(counters_from(self.book.counters(&self.ebpf, Some(epoch))?))
+    }
+
+    /// Exact totals per process of the current epoch (all of them, for a sampler whose
+    /// epoch never moved). Read after detaching and `wait_for_running_programs`.
+    pub fn totals(&mut self) -> Result<std::collections::HashMap<u32, Totals>, ProbeError> {
+        let epoch = self.book.epoch();
+        self.book.window(&mut self.ebpf, epoch)
+    }
+
+    /// Exact totals per process of an ended `epoch`, read after
+    /// `wait_for_running_programs`. Each epoch is read once.
+    pub fn totals_of(
+        &mut self,
+        epoch: u64,
+    ) -> Result<std::collections::HashMap<u32, Totals>, ProbeError> {
+        self.book.window(&mut self.ebpf, epoch)
+    }
+
+    /// Starts a new epoch and returns the one that ended: an interval cut that does
+    /// not stop the probes (`probe/totals.rs`).
+    pub fn next_epoch(&mut self) -> Result<u64, ProbeError> {
+        self.book.next_epoch(&mut self.ebpf)
+    }
+
+    /// The epoch calls are counted under now.
+    pub fn epoch(&self) -> u64 {
+        self.book.epoch()
+    }
+
+    /// Collects the counts of threads that exited and frees their entries, so the
+    /// thread tables hold running threads only. Call about once a second.
+    pub fn collect_exited_threads(&mut self) -> usize {
+        self.book.collect_exited(&mut self.ebpf)
+    }
+}
+
+/// The counters from values indexed by [`Counter`].
+fn counters_from(values: [u64; COUNTER_COUNT as usize]) -> Counters {
+    let at = |counter: Counter| values[counter as usize];
+    Counters {
+        samples: at(Counter::Samples),
+        ring_buffer_drops: at(Counter::RingBufferDrops),
+        stack_errors: at(Counter::StackErrors),
+        thread_map_full: at(Counter::ThreadMapFull),
+        process_map_full: at(Counter::ProcessMapFull),
+        forwarded_calls: at(Counter::ForwardedCalls),
+        live_map_full: at(Counter::LiveMapFull),
+        live_frees: at(Counter::LiveFrees),
+        live_returns: at(Counter::LiveReturns),
+    }
+}
+
+/// Returns once every eBPF program run that started before the call has finished.
+///
+/// uprobe programs run inside an RCU read-side critical section (non-sleepable BPF
+/// programs always do), and `membarrier(MEMBARRIER_CMD_GLOBAL)` waits for an RCU grace
+/// period (`synchronize_rcu`). After detaching, this closes the window in which a
+/// probe that trapped before the detach still counts a call or submits a sample.
+pub fn wait_for_running_programs() {
+    const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+    // SAFETY: a plain syscall with integer arguments.
+    let result = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+    if result != 0 {
+        // Without it (membarrier disabled), a short sleep covers a program run, which
+        // lasts microseconds.
+        tracing::debug!("membarrier: {}", std::io::Error::last_os_error());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns()` (the samples' timestamps).
+pub fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Program `name` of the embedded object, as its aya type.
+fn program_of<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, ProbeError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| load_error(missing(name)))?
+        .try_into()
+        .map_err(load_error)
+}
+
+fn missing(name: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!("`{name}` is missing from the embedded eBPF object"),
+    )
+}

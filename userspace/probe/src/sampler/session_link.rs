@@ -1,0 +1,309 @@
+//! uprobe session links (kernel 6.13+), created through the bpf syscall.
+//!
+//! A session link runs one program at a function's entry and, only if that run returned
+//! 0, again at its return. That is what live tracking needs: only sampled calls pay for the
+//! return. aya 0.14 can neither load a program with the `BPF_TRACE_UPROBE_SESSION`
+//! expected attach type (the kernel requires it) nor create uprobe_multi links, so this
+//! module does both itself: it relocates the program from the same embedded object with
+//! `aya-obj` against the maps aya already created (so both sides share every map,
+//! including `.rodata` with its globals set), loads it with `BPF_PROG_LOAD`, and links
+//! it with `BPF_LINK_CREATE`. The programs aya loads are used for everything else.
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::CString,
+    io,
+    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd},
+    path::Path,
+};
+
+use aya::{maps::Map, Ebpf};
+
+/// `BPF_PROG_TYPE_KPROBE`: uprobe programs are kprobe programs.
+const BPF_PROG_TYPE_KPROBE: u32 = 2;
+/// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (Linux 6.13).
+const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+/// Why a session link could not be made. Callers fall back to uretprobes.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The object could not be relocated.
+    #[error("relocating {program} for a session link: {reason}")]
+    Relocate {
+        /// Program name.
+        program: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The kernel refused the program (old kernel: unknown attach type).
+    #[error(
+        "the kernel refused {program} as a uprobe session program: {source}; verifier log: {log}"
+    )]
+    Load {
+        /// Program name.
+        program: String,
+        /// The errno.
+        source: io::Error,
+        /// The verifier's log, if any.
+        log: String,
+    },
+    /// The kernel refused the link.
+    #[error("the kernel refused a uprobe session link for {program}: {source}")]
+    Link {
+        /// Program name.
+        program: String,
+        /// The errno.
+        source: io::Error,
+    },
+}
+
+/// The BPF_PROG_LOAD prefix of `union bpf_attr` that we use (the kernel zero-fills the
+/// fields after `size`).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+/// The BPF_LINK_CREATE prefix of `union bpf_attr` with its `uprobe_multi` member.
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    multi_flags: u32,
+    pid: u32,
+    pad: u32,
+}
+
+fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
+    // SAFETY: `attr` is a valid, initialised bpf_attr prefix of the given size that
+    // outlives the call; pointers inside it point at live buffers.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            attr as *mut T,
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd the kernel just returned to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// True if the kernel knows uprobe session programs (Linux 6.13+): it accepts a
+/// two-instruction program (`r0 = 0; exit`) with that expected attach type. Like
+/// libbpf's feature probes, this is decided once, before anything else is loaded.
+pub fn kernel_supports_sessions() -> bool {
+    // mov64 r0, 0 ; exit
+    let insns: [u64; 2] = [u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]), 0x95];
+    let license = c"GPL";
+    let mut attr = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_KPROBE,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        expected_attach_type: BPF_TRACE_UPROBE_SESSION,
+        ..Default::default()
+    };
+    bpf(BPF_PROG_LOAD, &mut attr).is_ok()
+}
+
+/// The raw fd of any aya map.
+fn map_fd(map: &Map) -> RawFd {
+    let data = match map {
+        Map::Array(m)
+        | Map::ArrayOfMaps(m)
+        | Map::BloomFilter(m)
+        | Map::CgroupArray(m)
+        | Map::CgroupStorage(m)
+        | Map::CgrpStorage(m)
+        | Map::CpuMap(m)
+        | Map::DevMap(m)
+        | Map::DevMapHash(m)
+        | Map::HashMap(m)
+        | Map::HashOfMaps(m)
+        | Map::InodeStorage(m)
+        | Map::LpmTrie(m)
+        | Map::LruHashMap(m)
+        | Map::PerCpuArray(m)
+        | Map::PerCpuCgroupStorage(m)
+        | Map::PerCpuHashMap(m)
+        | Map::PerCpuLruHashMap(m)
+        | Map::PerfEventArray(m)
+        | Map::ProgramArray(m)
+        | Map::Queue(m)
+        | Map::ReusePortSockArray(m)
+        | Map::RingBuf(m)
+        | Map::SockHash(m)
+        | Map::SockMap(m)
+        | Map::SkStorage(m)
+        | Map::Stack(m)
+        | Map::StackTraceMap(m)
+        | Map::Unsupported(m)
+        | Map::XskMap(m) => m,
+    };
+    data.fd().as_fd().as_raw_fd()
+}
+
+/// Session programs relocated from the embedded object against `ebpf`'s maps.
+pub struct SessionPrograms {
+    object: aya_obj::Object,
+    loaded: HashMap<String, OwnedFd>,
+}
+
+impl SessionPrograms {
+    /// Relocates the object's programs against the maps `ebpf` created. `ebpf` must
+    /// have been loaded from `object_bytes` (same maps, same globals).
+    pub fn relocate(object_bytes: &[u8], ebpf: &Ebpf) -> Result<SessionPrograms, SessionError> {
+        let error = |reason: String| SessionError::Relocate {
+            program: "(object)".into(),
+            reason,
+        };
+        let mut object = aya_obj::Object::parse(object_bytes).map_err(|e| error(e.to_string()))?;
+        let fds: HashMap<&str, RawFd> = ebpf.maps().map(|(name, m)| (name, map_fd(m))).collect();
+        let maps = object.maps.clone();
+        let mut missing = Vec::new();
+        let with_fds: Vec<(&str, RawFd, &aya_obj::Map)> = maps
+            .iter()
+            .filter_map(|(name, map)| match fds.get(name.as_str()) {
+                Some(&fd) => Some((name.as_str(), fd, map)),
+                None => {
+                    missing.push(name.clone());
+                    None
+                }
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(error(format!("maps not created by aya: {missing:?}")));
+        }
+        let text_sections: HashSet<usize> = object.functions.keys().map(|(s, _)| *s).collect();
+        object
+            .relocate_maps(with_fds.into_iter(), &text_sections)
+            .map_err(|e| error(e.to_string()))?;
+        object
+            .relocate_calls(&text_sections)
+            .map_err(|e| error(e.to_string()))?;
+        Ok(SessionPrograms {
+            object,
+            loaded: HashMap::new(),
+        })
+    }
+
+    /// Loads `name` as a uprobe session program (once) and returns its fd.
+    fn load(&mut self, name: &str) -> Result<RawFd, SessionError> {
+        if let Some(fd) = self.loaded.get(name) {
+            return Ok(fd.as_raw_fd());
+        }
+        let program = self
+            .object
+            .programs
+            .get(name)
+            .ok_or_else(|| SessionError::Relocate {
+                program: name.into(),
+                reason: "no such program in the object".into(),
+            })?;
+        let function = &self.object.functions[&program.function_key()];
+        let license = CString::new("GPL").expect("no NUL");
+        let mut log = vec![0u8; 1 << 20];
+        let mut prog_name = [0u8; 16];
+        for (dst, src) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+            *dst = src;
+        }
+        let load = |log_level: u32, log: &mut Vec<u8>| {
+            let mut attr = ProgLoadAttr {
+                prog_type: BPF_PROG_TYPE_KPROBE,
+                insn_cnt: function.instructions.len() as u32,
+                insns: function.instructions.as_ptr() as u64,
+                license: license.as_ptr() as u64,
+                log_level,
+                log_size: if log_level > 0 { log.len() as u32 } else { 0 },
+                log_buf: if log_level > 0 {
+                    log.as_mut_ptr() as u64
+                } else {
+                    0
+                },
+                prog_name,
+                expected_attach_type: BPF_TRACE_UPROBE_SESSION,
+                ..Default::default()
+            };
+            bpf(BPF_PROG_LOAD, &mut attr)
+        };
+        let fd = match load(0, &mut log) {
+            Ok(fd) => fd,
+            Err(source) => {
+                // Load again with the verifier log for the message.
+                let _ = load(1, &mut log);
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]);
+                let tail: String = text.lines().rev().take(8).collect::<Vec<_>>().join(" | ");
+                return Err(SessionError::Load {
+                    program: name.into(),
+                    source,
+                    log: tail,
+                });
+            }
+        };
+        let raw = fd.as_raw_fd();
+        self.loaded.insert(name.to_string(), fd);
+        Ok(raw)
+    }
+
+    /// Attaches program `name` at `offset` of the ELF file `path` as a session link,
+    /// for `pid` only (or every process for `None`). The link lives as long as the fd.
+    pub fn attach(
+        &mut self,
+        name: &str,
+        path: &Path,
+        offset: u64,
+        cookie: u64,
+        pid: Option<u32>,
+    ) -> Result<OwnedFd, SessionError> {
+        let prog_fd = self.load(name)?;
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            SessionError::Relocate {
+                program: name.into(),
+                reason: format!("path {} has a NUL byte", path.display()),
+            }
+        })?;
+        let offsets = [offset];
+        let cookies = [cookie];
+        let mut attr = LinkCreateAttr {
+            prog_fd: prog_fd as u32,
+            attach_type: BPF_TRACE_UPROBE_SESSION,
+            path: c_path.as_ptr() as u64,
+            offsets: offsets.as_ptr() as u64,
+            cookies: cookies.as_ptr() as u64,
+            cnt: 1,
+            pid: pid.unwrap_or(0),
+            ..Default::default()
+        };
+        bpf(BPF_LINK_CREATE, &mut attr).map_err(|source| SessionError::Link {
+            program: name.into(),
+            source,
+        })
+    }
+}

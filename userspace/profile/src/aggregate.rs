@@ -1,0 +1,433 @@
+//! Aggregation of samples per (process, stack), with each sample unbiased first, and
+//! (with live tracking) the sampled blocks still live.
+
+use std::collections::HashMap;
+
+use crate::estimate::{weight, Confidence, Interval, IntervalInputs};
+use crate::frame::Frame;
+
+/// What the estimator needs of one sampled allocation (the ring buffer's sample, less
+/// its stack, which is the [`StackKey`] it is added under).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampledAllocation {
+    /// Unique id, which live tracking's `Freed` events name.
+    pub sample_id: u64,
+    /// Requested bytes.
+    pub size: u64,
+    /// Bytes of the allocation that fell before the sampling point (the .NET document's
+    /// `offset`); `size - offset` is its `u_i`. Zero for certain samples.
+    pub offset: u64,
+    /// Mean sampling interval in force.
+    pub rate: u64,
+    /// Recorded with probability 1 (at or above the certain threshold).
+    pub certain: bool,
+    /// CLOCK_MONOTONIC nanoseconds of the call (the age of a live block).
+    pub timestamp_ns: u64,
+}
+
+/// A process and a normalized stack (innermost frame first).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    /// Process id.
+    pub pid: u32,
+    /// Normalized frames, innermost first.
+    pub frames: Vec<Frame>,
+}
+
+/// Estimates for one stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StackStats {
+    /// Raw number of samples.
+    pub samples: u64,
+    /// Sum of the samples' unbiased byte weights.
+    pub estimated_bytes: f64,
+    /// Sum of the samples' unbiased object weights.
+    pub estimated_objects: f64,
+    /// What the confidence interval on `estimated_bytes` needs.
+    pub interval_inputs: IntervalInputs,
+    /// Byte weights of the samples still live (live tracking; filled by
+    /// [`Aggregate::finish`]).
+    pub inuse_bytes: f64,
+    /// Object weights of the samples still live.
+    pub inuse_objects: f64,
+}
+
+impl StackStats {
+    /// Adds another stack's figures (merging stacks that symbolize alike).
+    pub fn merge(&mut self, other: &StackStats) {
+        self.samples += other.samples;
+        self.estimated_bytes += other.estimated_bytes;
+        self.estimated_objects += other.estimated_objects;
+        self.interval_inputs.merge(&other.interval_inputs);
+        self.inuse_bytes += other.inuse_bytes;
+        self.inuse_objects += other.inuse_objects;
+    }
+
+    /// Accounts for one sample of `size` bytes (`offset` bytes before the sampled byte)
+    /// taken at `rate`; `certain` samples were recorded with probability 1.
+    pub fn add(&mut self, size: u64, offset: u64, rate: u64, certain: bool) {
+        // Unbias this sample on its own, then sum (never sum sizes, then unbias).
+        let w = weight(size, rate, certain);
+        self.samples += 1;
+        self.estimated_bytes += w.bytes;
+        self.estimated_objects += w.objects;
+        self.interval_inputs.add(size, offset, certain);
+    }
+
+    /// The confidence interval on `estimated_bytes`.
+    pub fn bytes_interval(&self, rate: u64, confidence: Confidence) -> Interval {
+        self.interval_inputs.interval(rate, confidence)
+    }
+}
+
+/// A sampled block not known to be freed.
+#[derive(Clone, Copy, Debug)]
+struct LiveBlock {
+    stack: usize,
+    bytes: f64,
+    objects: f64,
+    allocated_ns: u64,
+}
+
+/// Sampled blocks still live, grouped by stack, older than a minimum age.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LeakStats {
+    /// Sampled blocks.
+    pub samples: u64,
+    /// Their byte weights: the estimated leaked bytes.
+    pub estimated_bytes: f64,
+    /// Their object weights.
+    pub estimated_objects: f64,
+    /// Age of the youngest block.
+    pub min_age_ns: u64,
+    /// Age of the oldest block.
+    pub max_age_ns: u64,
+}
+
+impl LeakStats {
+    /// Adds another group (stacks that symbolize alike).
+    pub fn merge(&mut self, other: &LeakStats) {
+        self.samples += other.samples;
+        self.estimated_bytes += other.estimated_bytes;
+        self.estimated_objects += other.estimated_objects;
+        self.min_age_ns = self.min_age_ns.min(other.min_age_ns);
+        self.max_age_ns = self.max_age_ns.max(other.max_age_ns);
+    }
+}
+
+/// What live tracking saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LiveCounts {
+    /// Sampled blocks still live at the end.
+    pub live_samples: u64,
+    /// Sampled blocks seen freed.
+    pub freed_samples: u64,
+    /// Samples that could not be tracked (failed call, full live map): not in inuse.
+    pub untracked_samples: u64,
+}
+
+/// Samples aggregated per stack.
+#[derive(Debug, Default)]
+pub struct Aggregate {
+    index: HashMap<StackKey, usize>,
+    stacks: Vec<(StackKey, StackStats)>,
+    /// All samples together.
+    pub totals: StackStats,
+    live: Option<HashMap<u64, LiveBlock>>,
+    /// Live-tracking counts.
+    pub live_counts: LiveCounts,
+    /// Leak groups by stack index, filled by [`Aggregate::finish`] when leaks are asked for.
+    leaks: Vec<(usize, LeakStats)>,
+    /// The minimum age those groups were cut at.
+    leak_min_age: Option<std::time::Duration>,
+}
+
+impl Aggregate {
+    /// An aggregate that also tracks sampled blocks until they are freed.
+    pub fn with_live_tracking() -> Self {
+        Self {
+            live: Some(HashMap::new()),
+            ..Self::default()
+        }
+    }
+
+    /// Adds one sample under `key`.
+    pub fn add(&mut self, key: StackKey, sample: &SampledAllocation) {
+        let next = self.stacks.len();
+        let stack = *self.index.entry(key.clone()).or_insert(next);
+        if stack == next {
+            self.stacks.push((key, StackStats::default()));
+        }
+        let stats = &mut self.stacks[stack].1;
+        stats.add(sample.size, sample.offset, sample.rate, sample.certain);
+        self.totals
+            .add(sample.size, sample.offset, sample.rate, sample.certain);
+        if let Some(live) = self.live.as_mut() {
+            let w = weight(sample.size, sample.rate, sample.certain);
+            live.insert(
+                sample.sample_id,
+                LiveBlock {
+                    stack,
+                    bytes: w.bytes,
+                    objects: w.objects,
+                    allocated_ns: sample.timestamp_ns,
+                },
+            );
+        }
+    }
+
+    /// A tracked block died.
+    pub fn freed(&mut self, sample_id: u64) {
+        if self.retire(sample_id) {
+            self.live_counts.freed_samples += 1;
+        }
+    }
+
+    /// A sample could not be tracked: it is not part of the live heap.
+    pub fn untracked(&mut self, sample_id: u64) {
+        if self.retire(sample_id) {
+            self.live_counts.untracked_samples += 1;
+        }
+    }
+
+    /// Drops live blocks allocated before `before_ns` (CLOCK_MONOTONIC) whose sample id
+    /// `tracked` rejects: the kernel no longer tracks them, so they were freed and the
+    /// `Freed` event was lost (a full ring buffer). Returns how many went.
+    pub fn forget_lost_frees(&mut self, before_ns: u64, tracked: impl Fn(u64) -> bool) -> u64 {
+        let Some(live) = self.live.as_mut() else {
+            return 0;
+        };
+        let before = live.len();
+        live.retain(|&id, block| block.allocated_ns >= before_ns || tracked(id));
+        let lost = (before - live.len()) as u64;
+        self.live_counts.freed_samples += lost;
+        lost
+    }
+
+    /// Drops a sample from the live set; false if it was not there (a lost sample).
+    fn retire(&mut self, sample_id: u64) -> bool {
+        self.live
+            .as_mut()
+            .is_some_and(|live| live.remove(&sample_id).is_some())
+    }
+
+    /// Computes in-use figures per stack, and with `min_age` the leak groups: blocks
+    /// still live at `now_ns` (CLOCK_MONOTONIC) and allocated at least `min_age` before.
+    pub fn finish(&mut self, now_ns: u64, min_age: Option<std::time::Duration>) {
+        let Some(live) = self.live.as_ref() else {
+            return;
+        };
+        self.live_counts.live_samples = live.len() as u64;
+        for (_, stats) in &mut self.stacks {
+            stats.inuse_bytes = 0.0;
+            stats.inuse_objects = 0.0;
+        }
+        self.totals.inuse_bytes = 0.0;
+        self.totals.inuse_objects = 0.0;
+        let mut leaks: HashMap<usize, LeakStats> = HashMap::new();
+        for block in live.values() {
+            let stats = &mut self.stacks[block.stack].1;
+            stats.inuse_bytes += block.bytes;
+            stats.inuse_objects += block.objects;
+            self.totals.inuse_bytes += block.bytes;
+            self.totals.inuse_objects += block.objects;
+            let age = now_ns.saturating_sub(block.allocated_ns);
+            if min_age.is_some_and(|min_age| u128::from(age) >= min_age.as_nanos()) {
+                let one = LeakStats {
+                    samples: 1,
+                    estimated_bytes: block.bytes,
+                    estimated_objects: block.objects,
+                    min_age_ns: age,
+                    max_age_ns: age,
+                };
+                leaks
+                    .entry(block.stack)
+                    .and_modify(|leak| leak.merge(&one))
+                    .or_insert(one);
+            }
+        }
+        self.leaks = leaks.into_iter().collect();
+        self.leak_min_age = min_age;
+    }
+
+    /// Starts a new interval (the agent's periodic profiles): allocation figures start
+    /// from zero, blocks still live are kept (they are the next in-use profile), and
+    /// stacks that hold neither are dropped, so memory follows the live heap, not the
+    /// history.
+    pub fn start_interval(&mut self) {
+        let old = std::mem::take(&mut self.stacks);
+        self.index.clear();
+        self.totals = StackStats::default();
+        self.leaks.clear();
+        self.live_counts.freed_samples = 0;
+        self.live_counts.untracked_samples = 0;
+        let Some(live) = self.live.as_mut() else {
+            return;
+        };
+        let mut remap: HashMap<usize, usize> = HashMap::new();
+        for block in live.values_mut() {
+            let next = remap.len();
+            let new = *remap.entry(block.stack).or_insert(next);
+            block.stack = new;
+        }
+        let mut kept: Vec<Option<(StackKey, StackStats)>> = vec![None; remap.len()];
+        for (old_index, (key, _)) in old.into_iter().enumerate() {
+            if let Some(&new) = remap.get(&old_index) {
+                kept[new] = Some((key, StackStats::default()));
+            }
+        }
+        for (new, entry) in kept.into_iter().enumerate() {
+            let (key, stats) = entry.expect("every remapped stack existed");
+            self.index.insert(key.clone(), new);
+            self.stacks.push((key, stats));
+        }
+    }
+
+    /// True if nothing was sampled this interval and no block is live.
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// The minimum age [`Aggregate::finish`] cut leaks at (`None`: no leak report).
+    pub fn leak_min_age(&self) -> Option<std::time::Duration> {
+        self.leak_min_age
+    }
+
+    /// True if blocks are tracked until freed.
+    pub fn tracks_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// The stacks and their figures.
+    pub fn stacks(&self) -> impl Iterator<Item = (&StackKey, &StackStats)> {
+        self.stacks.iter().map(|(key, stats)| (key, stats))
+    }
+
+    /// Leak groups (after [`Aggregate::finish`] with a minimum age).
+    pub fn leaks(&self) -> impl Iterator<Item = (&StackKey, &LeakStats)> {
+        self.leaks
+            .iter()
+            .map(|(stack, leak)| (&self.stacks[*stack].0, leak))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(frame: u64) -> StackKey {
+        StackKey {
+            pid: 1,
+            frames: vec![Frame::Unknown(frame)],
+        }
+    }
+
+    fn sample(id: u64, size: u64, rate: u64, certain: bool, at: u64) -> SampledAllocation {
+        SampledAllocation {
+            sample_id: id,
+            size,
+            offset: 0,
+            rate,
+            certain,
+            timestamp_ns: at,
+        }
+    }
+
+    /// jemalloc's example: many small samples and one huge one. Unbiasing per sample
+    /// keeps the small stack's estimate near its truth; unbiasing a summed size would
+    /// shrink it by orders of magnitude.
+    #[test]
+    fn samples_are_unbiased_before_summing() {
+        let rate = 512 * 1024;
+        let mut aggregate = Aggregate::default();
+        for i in 0..8 {
+            aggregate.add(key(1), &sample(i, 8, rate, false, 0));
+        }
+        aggregate.add(key(2), &sample(9, 8 << 20, rate, true, 0));
+        let small = aggregate.stacks().find(|(k, _)| *k == &key(1)).unwrap().1;
+        assert_eq!(small.samples, 8);
+        let per_sample = weight(8, rate, false).bytes;
+        assert!((small.estimated_bytes - 8.0 * per_sample).abs() < 1e-6);
+        // Each 8-byte sample stands for ~rate bytes.
+        assert!(small.estimated_bytes > 7.9 * rate as f64);
+        assert_eq!(aggregate.totals.samples, 9);
+        assert!(
+            (aggregate.totals.estimated_bytes - small.estimated_bytes - (8 << 20) as f64).abs()
+                < 1e-3
+        );
+    }
+
+    #[test]
+    fn blocks_the_kernel_no_longer_tracks_are_freed_once_old_enough() {
+        let mut aggregate = Aggregate::with_live_tracking();
+        for (id, at) in [(1, 100), (2, 100), (3, 900)] {
+            aggregate.add(key(1), &sample(id, 4096, 4096, false, at));
+        }
+        // The kernel still tracks 1; 2 is gone (its Freed was lost); 3 is too recent
+        // to judge (its allocation may not have returned when the map was read).
+        assert_eq!(aggregate.forget_lost_frees(500, |id| id == 1), 1);
+        aggregate.finish(1000, None);
+        assert_eq!(aggregate.live_counts.live_samples, 2);
+        assert_eq!(aggregate.live_counts.freed_samples, 1);
+    }
+
+    #[test]
+    fn a_new_interval_keeps_live_blocks_only() {
+        let rate = 4096;
+        let mut aggregate = Aggregate::with_live_tracking();
+        aggregate.add(key(1), &sample(1, 4096, rate, false, 0));
+        aggregate.add(key(2), &sample(2, 4096, rate, false, 0));
+        aggregate.add(key(3), &sample(3, 4096, rate, false, 0));
+        aggregate.freed(2);
+        aggregate.start_interval();
+        // Stacks 1 and 3 hold live blocks: kept with zero allocation figures.
+        assert_eq!(aggregate.stacks().count(), 2);
+        assert!(aggregate.stacks().all(|(_, s)| s.samples == 0));
+        aggregate.add(key(3), &sample(4, 4096, rate, false, 0));
+        aggregate.freed(1);
+        aggregate.finish(0, None);
+        let w = weight(4096, rate, false).bytes;
+        let third = aggregate.stacks().find(|(k, _)| *k == &key(3)).unwrap().1;
+        assert_eq!(third.samples, 1);
+        assert!((third.inuse_bytes - 2.0 * w).abs() < 1e-6);
+        assert!((aggregate.totals.inuse_bytes - 2.0 * w).abs() < 1e-6);
+        aggregate.start_interval();
+        assert_eq!(aggregate.stacks().count(), 1);
+        let mut plain = Aggregate::default();
+        plain.add(key(1), &sample(1, 64, rate, false, 0));
+        plain.start_interval();
+        assert!(plain.is_empty());
+    }
+
+    #[test]
+    fn live_blocks_count_until_freed_and_old_ones_are_leaks() {
+        let rate = 4096;
+        let mut aggregate = Aggregate::with_live_tracking();
+        aggregate.add(key(1), &sample(1, 4096, rate, false, 1_000));
+        aggregate.add(key(1), &sample(2, 4096, rate, false, 5_000));
+        aggregate.add(key(2), &sample(3, 1 << 20, rate, true, 1_000));
+        aggregate.add(key(2), &sample(4, 64, rate, false, 1_000));
+        aggregate.freed(3);
+        aggregate.untracked(4);
+        aggregate.freed(12345); // unknown ids (lost samples) are ignored
+        aggregate.finish(10_000, Some(std::time::Duration::from_nanos(6_000)));
+        let w = weight(4096, rate, false);
+        let first = aggregate.stacks().find(|(k, _)| *k == &key(1)).unwrap().1;
+        assert!((first.inuse_bytes - 2.0 * w.bytes).abs() < 1e-6);
+        let second = aggregate.stacks().find(|(k, _)| *k == &key(2)).unwrap().1;
+        assert_eq!(second.inuse_bytes, 0.0);
+        assert_eq!(
+            aggregate.live_counts,
+            LiveCounts {
+                live_samples: 2,
+                freed_samples: 1,
+                untracked_samples: 1
+            }
+        );
+        // Only sample 1 is at least 6 us old.
+        let leaks: Vec<_> = aggregate.leaks().collect();
+        assert_eq!(leaks.len(), 1);
+        assert_eq!(leaks[0].1.samples, 1);
+        assert_eq!(leaks[0].1.max_age_ns, 9_000);
+    }
+}

@@ -1,0 +1,22 @@
+//! The profile model: what a sampled allocation is worth, how samples add up, and the
+//! finished report every exporter reads.
+//!
+//! - [`estimate`]: the unbiased weight of a sample, `S / (1 - exp(-S/R))`, its
+//!   confidence intervals, and the table of exponential intervals the kernel draws from.
+//! - [`aggregate`]: samples unbiased one by one, then summed per stack (and, for live
+//!   tracking, per block until freed).
+//! - [`report`]: an aggregate with symbolized locations, exact kernel totals and health
+//!   counters: the input of every exporter.
+//! - [`frame`]: the vocabulary stages share: a normalized frame (module, file offset),
+//!   the functions at it, and the [`frame::Symbolize`] step the report asks for.
+//! - [`units`]: byte sizes and durations as people write them.
+//!
+//! Pure computation: this crate must not depend on aya, tokio, blazesym or any I/O
+//! crate, so the accuracy harness and exporters can use it alone.
+#![deny(missing_docs)]
+
+pub mod aggregate;
+pub mod estimate;
+pub mod frame;
+pub mod report;
+pub mod units;

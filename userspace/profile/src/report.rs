@@ -1,0 +1,333 @@
+//! The finished profile every exporter reads: symbolized stacks with estimates, and the
+//! exact totals the kernel counted.
+
+use std::time::Duration;
+
+use crate::aggregate::{Aggregate, LeakStats, LiveCounts, StackStats};
+use crate::estimate::{Confidence, Interval, IntervalInputs};
+use crate::frame::{Frame, Functions, Module, Symbolize};
+
+/// The kernel side's counters for a window, summed over CPUs: sampling health.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    /// Samples taken.
+    pub samples: u64,
+    /// Samples lost because the ring buffer was full.
+    pub ring_buffer_drops: u64,
+    /// Samples whose user stack could not be read.
+    pub stack_errors: u64,
+    /// Calls by threads that found the thread map full.
+    pub thread_map_full: u64,
+    /// Thread exits whose totals were lost because the process map was full.
+    pub process_map_full: u64,
+    /// Calls a probed wrapper forwarded to another probed function (counted once).
+    pub forwarded_calls: u64,
+    /// Sampled blocks not tracked because the live map was full.
+    pub live_map_full: u64,
+    /// Tracked sampled blocks freed.
+    pub live_frees: u64,
+    /// Returns of awaited calls handled.
+    pub live_returns: u64,
+}
+
+/// A symbolized frame.
+#[derive(Clone, Debug)]
+pub struct Location {
+    /// The normalized address.
+    pub frame: Frame,
+    /// Functions at that address, innermost first.
+    pub functions: Functions,
+}
+
+/// One (process, stack) with its estimates.
+#[derive(Clone, Debug)]
+pub struct StackReport {
+    /// Process id.
+    pub pid: u32,
+    /// Locations, innermost (the allocation's caller) first.
+    pub locations: Vec<Location>,
+    /// Raw samples, estimated bytes and objects.
+    pub stats: StackStats,
+}
+
+impl StackReport {
+    /// Function names, outermost first (inlined frames included).
+    pub fn function_names(&self) -> Vec<&str> {
+        names_of(&self.locations)
+    }
+}
+
+/// The leak report: live blocks old enough to be suspects.
+#[derive(Clone, Debug)]
+pub struct Leaks {
+    /// Live blocks at least this old are reported.
+    pub min_age: Duration,
+    /// One group per stack.
+    pub groups: Vec<LeakReport>,
+}
+
+/// Sampled blocks of one stack still live and older than the minimum age.
+#[derive(Clone, Debug)]
+pub struct LeakReport {
+    /// Process id.
+    pub pid: u32,
+    /// Locations, innermost first.
+    pub locations: Vec<Location>,
+    /// Estimated leaked bytes and objects, and the age range.
+    pub stats: LeakStats,
+}
+
+impl LeakReport {
+    /// Function names, outermost first (inlined frames included).
+    pub fn function_names(&self) -> Vec<&str> {
+        names_of(&self.locations)
+    }
+}
+
+fn names_of(locations: &[Location]) -> Vec<&str> {
+    locations
+        .iter()
+        .rev()
+        .flat_map(|l| l.functions.iter().rev().map(|f| f.name.as_str()))
+        .collect()
+}
+
+fn locations_of(frames: &[Frame], symbolizer: &dyn Symbolize) -> Vec<Location> {
+    frames
+        .iter()
+        .map(|frame| Location {
+            frame: *frame,
+            functions: symbolizer.functions(frame),
+        })
+        .collect()
+}
+
+/// Exact figures counted in the kernel, and sampling health.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Totals {
+    /// Exact bytes requested through the probed functions.
+    pub exact_bytes: u64,
+    /// Exact number of calls.
+    pub exact_calls: u64,
+    /// Sum of all sample weights.
+    pub estimated_bytes: f64,
+    /// Samples received.
+    pub samples: u64,
+    /// Samples lost (ring buffer full).
+    pub drops: u64,
+    /// What the interval on `estimated_bytes` needs.
+    pub interval_inputs: IntervalInputs,
+    /// Estimated bytes still live at the end (live tracking).
+    pub inuse_bytes: f64,
+    /// Estimated objects still live at the end (live tracking).
+    pub inuse_objects: f64,
+}
+
+/// What the kernel side reported at the end of a session.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelFigures {
+    /// How long profiling ran.
+    pub duration: Duration,
+    /// Exact totals of the profiled process.
+    pub exact: allocbpf_common::Totals,
+    /// Kernel counters.
+    pub counters: Counters,
+}
+
+/// A finished profile.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Mean sampling interval in bytes.
+    pub rate: u64,
+    /// Level of the confidence intervals shown.
+    pub confidence: Confidence,
+    /// How long profiling ran.
+    pub duration: Duration,
+    /// Exact and estimated totals.
+    pub totals: Totals,
+    /// Kernel counters.
+    pub counters: Counters,
+    /// Modules frames point into, indexed by [`Frame::Module::module`].
+    pub modules: Vec<Module>,
+    /// Stacks, largest estimated bytes first.
+    pub stacks: Vec<StackReport>,
+    /// Live-tracking counts, when blocks were tracked.
+    pub live: Option<LiveCounts>,
+    /// The leak report, when asked for.
+    pub leaks: Option<Leaks>,
+    /// False when not symbolized: frames carry module + offset only.
+    pub symbolized: bool,
+    /// Why nothing was counted, when no probed call was made in the window.
+    pub note: Option<String>,
+}
+
+impl Report {
+    /// Symbolizes an aggregate into a report.
+    pub fn build(
+        aggregate: &Aggregate,
+        symbolizer: &mut dyn Symbolize,
+        rate: u64,
+        confidence: Confidence,
+        kernel: KernelFigures,
+    ) -> Report {
+        let KernelFigures {
+            duration,
+            exact,
+            counters,
+        } = kernel;
+        symbolizer.prepare(&mut aggregate.stacks().flat_map(|(k, _)| k.frames.iter()));
+        let mut stacks: Vec<StackReport> = aggregate
+            .stacks()
+            .map(|(key, stats)| StackReport {
+                pid: key.pid,
+                locations: locations_of(&key.frames, symbolizer),
+                stats: *stats,
+            })
+            .collect();
+        stacks.sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
+        let leaks = aggregate.leak_min_age().map(|min_age| Leaks {
+            min_age,
+            groups: aggregate
+                .leaks()
+                .map(|(key, stats)| LeakReport {
+                    pid: key.pid,
+                    locations: locations_of(&key.frames, symbolizer),
+                    stats: *stats,
+                })
+                .collect(),
+        });
+        Report {
+            rate,
+            confidence,
+            duration,
+            totals: Totals {
+                exact_bytes: exact.bytes,
+                exact_calls: exact.calls,
+                estimated_bytes: aggregate.totals.estimated_bytes,
+                samples: aggregate.totals.samples,
+                drops: counters.ring_buffer_drops,
+                interval_inputs: aggregate.totals.interval_inputs,
+                inuse_bytes: aggregate.totals.inuse_bytes,
+                inuse_objects: aggregate.totals.inuse_objects,
+            },
+            counters,
+            modules: symbolizer.modules(),
+            stacks,
+            live: aggregate.tracks_live().then_some(aggregate.live_counts),
+            leaks,
+            symbolized: symbolizer.symbolizes(),
+            note: None,
+        }
+    }
+
+    /// A report of nothing: no profiled process allocated in `duration` (system-wide
+    /// mode), said in its note, so every output format is still a valid, empty profile.
+    pub fn empty(rate: u64, confidence: Confidence, duration: Duration, live: bool) -> Report {
+        Report {
+            rate,
+            confidence,
+            duration,
+            totals: Totals::default(),
+            counters: Counters::default(),
+            modules: Vec::new(),
+            stacks: Vec::new(),
+            live: live.then(LiveCounts::default),
+            leaks: None,
+            symbolized: true,
+            note: Some("no profiled process allocated anything".into()),
+        }
+    }
+
+    /// One report of several processes' reports (system-wide mode), which share their
+    /// module table: stacks side by side (each keeps its pid), totals summed. `None`
+    /// for no reports.
+    pub fn merge(reports: Vec<Report>) -> Option<Report> {
+        let mut reports = reports.into_iter();
+        let mut merged = reports.next()?;
+        for report in reports {
+            let totals = &mut merged.totals;
+            totals.exact_bytes += report.totals.exact_bytes;
+            totals.exact_calls += report.totals.exact_calls;
+            totals.estimated_bytes += report.totals.estimated_bytes;
+            totals.samples += report.totals.samples;
+            totals.interval_inputs.merge(&report.totals.interval_inputs);
+            totals.inuse_bytes += report.totals.inuse_bytes;
+            totals.inuse_objects += report.totals.inuse_objects;
+            if report.modules.len() > merged.modules.len() {
+                merged.modules = report.modules;
+            }
+            merged.stacks.extend(report.stacks);
+            if let (Some(a), Some(b)) = (merged.live.as_mut(), report.live) {
+                a.live_samples += b.live_samples;
+                a.freed_samples += b.freed_samples;
+                a.untracked_samples += b.untracked_samples;
+            }
+            if let (Some(a), Some(b)) = (merged.leaks.as_mut(), report.leaks) {
+                a.groups.extend(b.groups);
+            }
+            merged.duration = merged.duration.max(report.duration);
+        }
+        merged
+            .stacks
+            .sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
+        Some(merged)
+    }
+
+    /// The interval on a stack's estimated bytes at the report's level.
+    pub fn interval(&self, stats: &StackStats) -> Interval {
+        stats.bytes_interval(self.rate, self.confidence)
+    }
+
+    /// The interval on the total estimated bytes at the report's level.
+    pub fn total_interval(&self) -> Interval {
+        self.totals
+            .interval_inputs
+            .interval(self.rate, self.confidence)
+    }
+
+    /// Stacks merged by (pid, function names): what people read. Largest first.
+    pub fn stacks_by_name(&self) -> Vec<(u32, Vec<&str>, StackStats)> {
+        merge_by_name(
+            self.stacks
+                .iter()
+                .map(|s| (s.pid, s.function_names(), s.stats)),
+            StackStats::merge,
+            |s| s.estimated_bytes,
+        )
+    }
+
+    /// Leak groups merged by (pid, function names), most leaked bytes first; empty
+    /// without a leak report.
+    pub fn leaks_by_name(&self) -> Vec<(u32, Vec<&str>, LeakStats)> {
+        merge_by_name(
+            self.leaks
+                .iter()
+                .flat_map(|l| &l.groups)
+                .map(|l| (l.pid, l.function_names(), l.stats)),
+            LeakStats::merge,
+            |l| l.estimated_bytes,
+        )
+    }
+}
+
+/// Merges entries with equal (pid, names), then sorts by `size`, largest first.
+fn merge_by_name<'a, T: Copy>(
+    entries: impl Iterator<Item = (u32, Vec<&'a str>, T)>,
+    merge: fn(&mut T, &T),
+    size: fn(&T) -> f64,
+) -> Vec<(u32, Vec<&'a str>, T)> {
+    let mut merged: Vec<(u32, Vec<&str>, T)> = Vec::new();
+    let mut index: std::collections::HashMap<(u32, Vec<&str>), usize> =
+        std::collections::HashMap::new();
+    for (pid, names, stats) in entries {
+        match index.get(&(pid, names.clone())) {
+            Some(&i) => merge(&mut merged[i].2, &stats),
+            None => {
+                index.insert((pid, names.clone()), merged.len());
+                merged.push((pid, names, stats));
+            }
+        }
+    }
+    merged.sort_by(|a, b| size(&b.2).total_cmp(&size(&a.2)));
+    merged
+}

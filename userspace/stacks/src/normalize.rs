@@ -1,0 +1,506 @@
+//! Normalization: process addresses to (module, file offset), done on receipt.
+//!
+//! A process's address space is only readable while it lives, so every sample is
+//! normalized as soon as it leaves the ring buffer. A (module, file offset) pair stays
+//! meaningful after the process exits, and is what symbolization and pprof need.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
+
+use allocbpf_probe::procfs::{self, MapsEntry};
+use allocbpf_profile::frame::{Frame, Module};
+
+/// Interned modules, shared by all samples.
+///
+/// A module is identified by its build id when it has one (so one library seen through
+/// several processes or containers is one module, symbolized once), else by its path.
+/// While the process that maps it lives, its file is opened through
+/// `/proc/PID/map_files/` and kept open, so it can be symbolized after the process
+/// exits, and even if the file was deleted or replaced.
+#[derive(Debug, Default)]
+pub struct ModuleTable {
+    modules: Vec<Module>,
+    files: Vec<Option<Arc<File>>>,
+    /// Ids of modules released ([`ModuleTable::release_files`]), reused by the next
+    /// modules interned: the table holds what current stacks refer to, not every file
+    /// the host has run since the agent started.
+    free: Vec<u32>,
+    index: HashMap<ModuleKey, u32>,
+    /// Modules by the device and inode of a mapping they were seen through: after the
+    /// process exits its build id can no longer be read (map_files is gone), but the
+    /// cached maps still say which file an address is in.
+    by_inode: HashMap<(u64, u64), u32>,
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum ModuleKey {
+    BuildId(Vec<u8>),
+    Path(PathBuf),
+}
+
+impl ModuleKey {
+    /// A module's identity: its build id if it has one, else its path.
+    fn of(module: &Module) -> ModuleKey {
+        match &module.build_id {
+            Some(id) => ModuleKey::BuildId(id.clone()),
+            None => ModuleKey::Path(module.path.clone()),
+        }
+    }
+}
+
+impl ModuleTable {
+    /// The id of `module`, seen through `mapping` whose file (opened through the
+    /// mapping, [`procfs::open_mapped`], never by path) is `file`; added if new.
+    pub fn intern(
+        &mut self,
+        module: Module,
+        mapping: Option<&MapsEntry>,
+        file: Option<Arc<File>>,
+    ) -> u32 {
+        let inode = mapping.map(|m| (m.device, m.inode));
+        if module.build_id.is_none() {
+            // No build id: the process may have exited since it was read.
+            if let Some(&id) = inode.and_then(|i| self.by_inode.get(&i)) {
+                return id;
+            }
+        }
+        let key = ModuleKey::of(&module);
+        let id = match self.index.get(&key) {
+            Some(&id) => {
+                // Its file could not be opened when first seen: taken now if it can.
+                if self.files[id as usize].is_none() {
+                    self.files[id as usize] = file;
+                }
+                id
+            }
+            None => {
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        self.files[id as usize] = file;
+                        self.modules[id as usize] = module;
+                        id
+                    }
+                    None => {
+                        self.files.push(file);
+                        self.modules.push(module);
+                        self.modules.len() as u32 - 1
+                    }
+                };
+                self.index.insert(key, id);
+                id
+            }
+        };
+        if let Some(inode) = inode {
+            self.by_inode.insert(inode, id);
+        }
+        id
+    }
+
+    /// A path blazesym can open for module `id`: the file kept open at intern time
+    /// (`/proc/self/fd/N`). `None` if it could not be opened then: the module's path
+    /// is another process's to point anywhere, and is never opened.
+    pub fn symbolization_path(&self, id: u32) -> Option<PathBuf> {
+        let file = self.files.get(id as usize)?.as_ref()?;
+        Some(procfs::descriptor_path(file))
+    }
+
+    /// Releases the modules `keep` rejects (no profile, live block or running process
+    /// refers to them any more): their files are closed, and their entries and ids
+    /// freed for reuse; returns how many files were closed. A module seen again is
+    /// interned again, with a file. Descriptors and entries follow the current
+    /// workload. The caller must hold no frame of a released module (cached
+    /// normalizations included).
+    pub fn release_files(&mut self, keep: impl Fn(u32) -> bool) -> usize {
+        let mut closed = 0;
+        let mut released = vec![false; self.modules.len()];
+        for &id in &self.free {
+            released[id as usize] = true;
+        }
+        for (id, released) in released.iter_mut().enumerate() {
+            if *released || keep(id as u32) {
+                continue;
+            }
+            if self.files[id].take().is_some() {
+                closed += 1;
+            }
+            self.index.remove(&ModuleKey::of(&self.modules[id]));
+            self.modules[id] = Module {
+                path: PathBuf::new(),
+                build_id: None,
+            };
+            *released = true;
+            self.free.push(id as u32);
+        }
+        self.by_inode.retain(|_, id| !released[*id as usize]);
+        closed
+    }
+
+    /// Modules in the table now (released ones excluded).
+    pub fn len(&self) -> usize {
+        self.modules.len() - self.free.len()
+    }
+
+    /// True if no module is in the table.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Modules whose file is open now.
+    pub fn open_files(&self) -> usize {
+        self.files.iter().filter(|f| f.is_some()).count()
+    }
+
+    /// The module with this id.
+    pub fn get(&self, id: u32) -> Option<&Module> {
+        self.modules.get(id as usize)
+    }
+
+    /// All modules, indexed by id.
+    pub fn all(&self) -> &[Module] {
+        &self.modules
+    }
+}
+
+/// How often the cached memory maps may be re-read when an address is not covered.
+const MAPS_REFRESH_LIMIT: Duration = Duration::from_secs(1);
+
+/// Turns process addresses into [`Frame`]s.
+///
+/// Memory maps are cached per process, so samples that arrive after their process
+/// exited are still normalized with the maps it had. When an address falls outside
+/// every cached mapping while the process still lives (a library loaded since), the
+/// maps are re-read, at most once per [`MAPS_REFRESH_LIMIT`]; addresses that stay
+/// unknown are usually frame-pointer garbage from code built without frame pointers.
+pub struct AddressNormalizer {
+    normalizer: Normalizer,
+    refreshed: Instant,
+    /// The mappings behind blazesym's `/proc/PID/map_files/START-END` paths (it reads
+    /// build ids through them, never through the paths the maps print, which belong
+    /// to the process), with their files opened while the process lives. Read from
+    /// the process's maps at [`AddressNormalizer::prime`] or on a miss; reset with the
+    /// normalizer, so bounded like its own cache.
+    mappings: MappedFiles,
+    /// Frames already normalized, by pid and address: a process's hot stacks repeat,
+    /// and each blazesym call stats every module's map_files path (~8 us of the reader's
+    /// time per sample, measured). As valid as blazesym's cached maps, so reset with
+    /// them, and a process's are dropped when it exits or execs; at most
+    /// [`MAX_CACHED_FRAMES`] entries in all (`cached_frames`).
+    resolved: HashMap<u32, HashMap<u64, Frame>>,
+    cached_frames: usize,
+    /// Modules seen so far.
+    pub modules: ModuleTable,
+}
+
+/// Normalized frames kept at most (~40 bytes each): emptied when full.
+const MAX_CACHED_FRAMES: usize = 1 << 17;
+
+impl Default for AddressNormalizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AddressNormalizer {
+    /// A normalizer that reads build ids and caches maps and build ids.
+    pub fn new() -> Self {
+        Self {
+            normalizer: Self::caching_normalizer(),
+            refreshed: Instant::now(),
+            mappings: MappedFiles::default(),
+            resolved: HashMap::new(),
+            cached_frames: 0,
+            modules: ModuleTable::default(),
+        }
+    }
+
+    /// blazesym reads only the maps: it would read build ids by opening each
+    /// module's map_files path itself, with none of `procfs::open_mapped`'s checks (a
+    /// file on FUSE would stall it), so build ids come from [`MappedFiles`].
+    fn caching_normalizer() -> Normalizer {
+        Normalizer::builder()
+            .enable_vma_caching(true)
+            .enable_build_ids(false)
+            .build()
+    }
+
+    /// Reads and caches `pid`'s memory maps now, while it lives.
+    pub fn prime(&mut self, pid: u32) {
+        let _ = self.normalize_once(pid, &[0]);
+        self.mappings.read(pid);
+    }
+
+    /// Called when process `pid` exits or execs: drops its normalized frames now, and
+    /// the cached maps of every process (blazesym caches per process and cannot forget
+    /// one) at most once per [`MAPS_REFRESH_LIMIT`], so the cache of a long-running
+    /// agent stays bounded. The module table (what frames refer to) is kept.
+    pub fn forget(&mut self, pid: u32) {
+        if let Some(frames) = self.resolved.remove(&pid) {
+            self.cached_frames -= frames.len();
+        }
+        if self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT {
+            self.reset();
+        }
+    }
+
+    /// Drops every cached map (blazesym's and ours).
+    fn reset(&mut self) {
+        self.normalizer = Self::caching_normalizer();
+        self.mappings = MappedFiles::default();
+        self.resolved = HashMap::new();
+        self.cached_frames = 0;
+        self.refreshed = Instant::now();
+    }
+
+    /// Releases the modules `keep` rejects ([`ModuleTable::release_files`]).
+    /// The normalized frames cached so far are dropped with them: a cached frame may
+    /// name a released module, whose id the next new module takes.
+    pub fn release_module_files(&mut self, keep: impl Fn(u32) -> bool) -> usize {
+        let before = self.modules.len();
+        let closed = self.modules.release_files(keep);
+        if closed > 0 || self.modules.len() != before {
+            self.resolved.clear();
+            self.cached_frames = 0;
+        }
+        closed
+    }
+
+    /// Normalizes `addrs` of process `pid`; addresses no mapping covers (or of a
+    /// process never seen alive) come back as [`Frame::Unknown`].
+    pub fn normalize(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
+        let cached = self.resolved.get(&pid);
+        let mut frames: Vec<Frame> = addrs
+            .iter()
+            .map(|&a| {
+                cached
+                    .and_then(|c| c.get(&a))
+                    .copied()
+                    .unwrap_or(Frame::Unknown(a))
+            })
+            .collect();
+        let missing: Vec<usize> = (0..addrs.len())
+            .filter(|&i| matches!(frames[i], Frame::Unknown(_)))
+            .collect();
+        if missing.is_empty() {
+            return frames;
+        }
+        let uncached: Vec<u64> = missing.iter().map(|&i| addrs[i]).collect();
+        let resolved = self.normalize_uncached(pid, &uncached);
+        if self.cached_frames + resolved.len() > MAX_CACHED_FRAMES {
+            self.resolved.clear();
+            self.cached_frames = 0;
+        }
+        let cache = self.resolved.entry(pid).or_default();
+        for (&i, frame) in missing.iter().zip(resolved) {
+            frames[i] = frame;
+            if matches!(frame, Frame::Module { .. }) && cache.insert(addrs[i], frame).is_none() {
+                self.cached_frames += 1;
+            }
+        }
+        frames
+    }
+
+    /// [`AddressNormalizer::normalize`] through blazesym, re-reading the maps on a miss.
+    fn normalize_uncached(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
+        let frames = self.normalize_once(pid, addrs);
+        let missed = frames.iter().any(|f| matches!(f, Frame::Unknown(_)));
+        if missed && self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT && procfs::is_alive(pid) {
+            self.reset();
+            return self.normalize_once(pid, addrs);
+        }
+        frames
+    }
+
+    fn normalize_once(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
+        let unknown = || addrs.iter().map(|&a| Frame::Unknown(a)).collect();
+        if addrs.is_empty() {
+            return Vec::new();
+        }
+        // map_files: blazesym reads build ids through the mapping itself.
+        let opts = NormalizeOpts {
+            map_files: true,
+            ..Default::default()
+        };
+        let Self {
+            normalizer,
+            mappings,
+            modules,
+            ..
+        } = self;
+        let Ok(output) = normalizer.normalize_user_addrs_opts(pid.into(), addrs, &opts) else {
+            return unknown();
+        };
+        let mut ids: HashMap<usize, Option<u32>> = HashMap::new();
+        let mut frames = Vec::with_capacity(addrs.len());
+        for (&(offset, meta_index), &addr) in output.outputs.iter().zip(addrs) {
+            let id = match ids.get(&meta_index) {
+                Some(&id) => id,
+                None => {
+                    let id = match output.meta.get(meta_index) {
+                        Some(UserMeta::Elf(elf)) => {
+                            let mapped = mappings.get(pid, &elf.path);
+                            // The path as the process names it, for display only.
+                            let path = mapped
+                                .as_ref()
+                                .and_then(|(m, _)| m.file_path())
+                                .map_or_else(|| elf.path.clone(), Path::to_path_buf);
+                            let (mapping, opened) = mapped.unzip();
+                            let opened = opened.unwrap_or_default();
+                            let module = Module {
+                                path,
+                                build_id: opened.build_id,
+                            };
+                            Some(modules.intern(module, mapping.as_ref(), opened.file))
+                        }
+                        _ => None,
+                    };
+                    ids.insert(meta_index, id);
+                    id
+                }
+            };
+            frames.push(match id {
+                Some(module) => Frame::Module { module, offset },
+                None => Frame::Unknown(addr),
+            });
+        }
+        frames
+    }
+}
+
+/// A mapped file as opened by `procfs::open_mapped` (`None` if it was refused or is
+/// gone), and its GNU build id.
+#[derive(Clone, Debug, Default)]
+struct OpenedFile {
+    file: Option<Arc<File>>,
+    build_id: Option<Vec<u8>>,
+}
+
+impl OpenedFile {
+    fn open(pid: u32, entry: &MapsEntry) -> OpenedFile {
+        let file = procfs::open_mapped(pid, entry)
+            .map_err(|error| tracing::debug!("pid {pid}: {error}"))
+            .ok();
+        let build_id = file.as_ref().and_then(procfs::build_id);
+        OpenedFile {
+            file: file.map(Arc::new),
+            build_id,
+        }
+    }
+}
+
+/// Mappings of processes by blazesym's map_files path, with their files.
+#[derive(Debug, Default)]
+struct MappedFiles {
+    by_path: HashMap<PathBuf, (MapsEntry, OpenedFile)>,
+    /// One open file per device and inode.
+    files: HashMap<(u64, u64), OpenedFile>,
+}
+
+impl MappedFiles {
+    /// Reads `pid`'s executable file mappings and opens their files.
+    fn read(&mut self, pid: u32) {
+        for entry in procfs::read_maps(pid) {
+            if !entry.executable || entry.file_path().is_none() {
+                continue;
+            }
+            let file = self
+                .files
+                .entry((entry.device, entry.inode))
+                .or_insert_with(|| OpenedFile::open(pid, &entry))
+                .clone();
+            self.by_path
+                .insert(PathBuf::from(entry.map_files_path(pid)), (entry, file));
+        }
+    }
+
+    /// The mapping of `pid` behind blazesym's map_files path `path`, and its file.
+    fn get(&mut self, pid: u32, path: &Path) -> Option<(MapsEntry, OpenedFile)> {
+        if !self.by_path.contains_key(path) {
+            self.read(pid);
+        }
+        self.by_path.get(path).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_function_normalizes_into_this_executable() {
+        let mut normalizer = AddressNormalizer::new();
+        let addr = own_function_normalizes_into_this_executable as *const () as u64;
+        let frames = normalizer.normalize(std::process::id(), &[addr, 8]);
+        let Frame::Module { module, .. } = frames[0] else {
+            panic!("not normalized: {frames:?}");
+        };
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert_eq!(normalizer.modules.get(module).unwrap().path, exe);
+        assert_eq!(frames[1], Frame::Unknown(8));
+        // Again, from the cache: the same frames, the module frame cached once and
+        // the unknown one not at all; forgetting the process drops it.
+        let pid = std::process::id();
+        assert_eq!(
+            normalizer.normalize(pid, &[8, addr]),
+            [frames[1], frames[0]]
+        );
+        assert_eq!(normalizer.cached_frames, 1);
+        assert_eq!(normalizer.resolved[&pid][&addr], frames[0]);
+        normalizer.forget(pid);
+        assert_eq!(normalizer.cached_frames, 0);
+        assert!(!normalizer.resolved.contains_key(&pid));
+    }
+
+    #[test]
+    fn modules_are_interned_once() {
+        let mut table = ModuleTable::default();
+        let m = Module {
+            path: "/lib/a.so".into(),
+            build_id: Some(vec![0xab, 0x01]),
+        };
+        assert_eq!(table.intern(m.clone(), None, None), 0);
+        assert_eq!(table.intern(m.clone(), None, None), 0);
+        // Same build id under another path (another container): the same module.
+        let moved = Module {
+            path: "/other/root/lib/a.so".into(),
+            ..m.clone()
+        };
+        assert_eq!(table.intern(moved, None, None), 0);
+        assert_eq!(m.build_id_hex(), "ab01");
+        assert_eq!(table.all().len(), 1);
+    }
+
+    #[test]
+    fn released_modules_are_closed_forgotten_and_their_ids_reused() {
+        let mut table = ModuleTable::default();
+        let file = || Some(Arc::new(File::open("/proc/self/exe").unwrap()));
+        let module = |n: u8| Module {
+            path: format!("/lib/{n}.so").into(),
+            build_id: Some(vec![n]),
+        };
+        let (a, b) = (
+            table.intern(module(1), None, file()),
+            table.intern(module(2), None, file()),
+        );
+        assert_eq!(table.open_files(), 2);
+        assert_eq!(table.release_files(|id| id == a), 1);
+        assert_eq!(table.open_files(), 1);
+        assert_eq!(table.len(), 1, "the released module left the table");
+        assert!(table.symbolization_path(b).is_none());
+        // A new module takes the free id; the released one seen again is interned
+        // anew, with a file; the kept one is untouched.
+        assert_eq!(table.intern(module(3), None, file()), b);
+        assert_eq!(table.get(b).unwrap().path, PathBuf::from("/lib/3.so"));
+        let again = table.intern(module(2), None, file());
+        assert!(again != a && again != b);
+        assert!(table.symbolization_path(again).is_some());
+        assert_eq!(table.get(a).unwrap().path, PathBuf::from("/lib/1.so"));
+        assert_eq!(table.len(), 3);
+    }
+}

@@ -1,0 +1,217 @@
+//! Symbolization of normalized frames with blazesym.
+//!
+//! Each distinct frame is symbolized once (results are cached by frame), and blazesym
+//! keeps one parsed resolver per module file, so the cost is per module and per unique
+//! address, not per sample.
+
+use std::{collections::HashMap, sync::Arc};
+
+use blazesym::symbolize::{
+    source::{Elf, Source},
+    Input, Symbolized, Symbolizer,
+};
+
+use allocbpf_profile::frame::{Frame, FunctionFrame, Functions, Module, Symbolize};
+
+use crate::normalize::ModuleTable;
+
+/// Cached symbolizer for [`Frame`]s.
+pub struct FrameSymbolizer {
+    /// `None` when not symbolizing: frames are named `[file+0xoffset]` only.
+    symbolizer: Option<Symbolizer>,
+    cache: HashMap<Frame, Functions>,
+}
+
+impl Default for FrameSymbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn code_location(
+    info: Option<&blazesym::symbolize::CodeInfo<'_>>,
+) -> (Option<String>, Option<u32>) {
+    match info {
+        Some(info) => (Some(info.to_path().display().to_string()), info.line),
+        None => (None, None),
+    }
+}
+
+impl FrameSymbolizer {
+    /// A symbolizer with demangling, inlined functions and source locations on.
+    pub fn new() -> Self {
+        let symbolizer = Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
+        Self {
+            symbolizer: Some(symbolizer),
+            cache: HashMap::new(),
+        }
+    }
+
+    /// No symbolization: no debug info is read; frames keep module + offset only, for a
+    /// symbolizer elsewhere (pprof mappings carry the build ids).
+    pub fn unsymbolized() -> Self {
+        Self {
+            symbolizer: None,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// False for [`FrameSymbolizer::unsymbolized`].
+    pub fn symbolizes(&self) -> bool {
+        self.symbolizer.is_some()
+    }
+
+    /// Symbolizes every frame in `frames` not yet in the cache, one batch per module.
+    pub fn prepare<'a>(&mut self, modules: &ModuleTable, frames: impl Iterator<Item = &'a Frame>) {
+        let mut by_module: HashMap<u32, Vec<u64>> = HashMap::new();
+        for frame in frames {
+            if self.cache.contains_key(frame) {
+                continue;
+            }
+            match *frame {
+                Frame::Module { module, offset } => {
+                    by_module.entry(module).or_default().push(offset)
+                }
+                Frame::Unknown(addr) => {
+                    let name = format!("[unknown 0x{addr:x}]");
+                    self.cache.insert(*frame, unresolved(name));
+                }
+            }
+        }
+        for (module_id, mut offsets) in by_module {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let (Some(module), Some(path)) = (
+                modules.get(module_id),
+                modules.symbolization_path(module_id),
+            ) else {
+                continue;
+            };
+            // Return addresses point after the call; the call itself is one byte earlier.
+            let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
+            let source = Source::Elf(Elf::new(&path));
+            let results = match &self.symbolizer {
+                Some(symbolizer) => symbolizer
+                    .symbolize(&source, Input::FileOffset(&lookups))
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
+            for (i, &offset) in offsets.iter().enumerate() {
+                let functions = match results.get(i) {
+                    Some(Symbolized::Sym(sym)) => {
+                        let mut functions = Vec::with_capacity(sym.inlined.len() + 1);
+                        // blazesym lists inlined functions outermost first; each one's
+                        // code info is its call site in the function before it, and the
+                        // symbol's own code info is the innermost location.
+                        let mut location = code_location(sym.code_info.as_deref());
+                        for inlined in sym.inlined.iter().rev() {
+                            functions.push(FunctionFrame {
+                                name: inlined.name.to_string(),
+                                file: location.0.take(),
+                                line: location.1.take(),
+                            });
+                            location = code_location(inlined.code_info.as_ref());
+                        }
+                        functions.push(FunctionFrame {
+                            name: sym.name.to_string(),
+                            file: location.0,
+                            line: location.1,
+                        });
+                        functions.into()
+                    }
+                    _ => unresolved(format!("[{}+0x{offset:x}]", module.file_name())),
+                };
+                self.cache.insert(
+                    Frame::Module {
+                        module: module_id,
+                        offset,
+                    },
+                    functions,
+                );
+            }
+        }
+    }
+
+    /// The functions at `frame`; frames not prepared yet come back unresolved.
+    pub fn functions(&self, frame: &Frame) -> Functions {
+        self.cache
+            .get(frame)
+            .cloned()
+            .unwrap_or_else(|| unresolved(format!("{frame:?}")))
+    }
+}
+
+/// A [`FrameSymbolizer`] with the module table its frames index: the [`Symbolize`] step
+/// a report asks for.
+pub struct ModuleSymbolizer<'a> {
+    symbolizer: &'a mut FrameSymbolizer,
+    modules: &'a ModuleTable,
+}
+
+impl FrameSymbolizer {
+    /// This symbolizer, reading the files of `modules`.
+    pub fn for_modules<'a>(&'a mut self, modules: &'a ModuleTable) -> ModuleSymbolizer<'a> {
+        ModuleSymbolizer {
+            symbolizer: self,
+            modules,
+        }
+    }
+}
+
+impl Symbolize for ModuleSymbolizer<'_> {
+    fn prepare(&mut self, frames: &mut dyn Iterator<Item = &Frame>) {
+        self.symbolizer.prepare(self.modules, frames);
+    }
+
+    fn functions(&self, frame: &Frame) -> Functions {
+        self.symbolizer.functions(frame)
+    }
+
+    fn symbolizes(&self) -> bool {
+        self.symbolizer.symbolizes()
+    }
+
+    fn modules(&self) -> Vec<Module> {
+        self.modules.all().to_vec()
+    }
+}
+
+fn unresolved(name: String) -> Functions {
+    Arc::from(vec![FunctionFrame {
+        name,
+        file: None,
+        line: None,
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::normalize::AddressNormalizer;
+
+    #[inline(never)]
+    fn a_function_with_a_known_name() -> u64 {
+        // The address just past the start, as a return address would be.
+        a_function_with_a_known_name as *const () as u64 + 1
+    }
+
+    #[test]
+    fn own_function_symbolizes_by_name() {
+        let mut normalizer = AddressNormalizer::new();
+        let frames = normalizer.normalize(std::process::id(), &[a_function_with_a_known_name()]);
+        let mut symbolizer = FrameSymbolizer::new();
+        symbolizer.prepare(&normalizer.modules, frames.iter());
+        let functions = symbolizer.functions(&frames[0]);
+        let names: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains("a_function_with_a_known_name")),
+            "{names:?}"
+        );
+    }
+}
