@@ -14,11 +14,11 @@
 
 use std::{path::Path, sync::Mutex, time::Duration};
 
-use allocbpf_agent::report::decode;
 use allocbpf_e2e::{
     agent::{stored_profiles, write_config, AgentProcess},
     profile_running_json, require_root, scratch_dir, sites_binary, Workload,
 };
+use allocbpf_export::pprof::decode_file as decode;
 
 const RUNS: usize = 20;
 const MAX_MISSES: usize = 5;

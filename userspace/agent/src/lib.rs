@@ -45,6 +45,7 @@ use self::{
     writer::Writer,
 };
 use allocbpf_collect::{
+    budget::CalibrationChild,
     engine::{Collector, HOUSEKEEPING_TICK},
     filter::ProcessFilter,
     options::{CollectOptions, LiveOptions, Scope},
@@ -58,7 +59,13 @@ const METRICS_REFRESH: Duration = Duration::from_secs(1);
 
 /// Runs the agent until SIGTERM, with the config file `config_file` (re-read at
 /// SIGHUP) under `overrides`.
-pub fn run(config_file: Option<PathBuf>, overrides: AgentOverrides) -> Result<()> {
+///
+/// `calibration` starts the child that measures a probe hit's cost for the budget.
+pub fn run(
+    config_file: Option<PathBuf>,
+    overrides: AgentOverrides,
+    calibration: CalibrationChild,
+) -> Result<()> {
     let source = ConfigSource {
         file: config_file,
         overrides,
@@ -74,7 +81,7 @@ pub fn run(config_file: Option<PathBuf>, overrides: AgentOverrides) -> Result<()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(Agent::new(source, config, store)?.run(filter))
+    runtime.block_on(Agent::new(source, config, store)?.run(filter, calibration))
 }
 
 /// What the engine collects for the agent: the config's choices, the defaults elsewhere.
@@ -129,7 +136,7 @@ impl Agent {
         })
     }
 
-    async fn run(mut self, filter: ProcessFilter) -> Result<()> {
+    async fn run(mut self, filter: ProcessFilter, calibration: CalibrationChild) -> Result<()> {
         // Bound before anything is attached: a configured endpoint that cannot exist is
         // an error at start, not a silent task failure.
         let listener = match self.config.metrics_address {
@@ -147,6 +154,7 @@ impl Agent {
             Scope::Host {
                 filter,
                 budget: self.config.budget,
+                calibration,
             },
         )?;
         tracing::info!(

@@ -7,17 +7,15 @@
 
 use std::{
     collections::HashMap,
-    io::Read,
     path::Path,
     time::{Duration, SystemTime},
 };
 
-use prost::Message;
 use regex::Regex;
 
 use super::store::{age, list};
 use allocbpf_collect::error::error_chain;
-use allocbpf_export::pprof::{proto::Profile, INTERVAL_INPUT_LABELS};
+use allocbpf_export::pprof::{decode_file, proto::Profile, INTERVAL_INPUT_LABELS};
 use allocbpf_profile::aggregate::{LiveCounts, StackStats};
 use allocbpf_profile::estimate::{Confidence, IntervalInputs};
 use allocbpf_profile::frame::Frame;
@@ -35,15 +33,6 @@ pub enum ReportError {
         /// Why.
         source: std::io::Error,
     },
-    /// A profile file cannot be opened.
-    #[error(transparent)]
-    Open(std::io::Error),
-    /// A profile file is not gzip.
-    #[error("not gzip")]
-    NotGzip(#[source] std::io::Error),
-    /// A profile file's content is not a pprof profile.
-    #[error("not a pprof profile")]
-    NotPprof(#[source] prost::DecodeError),
 }
 
 /// Merges the profiles stored under `store` that ended at most `since` ago and whose
@@ -61,7 +50,7 @@ pub fn merge_store(
         if since.is_some_and(|since| age(&stored, now) > since) {
             continue;
         }
-        let profile = match decode(&stored.path) {
+        let profile = match decode_file(&stored.path) {
             Ok(profile) => profile,
             Err(error) => {
                 eprintln!(
@@ -80,16 +69,6 @@ pub fn merge_store(
         read += 1;
     }
     Ok((merger.finish(), read))
-}
-
-/// Reads one stored profile.
-pub fn decode(path: &std::path::Path) -> Result<Profile, ReportError> {
-    let file = std::fs::File::open(path).map_err(ReportError::Open)?;
-    let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_end(&mut bytes)
-        .map_err(ReportError::NotGzip)?;
-    Profile::decode(&*bytes).map_err(ReportError::NotPprof)
 }
 
 /// The value of a `key=value` comment.

@@ -4,6 +4,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::Parser;
 
+use allocbpf_collect::budget::CalibrationChild;
 use allocbpf_export::Format;
 use allocbpf_probe::sampler::LiveMechanism;
 use allocbpf_profile::estimate::Confidence;
@@ -268,6 +269,15 @@ pub enum Command {
     },
 }
 
+/// How the engine starts its calibration child: this executable under the hidden
+/// `__calibrate` subcommand above.
+pub fn calibration_child() -> CalibrationChild {
+    CalibrationChild {
+        loop_args: vec!["__calibrate".into()],
+        step_args: vec!["__calibrate".into(), "--step".into()],
+    }
+}
+
 /// `allocbpf agent`. Flags override the config file.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct AgentArgs {
@@ -373,6 +383,21 @@ mod tests {
         assert_eq!(cli.format, FormatArg::Text);
         assert!(cli.duration.is_none());
         assert_eq!(cli.confidence, Confidence::DEFAULT);
+    }
+
+    /// The engine starts its calibration child with these arguments: they must parse
+    /// into the hidden subcommand, each loop as itself.
+    #[test]
+    fn the_calibration_child_arguments_are_the_hidden_subcommand() {
+        let child = calibration_child();
+        for (args, want) in [(child.loop_args, false), (child.step_args, true)] {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let cli = parse(&args).unwrap();
+            assert!(
+                matches!(cli.command, Some(Command::Calibrate { step }) if step == want),
+                "{args:?}"
+            );
+        }
     }
 
     #[test]

@@ -69,7 +69,9 @@ fn run(cli: Cli) -> Result<()> {
             return budget::calibration_child(*step).context("calibration loop")
         }
         Some(Command::Report(args)) => return run_report(args),
-        Some(Command::Agent(args)) => return allocbpf_agent::run(args.config.clone(), args.into()),
+        Some(Command::Agent(args)) => {
+            return allocbpf_agent::run(args.config.clone(), args.into(), cli::calibration_child())
+        }
         None => {}
     }
     // Output first: an unwritable path must fail before anything is attached.
@@ -130,6 +132,7 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
     let scope = Scope::Host {
         filter,
         budget: Some(BudgetOptions::default()),
+        calibration: cli::calibration_child(),
     };
     let (report, stop) =
         runtime()?.block_on(run::run(collect_options(cli), scope, cli.duration))?;

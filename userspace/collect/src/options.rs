@@ -11,7 +11,10 @@ use allocbpf_probe::{
 use allocbpf_profile::estimate::Confidence;
 use allocbpf_stacks::resolve::UnwindMode;
 
-use crate::{budget::BudgetOptions, filter::ProcessFilter};
+use crate::{
+    budget::{BudgetOptions, CalibrationChild},
+    filter::ProcessFilter,
+};
 
 /// The default mean sampling interval: 512 KiB, as tcmalloc and heapprofd use.
 pub const DEFAULT_RATE: u64 = 512 << 10;
@@ -94,6 +97,8 @@ pub enum Scope {
         filter: ProcessFilter,
         /// The per-process overhead budget (`None`: no budget).
         budget: Option<BudgetOptions>,
+        /// How to start the child that measures a probe hit's cost for the budget.
+        calibration: CalibrationChild,
     },
 }
 

@@ -234,6 +234,17 @@ impl Budget {
 /// A process caught again within this long after a back-off gets a doubled one.
 const HISTORY: Duration = Duration::from_secs(3600);
 
+/// How the engine starts its calibration child: this very executable (the single-step
+/// figure puts a probe on its own [`calibration_step`]), with the arguments under which
+/// it runs [`calibration_child`]. The binary that defines those arguments says which.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CalibrationChild {
+    /// Arguments that run `calibration_child(false)`, the malloc/free loop.
+    pub loop_args: Vec<String>,
+    /// Arguments that run `calibration_child(true)`, the single-step loop.
+    pub step_args: Vec<String>,
+}
+
 /// Iterations of the calibration loop (one malloc and one free each).
 pub const CALIBRATION_ITERATIONS: u32 = 200_000;
 

@@ -8,6 +8,7 @@ use std::{
 };
 
 use super::Collector;
+use crate::options::Scope;
 use crate::{
     budget::{calibration_step, HitCost},
     error::CollectError,
@@ -109,11 +110,14 @@ impl Collector {
         probe: Option<(&std::path::Path, u64)>,
     ) -> Result<f64> {
         let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
+        let Scope::Host { calibration, .. } = &self.scope else {
+            unreachable!("the budget is a host scope's");
+        };
         let mut command = Command::new(exe);
-        command.arg("__calibrate");
-        if step {
-            command.arg("--step");
-        }
+        command.args(match step {
+            true => &calibration.step_args,
+            false => &calibration.loop_args,
+        });
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

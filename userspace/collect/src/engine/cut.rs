@@ -4,18 +4,15 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    time::{Instant, SystemTime},
+    time::Instant,
 };
 
 use allocbpf_common::Totals;
-use allocbpf_probe::{
-    procfs,
-    sampler::{monotonic_now_ns, wait_for_running_programs},
-};
+use allocbpf_probe::{procfs, sampler::wait_for_running_programs};
 use allocbpf_profile::report::{Counters, KernelFigures, Report};
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
-use super::{Collector, ProcessProfile, LOST_FREE_MIN_AGE};
+use super::{cutter::IntervalEnd, Collector, ProcessProfile, LOST_FREE_MIN_AGE};
 
 impl Collector {
     /// Exact kernel totals and counters of `epoch`, which has ended (or, at stop, is
@@ -39,6 +36,7 @@ impl Collector {
     /// the next; processes that exited are forgotten after their last profile. See
     /// [`cutter`] for how the interval's records are told from the next one's.
     pub fn cut(&mut self) -> Vec<ProcessProfile> {
+        let end = self.cutter.end_now();
         let ended = match self.sampler().next_epoch() {
             Ok(ended) => ended,
             Err(error) => {
@@ -52,7 +50,7 @@ impl Collector {
         let figures = self.kernel_figures(ended);
         self.cutter.begin(ended);
         self.drain_ring();
-        let profiles = self.cut_with(figures);
+        let profiles = self.cut_with(figures, end);
         let mut held = self.cutter.end();
         self.handle(&mut held);
         profiles
@@ -60,12 +58,15 @@ impl Collector {
 
     /// Builds the ended interval's profiles, forgets what exited and starts the next
     /// interval.
-    fn cut_with(&mut self, figures: (Counters, HashMap<u32, Totals>)) -> Vec<ProcessProfile> {
-        let ended = SystemTime::now();
-        let (profiles, gone) = self.build_profiles(figures, ended);
+    fn cut_with(
+        &mut self,
+        figures: (Counters, HashMap<u32, Totals>),
+        end: IntervalEnd,
+    ) -> Vec<ProcessProfile> {
+        let (profiles, gone) = self.build_profiles(figures, end);
         self.forget(gone);
         self.stats.processes_tracked = self.processes.tracked.len() as u64;
-        self.cutter.restart(ended);
+        self.cutter.restart(end);
         profiles
     }
 
@@ -75,10 +76,14 @@ impl Collector {
     fn build_profiles(
         &mut self,
         (counters, totals): (Counters, HashMap<u32, Totals>),
-        ended: SystemTime,
+        end: IntervalEnd,
     ) -> (Vec<ProcessProfile>, HashSet<u32>) {
-        let duration = self.cutter.elapsed();
-        let now_ns = monotonic_now_ns();
+        let IntervalEnd {
+            wall: ended,
+            duration,
+            monotonic_ns: now_ns,
+            ..
+        } = end;
         let leaks_min_age = self.options.live.and_then(|l| l.leaks_min_age);
         // The one process of a process scope always gets its profile, empty or not.
         let always = self.scope.pid();
@@ -204,6 +209,9 @@ impl Collector {
     /// probe is detached and no program run is in flight, so they and the samples
     /// cover the same calls (docs/statistics.md, "One window").
     pub fn stop(mut self) -> Vec<ProcessProfile> {
+        // The interval ends when stopping starts: detaching takes a while, and calls
+        // made meanwhile are counted, but that is not time spent profiling.
+        let end = self.cutter.end_now();
         let links = self.images.take_links();
         if let Some(sampler) = self.sampler.as_mut() {
             for image in links {
@@ -235,6 +243,6 @@ impl Collector {
                 unwinder.evicted_files(),
             );
         }
-        self.cut_with(figures)
+        self.cut_with(figures, end)
     }
 }

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use allocbpf_probe::events::Event;
+use allocbpf_probe::{events::Event, sampler::monotonic_now_ns};
 use allocbpf_profile::report::Report;
 
 use crate::process::ProcessInfo;
@@ -26,6 +26,19 @@ pub struct ProcessProfile {
     pub ended: SystemTime,
     /// True if the process exited during the interval (its last profile).
     pub exited: bool,
+}
+
+/// When an interval ended, on each clock that needs it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IntervalEnd {
+    /// Wall clock (the profile's end time).
+    pub wall: SystemTime,
+    /// Monotonic clock (the next interval's start).
+    pub instant: Instant,
+    /// How long the interval lasted.
+    pub duration: Duration,
+    /// CLOCK_MONOTONIC, the samples' clock (the age of live blocks).
+    pub monotonic_ns: u64,
 }
 
 /// The current interval's start, and the records held during a cut.
@@ -50,15 +63,21 @@ impl IntervalCutter {
         }
     }
 
-    /// How long the current interval has lasted.
-    pub fn elapsed(&self) -> Duration {
-        self.started_at.elapsed()
+    /// The current interval, were it to end now.
+    pub fn end_now(&self) -> IntervalEnd {
+        let instant = Instant::now();
+        IntervalEnd {
+            wall: SystemTime::now(),
+            instant,
+            duration: instant.duration_since(self.started_at),
+            monotonic_ns: monotonic_now_ns(),
+        }
     }
 
-    /// Starts the next interval at `ended` (and now).
-    pub fn restart(&mut self, ended: SystemTime) {
-        self.started = ended;
-        self.started_at = Instant::now();
+    /// Starts the next interval where the last one ended: intervals are contiguous.
+    pub fn restart(&mut self, end: IntervalEnd) {
+        self.started = end.wall;
+        self.started_at = end.instant;
     }
 
     /// A cut of `ended` begins: records of later epochs are held from now on.

@@ -19,7 +19,11 @@
 
 pub mod proto;
 
-use std::{collections::HashMap, io::Write};
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    path::Path,
+};
 
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
@@ -324,6 +328,30 @@ impl<'a> SampleBuilder<'a> {
         self.functions.insert(key, id);
         id
     }
+}
+
+/// Why a file is not a gzipped pprof profile.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The file cannot be opened or read.
+    #[error(transparent)]
+    Open(std::io::Error),
+    /// It is not gzip.
+    #[error("not gzip")]
+    NotGzip(#[source] std::io::Error),
+    /// Its content is not a pprof profile.
+    #[error("not a pprof profile")]
+    NotPprof(#[source] prost::DecodeError),
+}
+
+/// Reads a gzipped pprof profile (as [`write`] writes them).
+pub fn decode_file(path: &Path) -> Result<Profile, DecodeError> {
+    let file = std::fs::File::open(path).map_err(DecodeError::Open)?;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut bytes)
+        .map_err(DecodeError::NotGzip)?;
+    Profile::decode(&*bytes).map_err(DecodeError::NotPprof)
 }
 
 /// Adds string labels to every sample and as `key=value` comments: the process labels
