@@ -1,4 +1,9 @@
-//! The `allocbpf` command.
+//! The `allocbpf` command: the only crate that knows the command line.
+//!
+//! It parses flags ([`cli`], clap), turns them into the engine's plain options
+//! (`allocbpf_collect::options`) or the agent's overrides, runs one of the modes (one
+//! process, every process, the agent, `report`) and writes the report through
+//! `allocbpf_export`. Errors reach the user here, as `anyhow` chains.
 
 mod cli;
 
