@@ -36,8 +36,8 @@ pub const MAX_PROCESSES: u32 = 16_384;
 /// Size of the sample ring buffer in bytes (a power of two multiple of the page size).
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
-/// Size of the sample ring buffer when samples carry stack copies (`--unwind auto` and
-/// `dwarf`, ~17.5 KB per sample at the default 16 KiB): ~475 samples in flight. The
+/// Size of the sample ring buffer when samples carry stack copies (userspace
+/// unwinding, ~17.5 KB per sample at the default 16 KiB): ~475 samples in flight. The
 /// kernel maps the data pages twice into the reader (resident at once), so this costs
 /// twice its size in the agent's RSS for good, while userspace's queue behind the
 /// reader thread (up to 16 MiB) is resident only while a burst lasts; docs/operations.md
@@ -49,7 +49,7 @@ pub const RING_BUFFER_BYTES_WITH_STACKS: u32 = 8 << 20;
 /// traced thread ~10 us here. Userspace polls the ring at least every 50 ms.
 pub const RING_WAKEUP_INTERVAL_NS: u64 = 5_000_000;
 
-/// Sampled allocations tracked until freed (`--live`): the `LIVE` hash map. At the
+/// Sampled allocations tracked until freed (live tracking): the `LIVE` hash map. At the
 /// default 512 KiB rate this covers ~32 GiB of sampled live heap; beyond it new samples
 /// are counted as untracked (`Counter::LiveMapFull`) and reported, never guessed.
 pub const MAX_LIVE_SAMPLES: u32 = 1 << 16;
@@ -174,7 +174,7 @@ pub enum Shape {
     Pvalloc = 5,
     /// The size of an in-place resize (`xallocx`): counted, never tracked as a block.
     InPlace = 6,
-    /// The block being freed (`--live` only).
+    /// The block being freed (live tracking only).
     Free = 7,
 }
 
@@ -260,7 +260,7 @@ pub struct ProcessGate {
 pub enum GateState {
     /// Sampled (the default for a new process).
     Open = 0,
-    /// Never sampled: allocbpf itself, or filtered out by `--comm`/`--cgroup`.
+    /// Never sampled: allocbpf itself, or filtered out by command name or cgroup.
     Excluded = 1,
     /// Over its overhead budget: hits are counted, nothing else is done.
     Paused = 2,
@@ -269,7 +269,7 @@ pub enum GateState {
 /// Processes whose gates are kept (an LRU map: the least recently active go first).
 pub const MAX_GATED_PROCESSES: u32 = 16_384;
 
-/// A change in a sampled allocation's life (`--live`), as written to the ring buffer.
+/// A change in a sampled allocation's life (live tracking), as written to the ring buffer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LiveEvent {
@@ -295,7 +295,7 @@ pub struct LiveKey {
     pub address: u64,
 }
 
-/// How `--live` learns a sampled allocation's address (the `LIVE_MODE` global).
+/// How live tracking learns a sampled allocation's address (the `LIVE_MODE` global).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LiveMode {
@@ -344,12 +344,12 @@ pub struct SampleEvent {
     pub stack_len: u32,
     /// The negative errno from `bpf_get_stack` when `stack_len` is 0, else 0.
     pub stack_error: i32,
-    /// `--unwind dwarf`: bytes of user stack copied after this header (from `regs[1]`
+    /// Userspace unwinding: bytes of user stack copied after this header (from `regs[1]`
     /// up), 0 otherwise.
     pub user_stack_len: u32,
     /// Reserved; keeps the layout free of implicit padding.
     pub reserved2: u32,
-    /// `--unwind dwarf`: `ip`, `sp`, `bp` at the probe, what the unwinder starts from.
+    /// Userspace unwinding: `ip`, `sp`, `bp` at the probe, what the unwinder starts from.
     pub regs: [u64; 3],
     /// User stack from `bpf_get_stack(BPF_F_USER_STACK)`: `stack[0]` is the probed
     /// function itself, then return addresses found through frame pointers.
@@ -381,7 +381,7 @@ pub struct ThreadState {
     pub forward_call_depth: u32,
     /// Owning thread; 0 marks a free slot.
     pub tid: u32,
-    /// The [`AllocFn`] of the call whose return is awaited (`--live`).
+    /// The [`AllocFn`] of the call whose return is awaited (live tracking).
     pub pending_fn: u32,
     /// Stack pointer at entry of the call whose return is awaited; 0 when none. At the
     /// return `sp` is this plus 8 and `ip` is [`ThreadState::pending_return`].
@@ -506,7 +506,7 @@ pub const LIVE_MODE_GLOBAL: &str = "LIVE_MODE";
 /// [`STACK_COPY_SIZES`]), or 0 for frame-pointer stacks walked in the kernel.
 pub const STACK_COPY_BYTES_GLOBAL: &str = "STACK_COPY_BYTES";
 
-/// The user-stack copy sizes the probe supports (`--stack-bytes`): each is a distinct,
+/// The user-stack copy sizes the probe supports: each is a distinct,
 /// constant ring-buffer record size, which the verifier requires.
 pub const STACK_COPY_SIZES: [u32; 4] = [4096, 8192, 16384, 32768];
 

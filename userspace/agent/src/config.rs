@@ -215,6 +215,12 @@ impl AgentConfig {
             None => File::default(),
             Some(path) => parse_file(path)?,
         };
+        // Checked in this order, so a file with several bad values names the same
+        // first one as before.
+        let push = push_config(args.push.clone(), file.push.unwrap_or_default())?;
+        let metrics_address =
+            metrics_address(args.metrics_address.clone().or(file.metrics_address))?;
+        let unwind = unwind_mode(file.unwind.as_deref())?;
         let config = AgentConfig {
             store: args
                 .store
@@ -234,18 +240,16 @@ impl AgentConfig {
                 None => size("rate", file.rate.as_deref(), DEFAULT_RATE, MAX_RATE)?,
             },
             live: file.live.unwrap_or(true),
-            unwind: unwind_mode(file.unwind.as_deref())?,
+            unwind,
             allocator_symbols: file.allocator_symbols.unwrap_or_default(),
             filter: FilterOptions {
                 comm: file.comm,
                 exclude_comm: file.exclude_comm,
                 cgroup: file.cgroup,
             },
-            metrics_address: metrics_address(
-                args.metrics_address.clone().or(file.metrics_address),
-            )?,
+            metrics_address,
             retention: retention(file.retention.unwrap_or_default())?,
-            push: push_config(args.push.clone(), file.push.unwrap_or_default())?,
+            push,
             budget: budget_options(file.budget.unwrap_or_default())?,
         };
         if config.interval < Duration::from_secs(1) {

@@ -1,6 +1,6 @@
 //! `allocbpf agent`: the fleet node agent.
 //!
-//! It profiles every process of the host ([`allocbpf_collect::system`]) continuously, and every
+//! It profiles every process of the host (the engine's host scope, [`allocbpf_collect::engine`]) continuously, and every
 //! interval cuts one profile per process that allocated (alloc and, with live tracking,
 //! inuse sample types), labelled with hostname, pid, comm, exe, build id and cgroup /
 //! container id. Profiles go to the local [`store`] (always) and, when configured, to
@@ -13,8 +13,10 @@
 //! file. docs/operations.md is the operator's guide.
 //!
 //! The agent sits above the collection engine ([`allocbpf_collect`]) and the exporters
-//! ([`allocbpf_export`]); it is the only library crate that reports errors as
-//! `anyhow` (its top level, [`run`]), since nothing calls it but the binary.
+//! ([`allocbpf_export`]). What the binary calls has typed errors
+//! ([`config::ConfigError`], [`report::ReportError`]) except [`run`], the agent's top
+//! level, which returns `anyhow` errors like the private modules below it (store,
+//! spool, push, writer, metrics): nothing else calls them.
 #![deny(missing_docs)]
 
 pub mod config;

@@ -1,4 +1,4 @@
-//! `allocbpf report --store DIR`: merges profiles the agent stored into one report.
+//! Merging the profiles the agent stored into one report.
 //!
 //! Each stored profile is decoded (gzipped pprof), filtered by age and command name,
 //! and turned back into stacks: frames become locations named by their functions, and

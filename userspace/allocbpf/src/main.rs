@@ -139,8 +139,12 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
         budget: Some(BudgetOptions::default()),
         calibration: cli::calibration_child(),
     };
-    let (report, stop) =
-        runtime()?.block_on(run::run(collect_options(cli), scope, cli.duration))?;
+    let options = CollectOptions {
+        // The benchmark floor is a one-process measurement.
+        empty_probes: false,
+        ..collect_options(cli)
+    };
+    let (report, stop) = runtime()?.block_on(run::run(options, scope, cli.duration))?;
     match &report.note {
         // Still written below: an empty profile, valid in every format.
         Some(note) => eprintln!("allocbpf: stopped ({stop}): {note}"),

@@ -9,8 +9,10 @@
 //!
 //! [`target`] resolves one process's images, [`preflight`] says why the kernel or
 //! privileges cannot run the probes. Errors are typed ([`sampler::ProbeError`],
-//! [`target::TargetError`], ...). This crate knows nothing of stacks beyond raw
-//! addresses, nothing of reports and nothing of the command line.
+//! [`target::TargetError`], ...). It speaks the profile model's vocabulary where it
+//! hands data on (kernel counters, a sample's estimator inputs) but knows nothing of
+//! stacks beyond raw addresses, nothing of aggregation or reports, and nothing of the
+//! command line.
 #![deny(missing_docs)]
 
 pub mod allocators;

@@ -1,6 +1,6 @@
 //! Parsing of human-written byte sizes (`512KiB`, `1M`) and durations (`30s`, `2m`).
 //!
-//! Conventions (also in `allocbpf --help` and the README): `KiB`/`MiB`/`GiB` are powers
+//! Conventions (also in the README): `KiB`/`MiB`/`GiB` are powers
 //! of 1024; the short forms `K`/`M`/`G` are ALSO powers of 1024, as in `ulimit`, `dd`
 //! and most profilers' rate flags; `KB`/`MB`/`GB` are powers of 1000 (SI).
 

@@ -17,11 +17,11 @@ pub(crate) struct BudgetController {
 }
 
 impl BudgetController {
-    /// A controller for `budget`, first checking one period from now.
-    pub fn new(budget: Budget) -> Self {
+    /// A controller for `budget`, first checking one period after `started`.
+    pub fn new(budget: Budget, started: Instant) -> Self {
         Self {
             budget,
-            last_check: Instant::now(),
+            last_check: started,
         }
     }
 

@@ -248,7 +248,7 @@ pub struct CalibrationChild {
 /// Iterations of the calibration loop (one malloc and one free each).
 pub const CALIBRATION_ITERATIONS: u32 = 200_000;
 
-/// The calibration workload, run in a child process (`allocbpf __calibrate`): waits for
+/// The calibration workload, run in a child process ([`CalibrationChild`]): waits for
 /// a line on stdin (so the parent can set its gate first), then times
 /// [`CALIBRATION_ITERATIONS`] malloc/free pairs and prints nanoseconds per pair.
 /// With `step`, it calls [`calibration_step`] instead (a tenth as many times: a

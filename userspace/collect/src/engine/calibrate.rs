@@ -1,6 +1,7 @@
 //! The engine's start-up measurement for the overhead budget: what one probe hit costs
-//! on this machine, timed in a child process (`allocbpf __calibrate`, the running
-//! executable, whose own code is probed to time a single-stepped hit).
+//! on this machine, timed in a child process (the running executable, started with the
+//! arguments of [`CalibrationChild`](crate::budget::CalibrationChild); its own code is
+//! probed to time a single-stepped hit).
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -11,7 +12,7 @@ use super::Collector;
 use crate::options::Scope;
 use crate::{
     budget::{calibration_step, HitCost},
-    error::CollectError,
+    error::{error_chain, CollectError},
 };
 use allocbpf_common::GateState;
 
@@ -70,7 +71,10 @@ impl Collector {
             Ok(ns) => ns,
             Err(error) => {
                 // The figure measured on the development machines (docs/design.md).
-                tracing::warn!("single-step cost not measured ({error:#}); assuming 14 us");
+                tracing::warn!(
+                    "single-step cost not measured ({}); assuming 14 us",
+                    error_chain(&error)
+                );
                 14_000.0
             }
         };

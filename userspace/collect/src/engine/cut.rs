@@ -138,18 +138,25 @@ impl Collector {
                 gone.insert(pid);
             }
         }
-        tracing::info!(
-            "symbolized {} stacks of {} samples in {:.6}s",
-            profiles
-                .iter()
-                .map(|p| p.report.stacks.len())
-                .sum::<usize>(),
-            profiles
-                .iter()
-                .map(|p| p.report.totals.samples)
-                .sum::<u64>(),
-            symbolizing.elapsed().as_secs_f64()
-        );
+        let stacks = profiles
+            .iter()
+            .map(|p| p.report.stacks.len())
+            .sum::<usize>();
+        let samples = profiles
+            .iter()
+            .map(|p| p.report.totals.samples)
+            .sum::<u64>();
+        let seconds = symbolizing.elapsed().as_secs_f64();
+        // Once per run for one process; once per interval for the agent, which logs at
+        // info: there it is a debug line.
+        match always {
+            Some(_) => {
+                tracing::info!("symbolized {stacks} stacks of {samples} samples in {seconds:.6}s")
+            }
+            None => {
+                tracing::debug!("symbolized {stacks} stacks of {samples} samples in {seconds:.6}s")
+            }
+        }
         (profiles, gone)
     }
 

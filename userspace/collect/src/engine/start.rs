@@ -58,10 +58,14 @@ impl Collector {
         let mut collector = Collector {
             stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
             options,
+            processes: match &scope {
+                Scope::Host { .. } => ProcessTable::ignoring(std::process::id()),
+                Scope::Process(_) => ProcessTable::default(),
+            },
             scope,
             sampler: Some(sampler),
             reader,
-            processes: ProcessTable::ignoring(std::process::id()),
+            // A host scope never profiles allocbpf itself; `--pid` may name anything.
             images: ImageSet::default(),
             exec_queue: ExecQueue::default(),
             budget: None,
@@ -102,6 +106,9 @@ impl Collector {
             self.stats.images_attached += 1;
             self.images.insert(image, Some(links.links));
         }
+        // The interval starts once every probe is attached (reading the target's
+        // identity and maps below is not profiling time).
+        self.cutter = IntervalCutter::new();
         if self.options.live.is_none() {
             attached.live_mode = None;
         }
@@ -123,13 +130,13 @@ impl Collector {
         // Cache the target's maps while it surely lives: its last samples may be read
         // after it exits.
         self.stacks.prime(pid);
-        self.cutter = IntervalCutter::new();
         Ok(())
     }
 
     /// [`Scope::Host`]: excludes allocbpf itself, attaches every image in use and (with
     /// a budget) measures the cost of a probe hit.
     fn attach_host(&mut self) -> Result<(), CollectError> {
+        let started = Instant::now();
         let me = std::process::id();
         self.sampler().set_gate(me, GateState::Excluded)?;
         let budget = match &self.scope {
@@ -163,7 +170,7 @@ impl Collector {
                 cost.paused_ns,
                 cost.stepped_extra_ns
             );
-            self.budget = Some(BudgetController::new(Budget::new(options, cost)));
+            self.budget = Some(BudgetController::new(Budget::new(options, cost), started));
         }
         Ok(())
     }
