@@ -71,6 +71,7 @@ pub fn test() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    check_layering()?;
     let allocbpf = build_allocbpf()?;
     let mut command = cargo();
     command
@@ -96,6 +97,50 @@ pub fn test() -> Result<()> {
     if !status.success() || failed > 0 || passed == 0 {
         bail!("tests failed: {status}");
     }
+    Ok(())
+}
+
+/// The crate graph's rules (docs/design.md, "Crates, in the order data flows"): crates
+/// each library must not link, directly or through another crate.
+const LAYERING: &[(&str, &[&str])] = &[
+    (
+        "allocbpf-profile",
+        &["aya", "tokio", "blazesym", "framehop", "clap"],
+    ),
+    (
+        "allocbpf-export",
+        &["aya", "tokio", "blazesym", "framehop", "clap"],
+    ),
+    ("allocbpf-probe", &["clap", "framehop"]),
+    ("allocbpf-stacks", &["clap"]),
+    ("allocbpf-collect", &["clap", "anyhow"]),
+    ("allocbpf-agent", &["clap"]),
+];
+
+/// Checks [`LAYERING`] on the resolved dependency graph (`cargo tree`).
+fn check_layering() -> Result<()> {
+    for (krate, forbidden) in LAYERING {
+        let output = cargo()
+            .args(["tree", "-e", "normal", "--prefix", "none", "-p", krate])
+            .output()
+            .context("cannot run cargo tree")?;
+        if !output.status.success() {
+            bail!(
+                "cargo tree -p {krate}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let tree = String::from_utf8_lossy(&output.stdout);
+        let linked: Vec<&str> = tree
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|name| forbidden.contains(name))
+            .collect();
+        if !linked.is_empty() {
+            bail!("{krate} must not link {linked:?} (docs/design.md: the crate graph's rules)");
+        }
+    }
+    eprintln!("xtask: crate layering as docs/design.md states it");
     Ok(())
 }
 
