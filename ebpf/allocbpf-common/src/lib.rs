@@ -5,6 +5,7 @@
 //! ring-buffer event layout, counter indices and the names of `.rodata` globals.
 //! Both sides compile this crate, so a layout change cannot drift between them.
 #![no_std]
+#![deny(missing_docs)]
 
 pub mod cookie;
 pub mod sampler;
