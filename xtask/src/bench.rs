@@ -147,6 +147,9 @@ pub enum Part {
     Entries,
     /// redis-benchmark against Debian's redis-server.
     Redis,
+    /// The default agent's cost to real programs: gcc -O2 compiles and redis-benchmark,
+    /// bare and under the agent (tests/src/bin/agent_cost.rs).
+    Agent,
 }
 
 /// Runs the benchmark and prints figures and ratios. `families`: the allocator
@@ -165,6 +168,11 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
     }
     if parts.contains(&Part::Redis) {
         crate::bench_entries::redis(&allocbpf, rounds.min(3), 200_000)?;
+    }
+    if parts.contains(&Part::Agent) {
+        let mut command = crate::util::e2e_bin("agent_cost")?;
+        command.args(["--rounds", &rounds.min(3).to_string()]);
+        crate::util::run(&mut command)?;
     }
     Ok(())
 }

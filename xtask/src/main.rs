@@ -47,8 +47,13 @@ enum Task {
         #[arg(long, default_value_t = 2_000_000)]
         iterations: u64,
         /// Which parts to run: malloc+free pairs (with unwinding throughput), every
-        /// entry point of every allocator family, redis-benchmark.
-        #[arg(long, value_delimiter = ',', default_value = "pairs,entries,redis")]
+        /// entry point of every allocator family, redis-benchmark, the default agent's
+        /// cost to gcc compiles and redis.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "pairs,entries,redis,agent"
+        )]
         parts: Vec<bench::Part>,
         /// The allocator families the entries part measures (default: every one
         /// installed): glibc, musl, jemalloc, tcmalloc, mimalloc.

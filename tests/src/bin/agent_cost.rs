@@ -1,0 +1,174 @@
+//! What the default agent costs real programs (`cargo xtask bench --parts agent`): a
+//! `gcc -O2` compile of a generated 3,000-function file (cc1 is malloc-heavy) and
+//! redis-benchmark against a new redis-server, each bare and then under
+//! `allocbpf agent` at its defaults (only the store and the metrics address set).
+//! Prints every compile's time, the ratios to the bare median, how many of the
+//! compiles' cc1 processes have a profile in the store, the redis throughput ratio and
+//! the agent's budget counters.
+
+use std::{
+    fmt::Write as _,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use allocbpf_e2e::{
+    agent::{metric, parse_stored_name, scrape_within, stored_profiles, AgentProcess},
+    scratch_dir,
+};
+use anyhow::{bail, Context, Result};
+
+const METRICS: &str = "127.0.0.1:19497";
+const REDIS_PORT: &str = "16397";
+
+/// Compiles big.c in `dir`; returns the seconds it took.
+fn compile(dir: &Path) -> Result<f64> {
+    let started = Instant::now();
+    let status = Command::new("gcc")
+        .args(["-O2", "-c", "big.c", "-o", "big.o"])
+        .current_dir(dir)
+        .status()
+        .context("gcc (cargo xtask setup installs it)")?;
+    if !status.success() {
+        bail!("gcc failed: {status}");
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// redis-benchmark SET+GET requests per second against the bench's redis-server.
+fn redis_benchmark() -> Result<f64> {
+    let output = Command::new("redis-benchmark")
+        .args(["-p", REDIS_PORT, "-q", "-t", "set,get", "-n", "200000"])
+        .stderr(Stdio::null())
+        .output()
+        .context("redis-benchmark (cargo xtask setup installs it)")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    // Lines end "...: 98765.43 requests per second, p50=..." (\r-separated progress).
+    let total: f64 = text
+        .split(['\r', '\n'])
+        .filter_map(|line| line.split_once("requests per second")?.0.rsplit(' ').nth(1))
+        .filter_map(|n| n.parse::<f64>().ok())
+        .sum();
+    if total == 0.0 {
+        bail!("no figures from redis-benchmark: {text}");
+    }
+    Ok(total)
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let rounds: usize = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .map_or(Ok(3), |r| r.parse())
+        .context("--rounds")?;
+    let scratch = scratch_dir("agent-cost");
+    let mut source = String::from("#include <stdlib.h>\n");
+    for i in 0..3000 {
+        let _ = writeln!(
+            source,
+            "int f{i}(int x) {{ int *p = malloc(sizeof(int) * {}); p[0] = x; int r = p[0] * {i}; free(p); return r; }}",
+            i + 1
+        );
+    }
+    std::fs::write(scratch.join("big.c"), source)?;
+    let mut redis = Command::new("redis-server")
+        .args(["--port", REDIS_PORT, "--save", "", "--appendonly", "no"])
+        .current_dir(&scratch)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("redis-server (cargo xtask setup installs it)")?;
+    std::thread::sleep(Duration::from_millis(500));
+
+    let mut bare = Vec::new();
+    let mut bare_rps = Vec::new();
+    for _ in 0..rounds {
+        bare.push(compile(&scratch)?);
+        bare_rps.push(redis_benchmark()?);
+    }
+    let store = scratch.join("store");
+    let agent = AgentProcess::start(
+        &[
+            "--store",
+            store.to_str().unwrap(),
+            "--metrics-address",
+            METRICS,
+        ],
+        &[],
+    )?;
+    let mut profiled = Vec::new();
+    let mut profiled_rps = Vec::new();
+    for _ in 0..rounds {
+        profiled.push(compile(&scratch)?);
+        profiled_rps.push(redis_benchmark()?);
+    }
+    let text = scrape_within(METRICS, Duration::from_secs(5)).unwrap_or_default();
+    let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
+    agent.terminate(Duration::from_secs(60))?;
+    let _ = redis.kill();
+    let _ = redis.wait();
+    let cc1_profiles: std::collections::HashSet<u32> = stored_profiles(&store)
+        .iter()
+        .map(|path| parse_stored_name(path))
+        .filter(|(_, _, _, comm)| comm == "cc1")
+        .map(|(_, _, pid, _)| pid)
+        .collect();
+
+    let base = median(&bare);
+    println!("default agent vs none, gcc -O2 of a 3,000-function file ({rounds} compiles each):");
+    println!(
+        "  bare compiles (s):          {}",
+        bare.iter()
+            .map(|s| format!("{s:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  under the agent (s):        {}",
+        profiled
+            .iter()
+            .map(|s| format!("{s:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  ratios to the bare median:  {}",
+        profiled
+            .iter()
+            .map(|s| format!("{:.2}", s / base))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  compile time, agent / none (medians): {:.3}",
+        median(&profiled) / base
+    );
+    println!(
+        "  cc1 processes with a stored profile: {} of {rounds}",
+        cc1_profiles.len()
+    );
+    println!(
+        "redis-benchmark SET+GET, agent / none (medians of {rounds}): {:.3} ({:.0} vs {:.0} requests/s)",
+        median(&profiled_rps) / median(&bare_rps),
+        median(&profiled_rps),
+        median(&bare_rps)
+    );
+    println!(
+        "agent budget: {:.0} back-offs, {:.0} image detachments; {:.0} samples, {:.0} dropped",
+        m("allocbpf_budget_backoffs_total"),
+        m("allocbpf_budget_detachments_total"),
+        m("allocbpf_samples_total"),
+        m("allocbpf_ring_buffer_drops_total"),
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
