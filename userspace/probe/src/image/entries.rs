@@ -49,11 +49,12 @@ pub fn resolve_entries(
 ) -> Result<ResolvedEntries, String> {
     let prefixes = lookup.prefixes.as_slice();
     let by_name = defined_text_symbols(file);
-    let candidates = candidates(file, &by_name, prefixes);
+    let catalogue = allocators::symbols(prefixes);
+    let candidates = candidates(file, &by_name, &catalogue);
     if !candidates.iter().any(|c| c.spec.shape != Shape::Free) {
         return Err("it defines no allocation entry".to_string());
     }
-    let resolution = Resolution::new(file, data, lookup, candidates);
+    let resolution = Resolution::new(file, data, lookup, &catalogue, candidates);
     let mut out = ResolvedEntries {
         families: allocators::families(|name| by_name.contains_key(name)),
         ..ResolvedEntries::default()
@@ -108,10 +109,10 @@ fn defined_text_symbols<'data>(file: &object::File<'data>) -> HashMap<&'data str
 fn candidates(
     file: &object::File,
     by_name: &HashMap<&str, (u64, u64)>,
-    prefixes: &[String],
+    catalogue: &[(String, EntrySpec)],
 ) -> Vec<Candidate> {
     let mut candidates: Vec<Candidate> = Vec::new();
-    for (symbol, spec) in allocators::symbols(prefixes) {
+    for (symbol, spec) in catalogue {
         let Some(&(address, size)) = by_name.get(symbol.as_str()) else {
             continue;
         };
@@ -123,8 +124,8 @@ fn candidates(
             continue;
         };
         candidates.push(Candidate {
-            symbol,
-            spec,
+            symbol: symbol.clone(),
+            spec: *spec,
             address,
             size,
             file_offset,
@@ -138,6 +139,8 @@ struct Resolution<'a> {
     file: &'a object::File<'a>,
     data: &'a [u8],
     lookup: &'a Lookup,
+    /// The catalogue's (symbol, spec) pairs under the lookup's prefixes.
+    catalogue: &'a [(String, EntrySpec)],
     candidates: Vec<Candidate>,
     forwards: Vec<calls::Forwards>,
     resolver: calls::CallResolver<'a, 'a>,
@@ -149,12 +152,14 @@ impl<'a> Resolution<'a> {
         file: &'a object::File<'a>,
         data: &'a [u8],
         lookup: &'a Lookup,
+        catalogue: &'a [(String, EntrySpec)],
         candidates: Vec<Candidate>,
     ) -> Self {
         let mut resolution = Resolution {
             file,
             data,
             lookup,
+            catalogue,
             resolver: calls::CallResolver::new(file),
             addresses: candidates.iter().map(|c| c.address).collect(),
             candidates,
@@ -275,7 +280,8 @@ impl<'a> Resolution<'a> {
                     .find(|c| c.address == address)
                     .map(|c| c.spec.shape)
             }
-            None => allocators::symbols(&self.lookup.prefixes)
+            None => self
+                .catalogue
                 .iter()
                 .find(|(n, _)| n == target)
                 .map(|(_, s)| s.shape),
