@@ -7,6 +7,7 @@
 pub mod accuracy;
 pub mod agent;
 pub mod allocators;
+pub mod bench;
 pub mod simulate;
 pub mod sites;
 

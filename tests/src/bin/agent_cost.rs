@@ -7,7 +7,6 @@
 //! the agent's budget counters.
 
 use std::{
-    fmt::Write as _,
     path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -15,6 +14,7 @@ use std::{
 
 use allocbpf_e2e::{
     agent::{metric, parse_stored_name, scrape_within, stored_profiles, AgentProcess},
+    bench::{median, rounds_arg, write_malloc_heavy_source},
     scratch_dir,
 };
 use anyhow::{bail, Context, Result};
@@ -56,30 +56,10 @@ fn redis_benchmark() -> Result<f64> {
     Ok(total)
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let rounds: usize = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .map_or(Ok(3), |r| r.parse())
-        .context("--rounds")?;
+    let rounds = rounds_arg(3)?;
     let scratch = scratch_dir("agent-cost");
-    let mut source = String::from("#include <stdlib.h>\n");
-    for i in 0..3000 {
-        let _ = writeln!(
-            source,
-            "int f{i}(int x) {{ int *p = malloc(sizeof(int) * {}); p[0] = x; int r = p[0] * {i}; free(p); return r; }}",
-            i + 1
-        );
-    }
-    std::fs::write(scratch.join("big.c"), source)?;
+    write_malloc_heavy_source(&scratch, 3000)?;
     let mut redis = Command::new("redis-server")
         .args(["--port", REDIS_PORT, "--save", "", "--appendonly", "no"])
         .current_dir(&scratch)
@@ -125,28 +105,23 @@ fn main() -> Result<()> {
 
     let base = median(&bare);
     println!("default agent vs none, gcc -O2 of a 3,000-function file ({rounds} compiles each):");
-    println!(
-        "  bare compiles (s):          {}",
-        bare.iter()
-            .map(|s| format!("{s:.2}"))
+    let list = |values: &mut dyn Iterator<Item = f64>| {
+        values
+            .map(|v| format!("{v:.2}"))
             .collect::<Vec<_>>()
             .join(", ")
+    };
+    println!(
+        "  bare compiles (s):          {}",
+        list(&mut bare.iter().copied())
     );
     println!(
         "  under the agent (s):        {}",
-        profiled
-            .iter()
-            .map(|s| format!("{s:.2}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        list(&mut profiled.iter().copied())
     );
     println!(
         "  ratios to the bare median:  {}",
-        profiled
-            .iter()
-            .map(|s| format!("{:.2}", s / base))
-            .collect::<Vec<_>>()
-            .join(", ")
+        list(&mut profiled.iter().map(|s| s / base))
     );
     println!(
         "  compile time, agent / none (medians): {:.3}",

@@ -7,13 +7,13 @@
 //! the end, and the most seen), for each round.
 
 use std::{
-    fmt::Write as _,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use allocbpf_e2e::{
     agent::{metric, scrape_within, AgentProcess},
+    bench::{rounds_arg, write_malloc_heavy_source},
     scratch_dir, status_bytes,
 };
 use anyhow::{Context, Result};
@@ -30,15 +30,7 @@ fn spawn(program: &str, args: &[&str], dir: &std::path::Path) -> Result<Child> {
 
 fn round(number: usize) -> Result<()> {
     let scratch = scratch_dir(&format!("burst-{number}"));
-    let mut source = String::from("#include <stdlib.h>\n");
-    for i in 0..3000 {
-        let _ = writeln!(
-            source,
-            "int f{i}(int x) {{ int *p = malloc(sizeof(int) * {}); p[0] = x; int r = p[0] * {i}; free(p); return r; }}",
-            i + 1
-        );
-    }
-    std::fs::write(scratch.join("big.c"), source)?;
+    write_malloc_heavy_source(&scratch, 3000)?;
     let address = "127.0.0.1:19498";
     let store = scratch.join("store");
     let agent = AgentProcess::start(
@@ -107,13 +99,7 @@ fn round(number: usize) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let rounds: usize = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .map_or(Ok(3), |r| r.parse())
-        .context("--rounds")?;
+    let rounds = rounds_arg(3)?;
     for number in 1..=rounds {
         round(number)?;
     }

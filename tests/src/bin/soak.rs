@@ -23,21 +23,15 @@ use std::{
 
 use allocbpf_e2e::{
     agent::{metric, scrape_within, stored_profiles, AgentProcess},
+    bench::median,
     compile_workload, scratch_dir, status_bytes,
 };
 use anyhow::{Context, Result};
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 /// Median of the last third over the median of the middle third, minus one.
 fn growth(series: &[f64]) -> f64 {
     let third = series.len() / 3;
-    let mut middle = series[third..2 * third].to_vec();
-    let mut last = series[2 * third..].to_vec();
-    median(&mut last) / median(&mut middle) - 1.0
+    median(&series[2 * third..]) / median(&series[third..2 * third]) - 1.0
 }
 
 /// Scrapes the agent's metrics, retrying while idle connections hold its slots.
