@@ -81,7 +81,7 @@ pub async fn run(
         .transpose()
         .map_err(wait_error("pidfd"))?;
     let mut collector = Collector::start(options, scope)?;
-    announce(&collector, rate, live);
+    announce(&collector, rate);
     let mut sigterm = signal(SignalKind::terminate()).map_err(wait_error("SIGTERM handler"))?;
     let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
@@ -137,7 +137,7 @@ pub async fn run(
 }
 
 /// Says on stderr what is profiled, through what.
-fn announce(collector: &Collector, rate: u64, live: bool) {
+fn announce(collector: &Collector, rate: u64) {
     let Some(target) = collector.target() else {
         eprintln!(
             "allocbpf: profiling every process through {} allocator image(s); Ctrl-C to stop",
@@ -161,7 +161,7 @@ fn announce(collector: &Collector, rate: u64, live: bool) {
     for image in &target.images {
         image.log_probe_points();
     }
-    if let Some(mode) = target.live_mode.filter(|_| live) {
+    if let Some(mode) = target.live_mode {
         let how = match mode {
             LiveMode::Session => "uprobe session links (only sampled calls pay for the return)",
             LiveMode::Uretprobe => "uretprobes on every allocation call (no session links)",

@@ -58,6 +58,7 @@ impl Collector {
         let mut collector = Collector {
             stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
             options,
+            // A host scope never profiles allocbpf itself; `--pid` may name anything.
             processes: match &scope {
                 Scope::Host { .. } => ProcessTable::ignoring(std::process::id()),
                 Scope::Process(_) => ProcessTable::default(),
@@ -65,7 +66,6 @@ impl Collector {
             scope,
             sampler: Some(sampler),
             reader,
-            // A host scope never profiles allocbpf itself; `--pid` may name anything.
             images: ImageSet::default(),
             exec_queue: ExecQueue::default(),
             budget: None,
@@ -101,7 +101,9 @@ impl Collector {
             let links = self.sampler().attach(&image)?;
             attached.probes += links.links.len();
             attached.frees += links.frees;
-            attached.live_mode.get_or_insert(links.live_mode);
+            if self.options.live.is_some() {
+                attached.live_mode.get_or_insert(links.live_mode);
+            }
             attached.images.push(image.clone());
             self.stats.images_attached += 1;
             self.images.insert(image, Some(links.links));
@@ -109,9 +111,6 @@ impl Collector {
         // The interval starts once every probe is attached (reading the target's
         // identity and maps below is not profiling time).
         self.cutter = IntervalCutter::new();
-        if self.options.live.is_none() {
-            attached.live_mode = None;
-        }
         let pid = attached.pid;
         let comm = attached.comm.clone();
         self.target = Some(attached);
