@@ -116,7 +116,7 @@ impl Simulator {
             Decision::Sampled { offset, .. } => (offset, false),
             Decision::Certain => (0, true),
         };
-        self.sites[alloc.site].add(alloc.size, offset, self.rate, certain);
+        self.sites[alloc.site].add(alloc.size, offset, self.rate, certain, 1.0);
         true
     }
 

@@ -134,3 +134,40 @@ fn interval_picks_are_exponential_and_uncorrelated() {
         "{q:?}"
     );
 }
+
+/// Time sampling under the overhead budget (docs/statistics.md, "Time sampling"): a
+/// process observed in one window of `d·P` per period at a random phase, each sample
+/// weighed by `1/d`, is estimated without bias over the WHOLE interval, and the
+/// successive-difference interval (byte and time sampling together) covers the truth
+/// nearly as often as its level says. Bounds: the mean error within 4 standard errors
+/// (two-sided normal tail 6e-5; the seeds are fixed); coverage over 2,000 trials at
+/// least 92%. The t interval is exact for normal period totals; a sparse process
+/// observed 2% of the time has skewed ones (a window catches a burst or not), and
+/// its coverage measured over other seeds is 93.3-93.6% (94-95% for the others): 92%
+/// is 2.7 binomial sd (0.55%) under that. Drifting rates make the estimator
+/// conservative (98.7% for bursts at 20%), so there is no upper bound. The
+/// byte-sampling-only interval is printed: on bursty processes it covers far less
+/// (66%), which is why profiles say it covers the observed windows only.
+#[test]
+fn time_sampled_estimates_are_unbiased_and_their_intervals_cover() {
+    use allocbpf_e2e::accuracy::time_sampling::{run, Pattern};
+    let steady = Pattern::Steady { size: 4096 };
+    let bursty = Pattern::Bursty {
+        size: 4096,
+        mean_on: 400,
+        mean_off: 1_600,
+    };
+    for (index, (pattern, duty)) in [(steady, 0.02), (steady, 0.2), (bursty, 0.02), (bursty, 0.2)]
+        .into_iter()
+        .enumerate()
+    {
+        let summary = run(pattern, duty, 64 << 10, 2_000, 77 + index as u64);
+        eprintln!("{summary:?}");
+        let z = summary.mean_error / summary.standard_error;
+        assert!(
+            z.abs() <= 4.0,
+            "bias of {z:.2} standard errors: {summary:?}"
+        );
+        assert!(summary.coverage >= 0.92, "coverage: {summary:?}");
+    }
+}

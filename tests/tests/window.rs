@@ -119,7 +119,8 @@ fn the_agents_interval_cuts_keep_one_window() {
     workload.go().unwrap();
     // Frame-pointer stacks and 1 MiB, as above: no ring-buffer drop to blur the test.
     // The workload allocates without pause, far over the overhead budget, which would
-    // pause it: the budget is off (windows are what this test is about).
+    // probe it part time: the budget is off (exact interval windows are what this test
+    // is about).
     let config = write_config(
         &scratch,
         "comm = \"^sites\"\nunwind = \"fp\"\n[budget]\nenabled = false\n",

@@ -147,8 +147,9 @@ pub enum Part {
     Entries,
     /// redis-benchmark against Debian's redis-server.
     Redis,
-    /// The default agent's cost to real programs: gcc -O2 compiles and redis-benchmark,
-    /// bare and under the agent (tests/src/bin/agent_cost.rs).
+    /// The agent's cost to real programs: gcc -O2 compiles and redis-benchmark, bare
+    /// and under the agent at its default budget, raised (5%) and lowered (0.25%)
+    /// (tests/src/bin/agent_cost.rs).
     Agent,
 }
 
@@ -170,9 +171,15 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
         crate::bench_entries::redis(&allocbpf, rounds.min(3), 200_000)?;
     }
     if parts.contains(&Part::Agent) {
-        let mut command = crate::util::e2e_bin("agent_cost")?;
-        command.args(["--rounds", &rounds.min(3).to_string()]);
-        crate::util::run(&mut command)?;
+        // The default budget, then raised and lowered.
+        for percent in [None, Some("5"), Some("0.25")] {
+            let mut command = crate::util::e2e_bin("agent_cost")?;
+            command.args(["--rounds", &rounds.min(3).to_string()]);
+            if let Some(percent) = percent {
+                command.args(["--cpu-percent", percent]);
+            }
+            crate::util::run(&mut command)?;
+        }
     }
     Ok(())
 }

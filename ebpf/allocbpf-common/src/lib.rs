@@ -263,8 +263,6 @@ pub enum GateState {
     Open = 0,
     /// Never sampled: allocbpf itself, or filtered out by command name or cgroup.
     Excluded = 1,
-    /// Over its overhead budget: hits are counted, nothing else is done.
-    Paused = 2,
 }
 
 /// Processes whose gates are kept (an LRU map: the least recently active go first).
@@ -495,6 +493,9 @@ pub const COUNTER_SLOTS: u32 = 2 * COUNTER_COUNT;
 
 /// `.rodata` global: only this tgid is profiled; 0 profiles every process.
 pub const TARGET_PID_GLOBAL: &str = "TARGET_PID";
+/// Name of the global that makes a single-process sampler count probe hits in
+/// `PROCESS_GATES` too (an overhead budget on one process; nonzero: count).
+pub const COUNT_HITS_GLOBAL: &str = "COUNT_HITS";
 /// `.rodata` global: the mean sampling interval in bytes.
 pub const RATE_GLOBAL: &str = "RATE";
 /// `.rodata` global: allocations of at least this many bytes are always recorded.

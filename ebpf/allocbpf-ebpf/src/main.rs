@@ -57,6 +57,10 @@ use aya_log_ebpf::warn;
 #[no_mangle]
 static TARGET_PID: u32 = 0;
 
+/// Nonzero: count probe hits per process even with a target pid (its overhead budget).
+#[no_mangle]
+static COUNT_HITS: u32 = 0;
+
 /// Mean sampling interval in bytes (only reported in events; the table carries the law).
 #[no_mangle]
 static RATE: u64 = 512 * 1024;

@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 
-use crate::{wakeup::wakeup_flags, EVENTS, TARGET_PID};
+use crate::{wakeup::wakeup_flags, COUNT_HITS, EVENTS, TARGET_PID};
 
 /// Probe hits and sampling state per process (system-wide mode). LRU: on a host with
 /// more processes than entries, the least recently allocating lose their counts (and a
@@ -33,12 +33,21 @@ pub(crate) fn system_wide() -> bool {
     unsafe { read_volatile(&TARGET_PID) == 0 }
 }
 
+/// True when hits are counted in single-process mode (a budget on one process).
+#[inline(always)]
+fn count_hits() -> bool {
+    // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
+    unsafe { read_volatile(&COUNT_HITS) != 0 }
+}
+
 /// Counts one probe hit of `pid` (`stepped`: at a single-stepped instruction) and says
-/// whether the hit may be sampled. In single-process mode the verifier drops this
-/// whole path (`TARGET_PID` is constant).
+/// whether the hit may be sampled. In single-process mode without a budget the
+/// verifier drops this whole path (`TARGET_PID` and `COUNT_HITS` are constant); with
+/// one, the hit is counted and always sampled (the kernel filters on the pid).
 #[inline(always)]
 pub(crate) fn admit(pid: u32, stepped: bool) -> bool {
-    if !system_wide() {
+    let wide = system_wide();
+    if !wide && !count_hits() {
         return true;
     }
     if PROCESS_GATES.get_ptr_mut(&pid).is_none() {
@@ -53,7 +62,7 @@ pub(crate) fn admit(pid: u32, stepped: bool) -> bool {
     unsafe {
         (*gate).hits += 1;
         (*gate).stepped_hits += stepped as u64;
-        (*gate).state == GateState::Open as u32
+        !wide || (*gate).state == GateState::Open as u32
     }
 }
 

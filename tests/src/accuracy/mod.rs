@@ -11,6 +11,7 @@ pub mod kernel;
 pub mod plot;
 pub mod print;
 pub mod stats;
+pub mod time_sampling;
 pub mod workloads;
 
 use allocbpf_profile::aggregate::StackStats;

@@ -1,10 +1,12 @@
 //! What the default agent costs real programs (`cargo xtask bench --parts agent`): a
 //! `gcc -O2` compile of a generated 3,000-function file (cc1 is malloc-heavy) and
 //! redis-benchmark against a new redis-server, each bare and then under
-//! `allocbpf agent` at its defaults (only the store and the metrics address set).
-//! Prints every compile's time, the ratios to the bare median, how many of the
-//! compiles' cc1 processes have a profile in the store, the redis throughput ratio and
-//! the agent's budget counters.
+//! `allocbpf agent` at its defaults (only the store and the metrics address set), or
+//! with `--cpu-percent P` its per-process budget set to P% of a CPU. Prints every
+//! compile's time, the ratios to the bare median, how many of the compiles' cc1
+//! processes have a profile in the store with samples and the fraction of time they
+//! were observed, the redis throughput ratio and redis-server's observed fraction, and
+//! the agent's window counters.
 
 use std::{
     path::Path,
@@ -17,6 +19,7 @@ use allocbpf_e2e::{
     bench::{median, rounds_arg, write_malloc_heavy_source},
     scratch_dir,
 };
+use allocbpf_export::pprof::decode_file;
 use anyhow::{bail, Context, Result};
 
 const METRICS: &str = "127.0.0.1:19497";
@@ -56,8 +59,58 @@ fn redis_benchmark() -> Result<f64> {
     Ok(total)
 }
 
+/// The `--cpu-percent P` argument, if given.
+fn cpu_percent_arg() -> Result<Option<f64>> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--cpu-percent")
+        .map(|i| {
+            args.get(i + 1)
+                .and_then(|v| v.parse().ok())
+                .context("--cpu-percent takes a number")
+        })
+        .transpose()
+}
+
+/// Per command name in the store: processes, samples in all, and the mean observed
+/// fraction of their profiles (1 when a profile does not say: observed full time).
+fn observed(store: &Path, comm: &str) -> (usize, u64, f64) {
+    let mut pids = std::collections::HashSet::new();
+    let mut samples = 0;
+    let mut fractions = Vec::new();
+    for path in stored_profiles(store) {
+        let (_, _, pid, name) = parse_stored_name(&path);
+        if name != comm {
+            continue;
+        }
+        let Ok(profile) = decode_file(&path) else {
+            continue;
+        };
+        let s = |i: i64| profile.string_table[i as usize].as_str();
+        pids.insert(pid);
+        samples += profile
+            .sample
+            .iter()
+            .flat_map(|x| x.label.iter())
+            .filter(|l| s(l.key) == "samples")
+            .map(|l| l.num as u64)
+            .sum::<u64>();
+        fractions.push(
+            profile
+                .comment
+                .iter()
+                .find_map(|&c| s(c).strip_prefix("observed_fraction="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1.0),
+        );
+    }
+    let mean = fractions.iter().sum::<f64>() / fractions.len().max(1) as f64;
+    (pids.len(), samples, mean)
+}
+
 fn main() -> Result<()> {
     let rounds = rounds_arg(3)?;
+    let cpu_percent = cpu_percent_arg()?;
     let scratch = scratch_dir("agent-cost");
     write_malloc_heavy_source(&scratch, 3000)?;
     let mut redis = Command::new("redis-server")
@@ -76,8 +129,16 @@ fn main() -> Result<()> {
         bare_rps.push(redis_benchmark()?);
     }
     let store = scratch.join("store");
+    let config = scratch.join("agent.toml");
+    let budget = match cpu_percent {
+        Some(percent) => format!("[budget]\ncpu_percent = {percent}\n"),
+        None => String::new(),
+    };
+    std::fs::write(&config, budget).context("writing the agent config")?;
     let agent = AgentProcess::start(
         &[
+            "--config",
+            config.to_str().unwrap(),
             "--store",
             store.to_str().unwrap(),
             "--metrics-address",
@@ -96,15 +157,15 @@ fn main() -> Result<()> {
     agent.terminate(Duration::from_secs(60))?;
     let _ = redis.kill();
     let _ = redis.wait();
-    let cc1_profiles: std::collections::HashSet<u32> = stored_profiles(&store)
-        .iter()
-        .map(|path| parse_stored_name(path))
-        .filter(|(_, _, _, comm)| comm == "cc1")
-        .map(|(_, _, pid, _)| pid)
-        .collect();
+    let (cc1s, cc1_samples, cc1_observed) = observed(&store, "cc1");
+    let (_, _, redis_observed) = observed(&store, "redis_server");
 
     let base = median(&bare);
-    println!("default agent vs none, gcc -O2 of a 3,000-function file ({rounds} compiles each):");
+    let which = match cpu_percent {
+        Some(percent) => format!("agent with a {percent}% per-process budget"),
+        None => "default agent (1% per-process budget)".to_string(),
+    };
+    println!("{which} vs none, gcc -O2 of a 3,000-function file ({rounds} compiles each):");
     let list = |values: &mut dyn Iterator<Item = f64>| {
         values
             .map(|v| format!("{v:.2}"))
@@ -128,19 +189,21 @@ fn main() -> Result<()> {
         median(&profiled) / base
     );
     println!(
-        "  cc1 processes with a stored profile: {} of {rounds}",
-        cc1_profiles.len()
+        "  cc1 processes with a stored profile: {cc1s} of {rounds}, {cc1_samples} samples; observed {:.2}% of the time (mean over their profiles)",
+        cc1_observed * 100.0
     );
     println!(
-        "redis-benchmark SET+GET, agent / none (medians of {rounds}): {:.3} ({:.0} vs {:.0} requests/s)",
+        "redis-benchmark SET+GET, agent / none (medians of {rounds}): {:.3} ({:.0} vs {:.0} requests/s); redis-server observed {:.2}% of the time",
         median(&profiled_rps) / median(&bare_rps),
         median(&profiled_rps),
-        median(&bare_rps)
+        median(&bare_rps),
+        redis_observed * 100.0
     );
     println!(
-        "agent budget: {:.0} back-offs, {:.0} image detachments; {:.0} samples, {:.0} dropped",
-        m("allocbpf_budget_backoffs_total"),
-        m("allocbpf_budget_detachments_total"),
+        "agent budget: {:.0} windows opened, {:.0} blind, {:.0} samples outside their window; {:.0} samples, {:.0} dropped",
+        m("allocbpf_window_attaches_total"),
+        m("allocbpf_window_blind_spots_total"),
+        m("allocbpf_unplaced_samples_total"),
         m("allocbpf_samples_total"),
         m("allocbpf_ring_buffer_drops_total"),
     );

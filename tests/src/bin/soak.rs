@@ -220,7 +220,7 @@ fn main() -> Result<()> {
         );
     }
     println!(
-        "soak: samples {:.0}, ring-buffer drops {:.0} ({:.2}%), filtered {:.0}, exec events {:.0}, exits {:.0}, budget back-offs {:.0}, agent CPU {:.1} s",
+        "soak: samples {:.0}, ring-buffer drops {:.0} ({:.2}%), filtered {:.0}, exec events {:.0}, exits {:.0}, windows opened {:.0}, agent CPU {:.1} s",
         m("allocbpf_samples_total"),
         m("allocbpf_ring_buffer_drops_total"),
         100.0 * m("allocbpf_ring_buffer_drops_total")
@@ -228,7 +228,7 @@ fn main() -> Result<()> {
         m("allocbpf_filtered_samples_total"),
         m("allocbpf_exec_events_total"),
         m("allocbpf_exit_events_total"),
-        m("allocbpf_budget_backoffs_total"),
+        m("allocbpf_window_attaches_total"),
         m("allocbpf_cpu_seconds"),
     );
     println!(

@@ -78,10 +78,11 @@ struct PushFile {
 struct BudgetFile {
     enabled: Option<bool>,
     cpu_percent: Option<f64>,
-    detach_cpu_percent: Option<f64>,
+    host_cpu_percent: Option<f64>,
+    period: Option<String>,
+    min_window: Option<String>,
     check_interval: Option<String>,
-    backoff_initial: Option<String>,
-    backoff_max: Option<String>,
+    recovery: Option<String>,
 }
 
 /// Retention of the local store.
@@ -358,33 +359,41 @@ fn budget_options(file: BudgetFile) -> Result<Option<BudgetOptions>> {
             ))),
         }
     };
-    Ok(Some(BudgetOptions {
-        cpu_fraction: percent(
+    let options = BudgetOptions {
+        process_cpu: percent(
             "cpu_percent",
             file.cpu_percent,
-            defaults.cpu_fraction * 100.0,
+            defaults.process_cpu * 100.0,
         )?,
-        detach_fraction: percent(
-            "detach_cpu_percent",
-            file.detach_cpu_percent,
-            defaults.detach_fraction * 100.0,
+        host_share: percent(
+            "host_cpu_percent",
+            file.host_cpu_percent,
+            defaults.host_share * 100.0,
+        )?,
+        period: duration("budget.period", file.period.as_deref(), defaults.period)?,
+        min_window: duration(
+            "budget.min_window",
+            file.min_window.as_deref(),
+            defaults.min_window,
         )?,
         check_every: duration(
             "budget.check_interval",
             file.check_interval.as_deref(),
             defaults.check_every,
         )?,
-        backoff_initial: duration(
-            "budget.backoff_initial",
-            file.backoff_initial.as_deref(),
-            defaults.backoff_initial,
+        recovery: duration(
+            "budget.recovery",
+            file.recovery.as_deref(),
+            defaults.recovery,
         )?,
-        backoff_max: duration(
-            "budget.backoff_max",
-            file.backoff_max.as_deref(),
-            defaults.backoff_max,
-        )?,
-    }))
+    };
+    if options.min_window > options.period || options.period.is_zero() {
+        return Err(ConfigError::Invalid(format!(
+            "config keys budget.min_window ({:?}) and budget.period ({:?}): the window must fit in the period",
+            options.min_window, options.period
+        )));
+    }
+    Ok(Some(options))
 }
 
 fn parse_file(path: &Path) -> Result<File> {
@@ -434,7 +443,7 @@ cpu_percent = 2.5
         assert_eq!(config.retention.max_bytes, 10 << 20);
         assert_eq!(config.retention.max_age, Duration::from_secs(7 * 24 * 3600));
         assert_eq!(config.push.unwrap().url, "http://pyroscope:4040");
-        assert_eq!(config.budget.unwrap().cpu_fraction, 0.025);
+        assert_eq!(config.budget.unwrap().process_cpu, 0.025);
         assert_eq!(config.filter.comm.as_deref(), Some("^nginx"));
         assert!(config.live);
 

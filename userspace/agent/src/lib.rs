@@ -48,7 +48,7 @@ use self::{
 };
 use allocbpf_collect::{
     budget::CalibrationChild,
-    engine::{Collector, HOUSEKEEPING_TICK},
+    engine::{window_wait, Collector, HOUSEKEEPING_TICK},
     filter::ProcessFilter,
     options::{CollectOptions, LiveOptions, Scope},
     process::hostname,
@@ -96,6 +96,7 @@ fn collect_options(config: &AgentConfig) -> CollectOptions {
         }),
         unwind: config.unwind,
         allocator_prefixes: config.allocator_symbols.clone(),
+        budget: config.budget,
         ..CollectOptions::default()
     }
 }
@@ -152,12 +153,11 @@ impl Agent {
         let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let mut collector = Collector::start(
-            collect_options(&self.config),
-            Scope::Host {
-                filter,
-                budget: self.config.budget,
+            CollectOptions {
                 calibration,
+                ..collect_options(&self.config)
             },
+            Scope::Host { filter },
         )?;
         tracing::info!(
             "agent started: {} image(s) attached, interval {}s, store {}{}",
@@ -178,6 +178,7 @@ impl Agent {
         let mut cut = new_cut_timer(self.config.interval);
         let mut read_error = None;
         loop {
+            let window_at = collector.next_window_change();
             tokio::select! {
                 read = collector.read() => {
                     if let Err(error) = read {
@@ -194,6 +195,7 @@ impl Agent {
                         notifier.feed(self.writer.stats.stalled_for());
                     }
                 }
+                _ = window_wait(window_at) => collector.windows_tick(),
                 _ = metrics_tick.tick() => self.update_metrics(&mut collector),
                 _ = cut.tick() => {
                     self.writer.export(collector.cut());
@@ -250,6 +252,7 @@ impl Agent {
         let kernel = collector.counters();
         let metrics = self.metrics.lock().expect("metrics lock");
         metrics.update(&collector.stats, &kernel, &self.push_stats);
+        metrics.update_budget(&collector.budget_figures());
         let stats = &self.writer.stats;
         metrics.total(
             "profiles_written",

@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context, Result};
 use prometheus_client::{
     encoding::text::encode,
-    metrics::{counter::Counter, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 use tokio::{
@@ -21,7 +21,7 @@ use tokio::{
 };
 
 use super::push::PushStats;
-use allocbpf_collect::engine::CollectorStats;
+use allocbpf_collect::engine::{BudgetFigures, CollectorStats};
 use allocbpf_profile::report::Counters;
 
 /// Every metric, registered once.
@@ -30,6 +30,39 @@ pub struct Metrics {
     counters: Vec<(&'static str, Counter)>,
     gauges: Vec<(&'static str, Gauge)>,
     cpu_seconds: Gauge<f64, AtomicU64>,
+    budget: BudgetGauges,
+}
+
+/// A gauge per label set (an image, a process).
+type Labelled = Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>;
+
+/// The overhead budget's per-image and per-process gauges.
+#[derive(Default)]
+struct BudgetGauges {
+    image_probed: Labelled,
+    image_overhead: Labelled,
+    process_observed: Labelled,
+    process_overhead: Labelled,
+    process_full_time: Labelled,
+}
+
+/// Processes with per-process budget gauges: the most expensive ones (labels per pid
+/// would otherwise grow with the host's process count).
+const PROCESS_GAUGES: usize = 20;
+
+/// Longest label value kept (paths and command names come from other processes).
+const MAX_LABEL: usize = 160;
+
+/// A label value from untrusted text: printable ASCII without quotes or backslashes,
+/// bounded in length.
+fn label_value(text: &str) -> String {
+    text.chars()
+        .take(MAX_LABEL)
+        .map(|c| match c {
+            ' '..='~' if c != '"' && c != '\\' => c,
+            _ => '_',
+        })
+        .collect()
 }
 
 const COUNTERS: &[(&str, &str)] = &[
@@ -68,12 +101,24 @@ const COUNTERS: &[(&str, &str)] = &[
         "Profiles dropped because they can never be delivered (corrupt spool record, 4xx)",
     ),
     (
-        "budget_backoffs",
-        "Processes backed off for exceeding their overhead budget",
+        "window_attaches",
+        "Probes of an image put back in as an observation window opened (overhead budget)",
     ),
     (
-        "budget_detachments",
-        "Image detachments for the overhead budget",
+        "window_detaches",
+        "Probes of an image taken out as an observation window closed (overhead budget)",
+    ),
+    (
+        "window_blind_spots",
+        "Observation windows that opened before their probes were in (their samples are dropped)",
+    ),
+    (
+        "unplaced_samples",
+        "Samples dropped outside their process's observation window",
+    ),
+    (
+        "window_expired_blocks",
+        "Live blocks that left the in-use set when their observation window closed",
     ),
     (
         "lost_frees",
@@ -128,7 +173,10 @@ const COUNTERS: &[(&str, &str)] = &[
 const GAUGES: &[(&str, &str)] = &[
     ("attached_images", "Allocator images with probes attached"),
     ("tracked_processes", "Processes followed"),
-    ("budget_paused_processes", "Processes backed off now"),
+    (
+        "budget_windowed_images",
+        "Allocator images probed part time now (overhead budget)",
+    ),
     ("spool_bytes", "Bytes of profiles waiting in the push spool"),
     ("spool_profiles", "Profiles waiting in the push spool"),
     ("store_bytes", "Bytes in the local store"),
@@ -192,11 +240,42 @@ impl Metrics {
             "Agent CPU time (user + system), seconds",
             cpu_seconds.clone(),
         );
+        let budget = BudgetGauges::default();
+        for (name, help, family) in [
+            (
+                "budget_image_probed_fraction",
+                "Fraction of the last budget check an image's probes were in",
+                &budget.image_probed,
+            ),
+            (
+                "budget_image_overhead_cpu",
+                "Estimated CPUs spent in probes by the processes mapping an image",
+                &budget.image_overhead,
+            ),
+            (
+                "budget_process_observed_fraction",
+                "Expected fraction of the current interval a process is observed",
+                &budget.process_observed,
+            ),
+            (
+                "budget_process_overhead_cpu",
+                "Estimated fraction of a CPU a process spends in probes",
+                &budget.process_overhead,
+            ),
+            (
+                "budget_process_full_time_cpu",
+                "Estimated fraction of a CPU a process would spend in probes if probed full time",
+                &budget.process_full_time,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         Self {
             registry,
             counters,
             gauges,
             cpu_seconds,
+            budget,
         }
     }
 
@@ -232,8 +311,11 @@ impl Metrics {
         self.total("attach_failures", system.attach_failures);
         self.total("exec_events", system.exec_events);
         self.total("exit_events", system.exit_events);
-        self.total("budget_backoffs", system.budget_backoffs);
-        self.total("budget_detachments", system.budget_detachments);
+        self.total("window_attaches", system.window_attaches);
+        self.total("window_detaches", system.window_detaches);
+        self.total("window_blind_spots", system.window_blind_spots);
+        self.total("unplaced_samples", system.unplaced_samples);
+        self.total("window_expired_blocks", system.window_expired_blocks);
         self.total("released_images", system.images_released);
         self.total("lost_frees", system.lost_frees);
         self.total("module_files_closed", system.module_files_closed);
@@ -260,12 +342,50 @@ impl Metrics {
         self.total("push_rejected", push.rejected.load(Ordering::Relaxed));
         self.gauge("attached_images", system.images_attached);
         self.gauge("tracked_processes", system.processes_tracked);
-        self.gauge("budget_paused_processes", system.budget_paused);
+        self.gauge("budget_windowed_images", system.budget_windowed_images);
         self.gauge("spool_bytes", push.spool_bytes.load(Ordering::Relaxed));
         self.gauge("spool_profiles", push.spool_files.load(Ordering::Relaxed));
         let (cpu, rss) = own_cpu_and_rss();
         self.cpu_seconds.set(cpu);
         self.gauge("resident_memory_bytes", rss);
+    }
+
+    /// Replaces the per-image and per-process budget gauges.
+    pub fn update_budget(&self, figures: &BudgetFigures) {
+        let b = &self.budget;
+        for family in [
+            &b.image_probed,
+            &b.image_overhead,
+            &b.process_observed,
+            &b.process_overhead,
+            &b.process_full_time,
+        ] {
+            family.clear();
+        }
+        for (path, image) in &figures.images {
+            let labels = vec![("image".to_string(), label_value(path))];
+            b.image_probed
+                .get_or_create(&labels)
+                .set(image.attached_fraction);
+            b.image_overhead
+                .get_or_create(&labels)
+                .set(image.overhead_cpu);
+        }
+        let mut processes: Vec<_> = figures.processes.iter().collect();
+        processes.sort_by(|a, b| b.3.overhead_cpu.total_cmp(&a.3.overhead_cpu));
+        for (pid, comm, observed, cost) in processes.into_iter().take(PROCESS_GAUGES) {
+            let labels = vec![
+                ("pid".to_string(), pid.to_string()),
+                ("comm".to_string(), label_value(comm)),
+            ];
+            b.process_observed.get_or_create(&labels).set(*observed);
+            b.process_overhead
+                .get_or_create(&labels)
+                .set(cost.overhead_cpu);
+            b.process_full_time
+                .get_or_create(&labels)
+                .set(cost.full_time_cpu);
+        }
     }
 
     /// The text exposition.

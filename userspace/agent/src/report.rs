@@ -15,7 +15,9 @@ use regex::Regex;
 
 use super::store::{age, list};
 use allocbpf_collect::error::error_chain;
-use allocbpf_export::pprof::{decode_file, proto::Profile, INTERVAL_INPUT_LABELS};
+use allocbpf_export::pprof::{
+    decode_file, proto::Profile, INTERVAL_INPUT_LABELS, OBSERVED_BYTES_LABEL,
+};
 use allocbpf_profile::aggregate::{LiveCounts, StackStats};
 use allocbpf_profile::estimate::{Confidence, IntervalInputs};
 use allocbpf_profile::frame::Frame;
@@ -164,9 +166,19 @@ impl Merger {
                     .map_or(0, |l| l.num.max(0) as u64)
             };
             let [counted, untried, sampled, certain] = INTERVAL_INPUT_LABELS.map(label);
+            let estimated_bytes = value(alloc_space);
+            let has_observed = sample
+                .label
+                .iter()
+                .any(|l| s(l.key) == OBSERVED_BYTES_LABEL);
             let stats = StackStats {
                 samples: label("samples"),
-                estimated_bytes: value(alloc_space),
+                estimated_bytes,
+                observed_bytes: if has_observed {
+                    label(OBSERVED_BYTES_LABEL) as f64
+                } else {
+                    estimated_bytes
+                },
                 estimated_objects: value(alloc_objects),
                 interval_inputs: IntervalInputs {
                     counted_samples: counted,
@@ -243,6 +255,7 @@ impl Merger {
         };
         for stack in &self.stacks {
             totals.estimated_bytes += stack.stats.estimated_bytes;
+            totals.observed_bytes += stack.stats.observed_bytes;
             totals.samples += stack.stats.samples;
             totals.interval_inputs.merge(&stack.stats.interval_inputs);
             totals.inuse_bytes += stack.stats.inuse_bytes;
@@ -263,6 +276,7 @@ impl Merger {
             leaks: None,
             symbolized: true,
             note: None,
+            time_sampling: None,
         }
     }
 }

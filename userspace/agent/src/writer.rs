@@ -184,7 +184,15 @@ impl WriterState {
     fn export(&mut self, profiles: Vec<ProcessProfile>) {
         for profile in profiles {
             self.stats.busy();
-            let labels = profile.info.labels(&self.hostname);
+            let mut labels = profile.info.labels(&self.hostname);
+            if let Some(time) = &profile.report.time_sampling {
+                // Under the overhead budget: how much of the interval was observed (the
+                // estimates are scaled to the whole interval; see the profile comment).
+                labels.push((
+                    "observed_fraction",
+                    format!("{:.4}", time.observed_fraction),
+                ));
+            }
             let start_ns = profile
                 .started
                 .duration_since(UNIX_EPOCH)

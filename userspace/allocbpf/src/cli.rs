@@ -58,6 +58,13 @@ pub struct Cli {
     #[arg(short, long, value_parser = parse_run_duration, allow_hyphen_values = true)]
     pub duration: Option<Duration>,
 
+    /// Overhead budget: at most this share of one CPU per process spent in probes
+    /// (1%, 0.5%). Probes are then in only part of the time, in randomly placed windows,
+    /// and every estimate is scaled up to the whole run (docs/statistics.md, "Time
+    /// sampling"). With --pid the default is none (probed full time); system-wide, 1%.
+    #[arg(long, value_parser = parse_budget)]
+    pub budget: Option<f64>,
+
     /// Write the profile here instead of stdout (checked before anything is attached).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -356,6 +363,16 @@ fn parse_stack_bytes(text: &str) -> Result<u32, String> {
         .copied()
         .find(|&s| u64::from(s) == bytes)
         .ok_or_else(|| format!("--stack-bytes must be 4KiB, 8KiB, 16KiB or 32KiB, not {text}"))
+}
+
+fn parse_budget(text: &str) -> Result<f64, String> {
+    let number = text.trim().trim_end_matches('%');
+    match number.parse::<f64>() {
+        Ok(percent) if percent > 0.0 && percent <= 100.0 => Ok(percent / 100.0),
+        _ => Err(format!(
+            "{text:?} is not a share of a CPU in percent, in (0, 100] (e.g. 1% or 0.5%)"
+        )),
+    }
 }
 
 fn parse_min_age(text: &str) -> Result<Duration, String> {

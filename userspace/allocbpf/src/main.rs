@@ -65,6 +65,11 @@ fn collect_options(cli: &Cli) -> CollectOptions {
         allocator_prefixes: cli.allocator_symbol.clone(),
         empty_probes: cli.empty_probes,
         raw_samples: cli.raw_samples.clone(),
+        budget: cli.budget.map(|process_cpu| BudgetOptions {
+            process_cpu,
+            ..BudgetOptions::default()
+        }),
+        calibration: cli::calibration_child(),
     }
 }
 
@@ -134,15 +139,14 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
     if cli.leaks {
         anyhow::bail!("--leaks needs --pid (system-wide mode reports in-use bytes with --live)");
     }
-    let scope = Scope::Host {
-        filter,
-        budget: Some(BudgetOptions::default()),
-        calibration: cli::calibration_child(),
-    };
+    let scope = Scope::Host { filter };
+    let options = collect_options(cli);
     let options = CollectOptions {
         // The benchmark floor is a one-process measurement.
         empty_probes: false,
-        ..collect_options(cli)
+        // Every process: always within a budget (the default one unless given).
+        budget: options.budget.or(Some(BudgetOptions::default())),
+        ..options
     };
     let (report, stop) = runtime()?.block_on(run::run(options, scope, cli.duration))?;
     match &report.note {
@@ -183,6 +187,22 @@ mod tests {
     #[test]
     fn flag_defaults_are_the_engines_defaults() {
         let cli = Cli::try_parse_from(["allocbpf", "--pid", "1"]).unwrap();
-        assert_eq!(collect_options(&cli), CollectOptions::default());
+        assert_eq!(
+            collect_options(&cli),
+            CollectOptions {
+                // The binary knows how to start itself as the calibration child.
+                calibration: cli::calibration_child(),
+                ..CollectOptions::default()
+            }
+        );
+        // `--budget 2%`: the default budget with 2% of a CPU per process.
+        let cli = Cli::try_parse_from(["allocbpf", "--pid", "1", "--budget", "2%"]).unwrap();
+        assert_eq!(
+            collect_options(&cli).budget,
+            Some(BudgetOptions {
+                process_cpu: 0.02,
+                ..BudgetOptions::default()
+            })
+        );
     }
 }

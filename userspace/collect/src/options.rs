@@ -46,6 +46,10 @@ pub struct CollectOptions {
     pub empty_probes: bool,
     /// Where to write every raw sample as a JSON line, if anywhere.
     pub raw_samples: Option<PathBuf>,
+    /// The overhead budget (`None`: every image probed full time).
+    pub budget: Option<BudgetOptions>,
+    /// How to start the child that measures a probe hit's cost for the budget.
+    pub calibration: CalibrationChild,
 }
 
 impl Default for CollectOptions {
@@ -61,6 +65,8 @@ impl Default for CollectOptions {
             allocator_prefixes: Vec::new(),
             empty_probes: false,
             raw_samples: None,
+            budget: None,
+            calibration: CalibrationChild::default(),
         }
     }
 }
@@ -95,10 +101,6 @@ pub enum Scope {
     Host {
         /// Which processes are profiled.
         filter: ProcessFilter,
-        /// The per-process overhead budget (`None`: no budget).
-        budget: Option<BudgetOptions>,
-        /// How to start the child that measures a probe hit's cost for the budget.
-        calibration: CalibrationChild,
     },
 }
 

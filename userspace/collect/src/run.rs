@@ -16,7 +16,7 @@ use tokio::{
 };
 
 use crate::{
-    engine::{Collector, HOUSEKEEPING_TICK},
+    engine::{window_wait, Collector, HOUSEKEEPING_TICK},
     error::CollectError,
     options::{CollectOptions, Scope},
 };
@@ -86,6 +86,7 @@ pub async fn run(
     let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
     let stop = loop {
+        let window_at = collector.next_window_change();
         tokio::select! {
             read = collector.read() => {
                 if let Err(error) = read {
@@ -103,6 +104,7 @@ pub async fn run(
             _ = tokio::signal::ctrl_c() => break StopReason::Signal,
             _ = sigterm.recv() => break StopReason::Signal,
             _ = tick.tick() => collector.housekeeping(),
+            _ = window_wait(window_at) => collector.windows_tick(),
         }
     };
     let stats = collector.stats;

@@ -14,6 +14,9 @@
 //! holds the tracking counts; with a leak report, `leaks` lists
 //! `{"pid", "frames", "samples", "estimated_bytes", "estimated_objects",
 //! "min_age_seconds", "max_age_seconds"}` and `leak_min_age_seconds` the cut.
+//! Under an overhead budget (time sampling), `time_sampling` holds `observed_fraction`,
+//! `periods` and whether the totals' intervals include time sampling; every estimate is
+//! for the whole interval.
 //! Extensions add keys; existing keys keep their meaning.
 
 use std::io::Write;
@@ -21,25 +24,17 @@ use std::io::Write;
 use serde_json::{json, Value};
 
 use allocbpf_profile::aggregate::{LeakStats, StackStats};
-use allocbpf_profile::estimate::{Confidence, IntervalInputs};
+use allocbpf_profile::estimate::{Confidence, Interval};
 use allocbpf_profile::report::Report;
 
-/// `[lo, hi]` of the interval at `confidence`.
-fn interval(report: &Report, inputs: &IntervalInputs, confidence: Confidence) -> Value {
-    let i = inputs.interval(report.rate, confidence);
-    json!([i.lo, i.hi])
-}
-
-/// The two interval keys of a stack or the totals.
-fn intervals(report: &Report, inputs: &IntervalInputs) -> (Value, Value) {
-    (
-        interval(report, inputs, Confidence::DEFAULT),
-        interval(report, inputs, report.confidence),
-    )
+/// The two interval keys of a stack or the totals: `at` gives the interval at a level.
+fn intervals(report: &Report, at: impl Fn(Confidence) -> Interval) -> (Value, Value) {
+    let pair = |i: Interval| json!([i.lo, i.hi]);
+    (pair(at(Confidence::DEFAULT)), pair(at(report.confidence)))
 }
 
 fn stack_value(report: &Report, pid: u32, frames: Vec<&str>, stats: StackStats) -> Value {
-    let (ci95, ci) = intervals(report, &stats.interval_inputs);
+    let (ci95, ci) = intervals(report, |c| stats.bytes_interval(report.rate, c));
     let mut value = json!({
         "pid": pid,
         "frames": frames,
@@ -76,7 +71,7 @@ pub fn to_value(report: &Report) -> Value {
         .map(|(pid, frames, stats)| stack_value(report, pid, frames, stats))
         .collect();
     let t = &report.totals;
-    let (ci95, ci) = intervals(report, &t.interval_inputs);
+    let (ci95, ci) = intervals(report, |c| report.total_interval_at(c));
     let mut value = json!({
         "rate": report.rate,
         "confidence": report.confidence.level(),
@@ -95,6 +90,15 @@ pub fn to_value(report: &Report) -> Value {
     });
     if let Some(note) = &report.note {
         value["note"] = json!(note);
+    }
+    if let Some(time) = &report.time_sampling {
+        // Estimates are for the whole interval; `bytes_ci*` of the totals include time
+        // sampling, those of the stacks cover byte sampling in the observed windows only.
+        value["time_sampling"] = json!({
+            "observed_fraction": time.observed_fraction,
+            "periods": time.periods.end() - time.periods.start() + 1,
+            "totals_ci_include_time_sampling": time.interval(t.estimated_bytes, report.confidence).is_some(),
+        });
     }
     if let Some(live) = &report.live {
         value["totals"]["inuse_bytes"] = json!(t.inuse_bytes);

@@ -74,6 +74,7 @@ pub(crate) fn test_report() -> Report {
             samples,
             estimated_bytes: bytes,
             estimated_objects: bytes / 64.0,
+            observed_bytes: bytes,
             interval_inputs: IntervalInputs {
                 counted_samples: samples,
                 untried_bytes: samples * 32,
@@ -92,6 +93,7 @@ pub(crate) fn test_report() -> Report {
             exact_bytes: 30_000,
             exact_calls: 400,
             estimated_bytes: 28_672.0,
+            observed_bytes: 28_672.0,
             samples: 7,
             drops: 0,
             inuse_bytes: 0.0,
@@ -121,5 +123,6 @@ pub(crate) fn test_report() -> Report {
         leaks: None,
         symbolized: true,
         note: None,
+        time_sampling: None,
     }
 }

@@ -35,6 +35,13 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     if let Some(note) = &report.note {
         writeln!(out, "note: {note}")?;
     }
+    if let Some(time) = &report.time_sampling {
+        writeln!(
+            out,
+            "time-sampled under the overhead budget: {:.2}% of the interval observed; estimates are for the whole interval, the total's CI includes time sampling, the stacks' cover the observed windows only; exact figures count only calls made while probes were attached",
+            time.observed_fraction * 100.0
+        )?;
+    }
     let live = report.live.is_some();
     if let Some(counts) = &report.live {
         writeln!(

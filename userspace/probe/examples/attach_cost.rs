@@ -55,6 +55,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         thread_tables: ThreadTables::default(),
         live: None,
         stack_copy_bytes: 0,
+        count_hits: false,
+        multi_links: false,
     })?;
     println!(
         "attach/detach of {} ({} entries), empty program, median of {ROUNDS}:",

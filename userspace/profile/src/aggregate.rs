@@ -3,12 +3,16 @@
 
 use std::collections::HashMap;
 
-use crate::estimate::{weight, Confidence, Interval, IntervalInputs};
+use crate::estimate::{
+    weight,
+    windows::{PeriodTotals, SampleWindow},
+    Confidence, Interval, IntervalInputs,
+};
 use crate::frame::Frame;
 
 /// What the estimator needs of one sampled allocation (the ring buffer's sample, less
 /// its stack, which is the [`StackKey`] it is added under).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SampledAllocation {
     /// Unique id, which live tracking's `Freed` events name.
     pub sample_id: u64,
@@ -23,6 +27,16 @@ pub struct SampledAllocation {
     pub certain: bool,
     /// CLOCK_MONOTONIC nanoseconds of the call (the age of a live block).
     pub timestamp_ns: u64,
+    /// Under time sampling (an overhead budget), the window it was taken in: its byte
+    /// weight is divided by the window's inclusion probability. `None`: observed full time.
+    pub window: Option<SampleWindow>,
+}
+
+impl SampledAllocation {
+    /// What its byte weight is multiplied by for the time it was not observed.
+    fn time_weight(&self) -> f64 {
+        self.window.map_or(1.0, |w| w.time_weight())
+    }
 }
 
 /// A process and a normalized stack (innermost frame first).
@@ -43,6 +57,10 @@ pub struct StackStats {
     pub estimated_bytes: f64,
     /// Sum of the samples' unbiased object weights.
     pub estimated_objects: f64,
+    /// Sum of the samples' byte weights before time weighting (equal to
+    /// `estimated_bytes` when observed full time): the byte-sampling interval is
+    /// computed on these and scaled up.
+    pub observed_bytes: f64,
     /// What the confidence interval on `estimated_bytes` needs.
     pub interval_inputs: IntervalInputs,
     /// Byte weights of the samples still live (live tracking; filled by
@@ -58,25 +76,39 @@ impl StackStats {
         self.samples += other.samples;
         self.estimated_bytes += other.estimated_bytes;
         self.estimated_objects += other.estimated_objects;
+        self.observed_bytes += other.observed_bytes;
         self.interval_inputs.merge(&other.interval_inputs);
         self.inuse_bytes += other.inuse_bytes;
         self.inuse_objects += other.inuse_objects;
     }
 
     /// Accounts for one sample of `size` bytes (`offset` bytes before the sampled byte)
-    /// taken at `rate`; `certain` samples were recorded with probability 1.
-    pub fn add(&mut self, size: u64, offset: u64, rate: u64, certain: bool) {
+    /// taken at `rate`; `certain` samples were recorded with probability 1. Its weights
+    /// are multiplied by `time_weight` (1 when observed full time).
+    pub fn add(&mut self, size: u64, offset: u64, rate: u64, certain: bool, time_weight: f64) {
         // Unbias this sample on its own, then sum (never sum sizes, then unbias).
         let w = weight(size, rate, certain);
         self.samples += 1;
-        self.estimated_bytes += w.bytes;
-        self.estimated_objects += w.objects;
+        self.estimated_bytes += w.bytes * time_weight;
+        self.estimated_objects += w.objects * time_weight;
+        self.observed_bytes += w.bytes;
         self.interval_inputs.add(size, offset, certain);
     }
 
-    /// The confidence interval on `estimated_bytes`.
+    /// The confidence interval on `estimated_bytes` for byte sampling. Under time
+    /// sampling it is the observed windows' interval scaled up by the mean time weight:
+    /// it does not cover the time sampling ([`crate::report::Report::time_sampling`]
+    /// gives the total's interval that does).
     pub fn bytes_interval(&self, rate: u64, confidence: Confidence) -> Interval {
-        self.interval_inputs.interval(rate, confidence)
+        let interval = self.interval_inputs.interval(rate, confidence);
+        if self.observed_bytes <= 0.0 || self.estimated_bytes == self.observed_bytes {
+            return interval;
+        }
+        let scale = self.estimated_bytes / self.observed_bytes;
+        Interval {
+            lo: interval.lo * scale,
+            hi: interval.hi * scale,
+        }
     }
 }
 
@@ -124,6 +156,9 @@ pub struct LiveCounts {
     pub freed_samples: u64,
     /// Samples that could not be tracked (failed call, full live map): not in inuse.
     pub untracked_samples: u64,
+    /// Under time sampling: blocks still live when their observation window closed,
+    /// no longer followed (their frees are not seen outside windows): not in inuse.
+    pub expired_samples: u64,
 }
 
 /// Samples aggregated per stack.
@@ -140,6 +175,8 @@ pub struct Aggregate {
     leaks: Vec<(usize, LeakStats)>,
     /// The minimum age those groups were cut at.
     leak_min_age: Option<std::time::Duration>,
+    /// Under time sampling: time-weighted bytes per period, for the total's variance.
+    pub periods: PeriodTotals,
 }
 
 impl Aggregate {
@@ -158,18 +195,33 @@ impl Aggregate {
         if stack == next {
             self.stacks.push((key, StackStats::default()));
         }
+        let time_weight = sample.time_weight();
         let stats = &mut self.stacks[stack].1;
-        stats.add(sample.size, sample.offset, sample.rate, sample.certain);
-        self.totals
-            .add(sample.size, sample.offset, sample.rate, sample.certain);
+        stats.add(
+            sample.size,
+            sample.offset,
+            sample.rate,
+            sample.certain,
+            time_weight,
+        );
+        self.totals.add(
+            sample.size,
+            sample.offset,
+            sample.rate,
+            sample.certain,
+            time_weight,
+        );
+        let w = weight(sample.size, sample.rate, sample.certain);
+        if let Some(window) = sample.window {
+            self.periods.add(window.period, w.bytes * time_weight);
+        }
         if let Some(live) = self.live.as_mut() {
-            let w = weight(sample.size, sample.rate, sample.certain);
             live.insert(
                 sample.sample_id,
                 LiveBlock {
                     stack,
-                    bytes: w.bytes,
-                    objects: w.objects,
+                    bytes: w.bytes * time_weight,
+                    objects: w.objects * time_weight,
                     allocated_ns: sample.timestamp_ns,
                 },
             );
@@ -202,6 +254,20 @@ impl Aggregate {
         let lost = (before - live.len()) as u64;
         self.live_counts.freed_samples += lost;
         lost
+    }
+
+    /// Under time sampling, at the end of an observation window: the blocks sampled
+    /// before `before_ns` (CLOCK_MONOTONIC) leave the live set, since their frees can
+    /// no longer be seen. Returns how many went (counted as `expired_samples`).
+    pub fn expire_live(&mut self, before_ns: u64) -> u64 {
+        let Some(live) = self.live.as_mut() else {
+            return 0;
+        };
+        let before = live.len();
+        live.retain(|_, block| block.allocated_ns >= before_ns);
+        let expired = (before - live.len()) as u64;
+        self.live_counts.expired_samples += expired;
+        expired
     }
 
     /// Drops a sample from the live set; false if it was not there (a lost sample).
@@ -261,6 +327,8 @@ impl Aggregate {
         self.leaks.clear();
         self.live_counts.freed_samples = 0;
         self.live_counts.untracked_samples = 0;
+        self.live_counts.expired_samples = 0;
+        self.periods.clear();
         let Some(live) = self.live.as_mut() else {
             return;
         };
@@ -330,6 +398,7 @@ mod tests {
             rate,
             certain,
             timestamp_ns: at,
+            window: None,
         }
     }
 
@@ -421,7 +490,8 @@ mod tests {
             LiveCounts {
                 live_samples: 2,
                 freed_samples: 1,
-                untracked_samples: 1
+                untracked_samples: 1,
+                expired_samples: 0,
             }
         );
         // Only sample 1 is at least 6 us old.

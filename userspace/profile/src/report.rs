@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::aggregate::{Aggregate, LeakStats, LiveCounts, StackStats};
-use crate::estimate::{Confidence, Interval, IntervalInputs};
+use crate::estimate::{windows::TimeSampling, Confidence, Interval, IntervalInputs};
 use crate::frame::{Frame, Functions, Module, Symbolize};
 
 /// The kernel side's counters for a window, summed over CPUs: sampling health.
@@ -111,6 +111,8 @@ pub struct Totals {
     pub exact_calls: u64,
     /// Sum of all sample weights.
     pub estimated_bytes: f64,
+    /// Sum of all sample weights before time weighting (see [`StackStats::observed_bytes`]).
+    pub observed_bytes: f64,
     /// Samples received.
     pub samples: u64,
     /// Samples lost (ring buffer full).
@@ -132,6 +134,20 @@ pub struct KernelFigures {
     pub exact: allocbpf_common::Totals,
     /// Kernel counters.
     pub counters: Counters,
+    /// Under time sampling: the expected fraction of the interval observed and the
+    /// interval's periods (`None`: observed full time).
+    pub observed: Option<Observed>,
+}
+
+/// How much of an interval a time-sampled profile observed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observed {
+    /// Expected fraction of the interval inside observation windows.
+    pub fraction: f64,
+    /// The interval's first period.
+    pub first_period: u64,
+    /// The interval's last period.
+    pub last_period: u64,
 }
 
 /// A finished profile.
@@ -159,6 +175,10 @@ pub struct Report {
     pub symbolized: bool,
     /// Why nothing was counted, when no probed call was made in the window.
     pub note: Option<String>,
+    /// Under time sampling (an overhead budget): the estimates are for the whole
+    /// interval, the exact totals only for what the probes saw, and this says how much
+    /// was observed and gives the total's interval with time sampling included.
+    pub time_sampling: Option<TimeSampling>,
 }
 
 impl Report {
@@ -174,6 +194,7 @@ impl Report {
             duration,
             exact,
             counters,
+            observed,
         } = kernel;
         symbolizer.prepare(&mut aggregate.stacks().flat_map(|(k, _)| k.frames.iter()));
         let mut stacks: Vec<StackReport> = aggregate
@@ -204,6 +225,7 @@ impl Report {
                 exact_bytes: exact.bytes,
                 exact_calls: exact.calls,
                 estimated_bytes: aggregate.totals.estimated_bytes,
+                observed_bytes: aggregate.totals.observed_bytes,
                 samples: aggregate.totals.samples,
                 drops: counters.ring_buffer_drops,
                 interval_inputs: aggregate.totals.interval_inputs,
@@ -217,6 +239,11 @@ impl Report {
             leaks,
             symbolized: symbolizer.symbolizes(),
             note: None,
+            time_sampling: observed.map(|observed| TimeSampling {
+                observed_fraction: observed.fraction,
+                periods: observed.first_period..=observed.last_period,
+                totals: aggregate.periods.clone(),
+            }),
         }
     }
 
@@ -235,6 +262,7 @@ impl Report {
             leaks: None,
             symbolized: true,
             note: Some("no profiled process allocated anything".into()),
+            time_sampling: None,
         }
     }
 
@@ -249,10 +277,16 @@ impl Report {
             totals.exact_bytes += report.totals.exact_bytes;
             totals.exact_calls += report.totals.exact_calls;
             totals.estimated_bytes += report.totals.estimated_bytes;
+            totals.observed_bytes += report.totals.observed_bytes;
             totals.samples += report.totals.samples;
             totals.interval_inputs.merge(&report.totals.interval_inputs);
             totals.inuse_bytes += report.totals.inuse_bytes;
             totals.inuse_objects += report.totals.inuse_objects;
+            match (&mut merged.time_sampling, &report.time_sampling) {
+                (Some(merged), Some(other)) => merged.merge(other),
+                (None, Some(other)) => merged.time_sampling = Some(other.clone()),
+                _ => {}
+            }
             if report.modules.len() > merged.modules.len() {
                 merged.modules = report.modules;
             }
@@ -261,6 +295,7 @@ impl Report {
                 a.live_samples += b.live_samples;
                 a.freed_samples += b.freed_samples;
                 a.untracked_samples += b.untracked_samples;
+                a.expired_samples += b.expired_samples;
             }
             if let (Some(a), Some(b)) = (merged.leaks.as_mut(), report.leaks) {
                 a.groups.extend(b.groups);
@@ -278,11 +313,29 @@ impl Report {
         stats.bytes_interval(self.rate, self.confidence)
     }
 
-    /// The interval on the total estimated bytes at the report's level.
+    /// The interval on the total estimated bytes at the report's level: with time
+    /// sampling included when the profile is time-sampled over two periods or more,
+    /// else byte sampling's (scaled up like a stack's when time-sampled).
     pub fn total_interval(&self) -> Interval {
-        self.totals
-            .interval_inputs
-            .interval(self.rate, self.confidence)
+        self.total_interval_at(self.confidence)
+    }
+
+    /// [`Report::total_interval`] at another level.
+    pub fn total_interval_at(&self, confidence: Confidence) -> Interval {
+        if let Some(interval) = self
+            .time_sampling
+            .as_ref()
+            .and_then(|t| t.interval(self.totals.estimated_bytes, confidence))
+        {
+            return interval;
+        }
+        StackStats {
+            estimated_bytes: self.totals.estimated_bytes,
+            observed_bytes: self.totals.observed_bytes,
+            interval_inputs: self.totals.interval_inputs,
+            ..StackStats::default()
+        }
+        .bytes_interval(self.rate, confidence)
     }
 
     /// Stacks merged by (pid, function names): what people read. Largest first.

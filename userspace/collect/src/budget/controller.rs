@@ -1,114 +1,345 @@
-//! Applies the budget: reads the kernel's probe hits, asks [`Budget`] what to do, and
-//! closes gates or detaches images accordingly.
+//! Applies the budget: reads the kernel's probe hits, turns them into each process's
+//! cost, plans every image's duty ([`plan_duties`]) and moves probes in and out as the
+//! windows open and close ([`WindowSchedule`]).
 
-use std::{collections::HashMap, time::Instant};
+use std::collections::HashMap;
 
-use allocbpf_common::GateState;
-use allocbpf_probe::sampler::Sampler;
+use allocbpf_probe::{
+    image::ImageKey,
+    sampler::{monotonic_now_ns, Sampler},
+};
 
-use super::{Budget, BudgetAction, Hits};
+use super::{
+    plan_duties,
+    windows::{Unplaced, WindowSchedule},
+    BudgetOptions, HitCost, Hits, ProcessCost,
+};
 use crate::engine::{CollectorStats, ImageSet, ProcessTable};
+use allocbpf_profile::estimate::windows::SampleWindow;
 
-/// The budget with its check clock.
+/// Exposure below this over a check says too little of a process's cost to update it.
+const MIN_EXPOSURE_NS: u64 = 1_000_000;
+
+/// A duty change smaller than this factor is not logged.
+const LOGGED_CHANGE: f64 = 2.0;
+
+/// What the budget knows of one process's cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcessCostFigures {
+    /// Estimated fraction of a CPU it would spend in probes if probed full time.
+    pub full_time_cpu: f64,
+    /// Estimated fraction of a CPU it spent in probes over the last check.
+    pub overhead_cpu: f64,
+}
+
+/// The budget with its clocks, cost estimates and window schedule.
 pub(crate) struct BudgetController {
-    /// The arithmetic and back-off state.
-    pub budget: Budget,
-    last_check: Instant,
+    /// The settings.
+    pub options: BudgetOptions,
+    /// The measured cost of a hit.
+    pub cost: HitCost,
+    /// The windows.
+    pub schedule: WindowSchedule,
+    /// The host budget in CPUs.
+    host_cpu: f64,
+    last_check_ns: u64,
+    last_hits: HashMap<u32, Hits>,
+    last_attached: HashMap<ImageKey, u64>,
+    /// Per process, its cost figures.
+    pub costs: HashMap<u32, ProcessCostFigures>,
+    /// Per image, the fraction of the last check it was probed and the cost of its
+    /// heaviest process (full time), for metrics and logs.
+    pub image_figures: HashMap<ImageKey, ImageFigures>,
+}
+
+/// What the budget knows of one image.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ImageFigures {
+    /// Its planned duty now.
+    pub duty: f64,
+    /// Fraction of the last check its probes were in.
+    pub attached_fraction: f64,
+    /// Estimated CPU its processes spent in probes over the last check (each process
+    /// counted under every image it maps).
+    pub overhead_cpu: f64,
 }
 
 impl BudgetController {
-    /// A controller for `budget`, first checking one period after `started`.
-    pub fn new(budget: Budget, started: Instant) -> Self {
+    /// A controller for `options` with a measured hit `cost`, its periods counted from now.
+    pub fn new(options: BudgetOptions, cost: HitCost) -> Self {
+        let now_ns = monotonic_now_ns();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
-            budget,
-            last_check: started,
+            schedule: WindowSchedule::new(now_ns, options.period.as_nanos() as u64),
+            host_cpu: options.host_share * cpus as f64,
+            options,
+            cost,
+            last_check_ns: now_ns,
+            last_hits: HashMap::new(),
+            last_attached: HashMap::new(),
+            costs: HashMap::new(),
+            image_figures: HashMap::new(),
         }
     }
 
-    /// Checks every process's hits if a period has passed, and applies the actions.
-    pub fn tick(
+    /// The host budget in CPUs.
+    pub fn host_cpu(&self) -> f64 {
+        self.host_cpu
+    }
+
+    /// Places a sample of a process mapping `images` taken at `t_ns`.
+    pub fn place(&self, images: &[ImageKey], t_ns: u64) -> Result<SampleWindow, Unplaced> {
+        self.schedule.place(images, t_ns)
+    }
+
+    /// If a check period has passed: reads every process's hits, updates its cost,
+    /// plans the duties and its observed time. True if it checked.
+    pub fn check(
         &mut self,
-        now: Instant,
         sampler: &mut Sampler,
-        processes: &ProcessTable,
-        images: &mut ImageSet,
+        processes: &mut ProcessTable,
+        images: &ImageSet,
         stats: &mut CollectorStats,
-    ) {
-        if now.duration_since(self.last_check) < self.budget.options.check_every {
-            return;
+    ) -> bool {
+        let now_ns = monotonic_now_ns();
+        let elapsed_ns = now_ns.saturating_sub(self.last_check_ns);
+        if elapsed_ns < self.options.check_every.as_nanos() as u64 {
+            return false;
         }
-        self.last_check = now;
+        self.last_check_ns = now_ns;
         let hits = match sampler.gate_hits() {
             Ok(hits) => hits,
             Err(error) => {
                 tracing::warn!("probe hits unavailable: {error}");
-                return;
+                return false;
             }
         };
-        let hits: HashMap<u32, Hits> = hits
-            .into_iter()
-            .filter(|(pid, _)| !processes.ignored.contains(pid))
-            .map(|(pid, (all, stepped, _))| (pid, Hits { all, stepped }))
+        let attached: HashMap<ImageKey, u64> = images
+            .images
+            .iter()
+            .map(|(key, state)| {
+                let total = state.attached_ns(now_ns);
+                let before = self.last_attached.get(key).copied().unwrap_or(0);
+                (*key, total.saturating_sub(before))
+            })
             .collect();
-        let actions = self.budget.check(&hits, now);
-        stats.budget_backoffs = self.budget.backoffs;
-        stats.budget_detachments = self.budget.detachments;
-        stats.budget_paused = self.budget.paused() as u64;
-        for action in actions {
-            apply(action, now, sampler, processes, images, stats);
+        self.last_attached = images
+            .images
+            .iter()
+            .map(|(key, state)| (*key, state.attached_ns(now_ns)))
+            .collect();
+        let elapsed = elapsed_ns as f64 * 1e-9;
+        let mut new_hits = HashMap::new();
+        for (pid, (all, stepped, _)) in hits {
+            let Some(tracked) = processes.tracked.get_mut(&pid) else {
+                continue;
+            };
+            let total = Hits { all, stepped };
+            new_hits.insert(pid, total);
+            // Time accounting: what share of this check it was observed (expected).
+            tracked.observed.add(
+                self.schedule.inclusion_at(&tracked.images, now_ns),
+                elapsed_ns,
+                self.schedule.period_of(now_ns),
+            );
+            // A process new since the last check is measured from its first hit,
+            // over the whole check: its cost is underestimated at worst, and a heavy
+            // one is caught at its first check.
+            let before = self.last_hits.get(&pid).copied().unwrap_or_default();
+            let spent = self.cost.seconds(
+                total.all.saturating_sub(before.all),
+                total.stepped.saturating_sub(before.stepped),
+            );
+            let exposure_ns = tracked
+                .images
+                .iter()
+                .filter_map(|key| attached.get(key))
+                .copied()
+                .max()
+                .unwrap_or(elapsed_ns);
+            tracing::trace!(
+                "pid {pid}: {} hits in {} us, probed {} us",
+                total.all.saturating_sub(before.all),
+                elapsed_ns / 1000,
+                exposure_ns / 1000
+            );
+            let figures = self.costs.entry(pid).or_default();
+            figures.overhead_cpu = spent / elapsed;
+            if exposure_ns >= MIN_EXPOSURE_NS {
+                let full = spent / (exposure_ns as f64 * 1e-9);
+                // Up at once (a new heavy phase must be caught), down gently.
+                figures.full_time_cpu = if full >= figures.full_time_cpu {
+                    full
+                } else {
+                    0.5 * (figures.full_time_cpu + full)
+                };
+            }
+        }
+        self.last_hits = new_hits;
+        self.costs.retain(|pid, _| self.last_hits.contains_key(pid));
+        self.plan(processes, images, &attached, elapsed_ns, now_ns);
+        stats.budget_windowed_images =
+            self.image_figures.values().filter(|f| f.duty < 1.0).count() as u64;
+        true
+    }
+
+    /// Plans every image's duty from the processes' costs and records it in the
+    /// schedule: a decrease from full time at once, anything else from the first
+    /// period whose phase is not drawn yet; an increase by at most a doubling per
+    /// `recovery`.
+    fn plan(
+        &mut self,
+        processes: &ProcessTable,
+        images: &ImageSet,
+        attached: &HashMap<ImageKey, u64>,
+        elapsed_ns: u64,
+        now_ns: u64,
+    ) {
+        let costs: Vec<ProcessCost<'_, ImageKey>> = processes
+            .tracked
+            .iter()
+            .filter_map(|(pid, tracked)| {
+                let figures = self.costs.get(pid)?;
+                Some(ProcessCost {
+                    full_time_cpu: figures.full_time_cpu,
+                    images: &tracked.images,
+                })
+            })
+            .collect();
+        let period_ns = self.schedule.period_ns() as f64;
+        let keys = images
+            .images
+            .iter()
+            .filter(|(_, state)| !state.failed)
+            .map(|(key, _)| (*key, self.schedule.lead(key) as f64 / period_ns));
+        let targets = plan_duties(&self.options, self.host_cpu, &costs, keys);
+        let growth = 2f64.powf(elapsed_ns as f64 / self.options.recovery.as_nanos() as f64);
+        let next_period_ns = self.schedule.next_undrawn_ns(now_ns);
+        let mut figures = HashMap::new();
+        for (key, target) in targets {
+            let current = self.schedule.duty_at(&key, now_ns);
+            let planned = self.schedule.duty_at(&key, next_period_ns);
+            let new = if target < planned {
+                let from = if current >= 1.0 {
+                    now_ns
+                } else {
+                    next_period_ns
+                };
+                self.schedule.set_duty(key, from, target);
+                target
+            } else if target > planned {
+                let raised = (planned * growth).min(target);
+                self.schedule.set_duty(key, next_period_ns, raised);
+                raised
+            } else {
+                planned
+            };
+            if new < planned / LOGGED_CHANGE || (new >= 1.0 && planned < 1.0) {
+                self.log_change(&key, processes, images, new);
+            }
+            let overhead_cpu = processes
+                .tracked
+                .iter()
+                .filter(|(_, t)| t.images.contains(&key))
+                .filter_map(|(pid, _)| self.costs.get(pid))
+                .map(|f| f.overhead_cpu)
+                .sum();
+            figures.insert(
+                key,
+                ImageFigures {
+                    duty: new,
+                    attached_fraction: attached.get(&key).copied().unwrap_or(0) as f64
+                        / elapsed_ns.max(1) as f64,
+                    overhead_cpu,
+                },
+            );
+        }
+        self.image_figures = figures;
+    }
+
+    fn log_change(&self, key: &ImageKey, processes: &ProcessTable, images: &ImageSet, duty: f64) {
+        let path = images
+            .images
+            .get(key)
+            .map(|s| s.image.path_in_target.display().to_string())
+            .unwrap_or_default();
+        if duty >= 1.0 {
+            tracing::info!("{path} ({key}): probed full time again");
+            return;
+        }
+        let heaviest = processes
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.images.contains(key))
+            .filter_map(|(pid, t)| Some((*pid, &t.info.comm, self.costs.get(pid)?.full_time_cpu)))
+            .max_by(|a, b| a.2.total_cmp(&b.2));
+        let window_ms = duty * self.options.period.as_secs_f64() * 1e3;
+        match heaviest {
+            Some((pid, comm, cpu)) => tracing::info!(
+                "{path} ({key}): probed {:.2}% of the time ({window_ms:.0} ms per {:.1}s period): pid {pid} ({comm}) would spend ~{:.0}% of a CPU in probes full time",
+                duty * 100.0,
+                self.options.period.as_secs_f64(),
+                cpu * 100.0
+            ),
+            None => tracing::info!(
+                "{path} ({key}): probed {:.2}% of the time (host budget)",
+                duty * 100.0
+            ),
         }
     }
-}
 
-fn apply(
-    action: BudgetAction,
-    now: Instant,
-    sampler: &mut Sampler,
-    processes: &ProcessTable,
-    images: &mut ImageSet,
-    stats: &mut CollectorStats,
-) {
-    match action {
-        BudgetAction::Pause {
-            pid,
-            fraction,
-            backoff,
-        } => {
-            tracing::warn!(
-                "pid {pid} ({}) is over its overhead budget: ~{:.1}% of a CPU in probes; sampling paused for {}s",
-                processes.comm(pid),
-                fraction * 100.0,
-                backoff.as_secs()
-            );
-            let _ = sampler.set_gate(pid, GateState::Paused);
-        }
-        BudgetAction::DetachImages {
-            pid,
-            fraction,
-            backoff,
-        } => {
-            let keys = processes
-                .tracked
-                .get(&pid)
-                .map(|t| t.images.clone())
-                .unwrap_or_default();
-            tracing::warn!(
-                "pid {pid} ({}) still spends ~{:.1}% of a CPU in probe traps while paused: detaching {} image(s) it uses, for every process, for {}s",
-                processes.comm(pid),
-                fraction * 100.0,
-                keys.len(),
-                backoff.as_secs()
-            );
-            for key in keys {
-                images.detach_until(sampler, stats, &key, now + backoff);
+    /// Moves probes in and out as windows open and close; returns when to look again
+    /// (CLOCK_MONOTONIC ns).
+    pub fn windows_tick(
+        &mut self,
+        sampler: &mut Sampler,
+        processes: &mut ProcessTable,
+        images: &mut ImageSet,
+        stats: &mut CollectorStats,
+    ) -> u64 {
+        let now_ns = monotonic_now_ns();
+        self.schedule.draw_phases(now_ns);
+        let keys: Vec<ImageKey> = images
+            .images
+            .iter()
+            .filter(|(_, state)| !state.failed)
+            .map(|(key, _)| *key)
+            .collect();
+        let mut next = u64::MAX;
+        for key in keys {
+            let plan = self.schedule.attach_plan(&key, now_ns);
+            next = next.min(plan.next_change_ns);
+            let attached = images.images.get(&key).is_some_and(|s| s.links.is_some());
+            if plan.attached && !attached {
+                let before = monotonic_now_ns();
+                if images.reattach(sampler, stats, &key) {
+                    stats.window_attaches += 1;
+                    let done = monotonic_now_ns();
+                    self.schedule.attached_in(key, done - before);
+                    tracing::debug!("{key}: probes in, in {} us", (done - before) / 1000);
+                    // A window that opened before the probes were in: blind there.
+                    let open = [before, done]
+                        .into_iter()
+                        .find_map(|t| self.schedule.open_piece(&key, t))
+                        .map(|(open, _)| open);
+                    if let Some(open) = open.filter(|&open| open < done) {
+                        self.schedule.blind_spot(key, open, done);
+                        stats.window_blind_spots += 1;
+                    }
+                }
+            } else if !plan.attached && attached {
+                images.detach_in_background(sampler, stats, &key);
+                tracing::debug!("{key}: probes out");
+                stats.window_detaches += 1;
+                // Frees are not seen until the next window: the live blocks of every
+                // process mapping it leave the in-use set.
+                for tracked in processes.tracked.values_mut() {
+                    if tracked.images.contains(&key) {
+                        stats.window_expired_blocks += tracked.aggregate.expire_live(now_ns);
+                    }
+                }
             }
         }
-        BudgetAction::Resume { pid } => {
-            let admitted = processes.tracked.get(&pid).is_some_and(|t| t.admitted);
-            tracing::info!("pid {pid} ({}): back-off over", processes.comm(pid));
-            if admitted {
-                let _ = sampler.set_gate(pid, GateState::Open);
-            }
-        }
+        next
     }
 }

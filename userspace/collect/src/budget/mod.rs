@@ -1,65 +1,86 @@
-//! The per-process overhead budget: protecting production comes first.
+//! The overhead budget: probing costs at most what the operator allows, and never
+//! stops seeing a process (docs/design.md, "Overhead budget").
 //!
 //! The kernel counts every probe hit per process (`PROCESS_GATES`). A start-up
-//! calibration measures what one hit costs on this machine (the engine's `calibrate.rs`), so hits
-//! per second become an estimated fraction of a CPU spent in allocbpf's probes. A
-//! process over its budget is backed off in two steps:
+//! calibration measures what one hit costs on this machine (the engine's
+//! `calibrate.rs`), so hits per second of probed time become the CPU fraction a process
+//! would spend in probes were it probed full time. An image then gets a *duty*: the
+//! fraction of time its probes are in, low enough that no process mapping it exceeds
+//! the per-process budget and all together stay within the host's
+//! ([`plan_duties`]). Images are probed in randomly placed windows of that duty
+//! ([`windows`]); samples are weighed up by the inverse of their inclusion probability,
+//! so estimates stay unbiased for the whole interval.
 //!
-//! 1. **Pause**: its gate is closed in the kernel; its hits only count themselves (no
-//!    sampling, no stack copy, no ring-buffer record). The trap into the kernel remains:
-//!    a uprobe on a shared file cannot be removed from one process.
-//! 2. **Detach**: if, while paused, the trap alone still costs more than
-//!    `detach_fraction` of a CPU, the probes of the images that process uses are
-//!    detached, for every process that maps them, until the back-off ends.
-//!
-//! Back-offs start at `backoff_initial` and double (up to `backoff_max`) each time the
-//! same process is caught again within an hour; then the process is sampled again.
+//! A uprobe on a shared file cannot be removed from one process only: the kernel's
+//! per-process filter can select processes but not exclude one, and attaching every
+//! other process by pid costs ~1 ms per probe per process. So the duty of a shared
+//! image (libc) is the smallest its heaviest process needs, and every process mapping
+//! it is observed that fraction of the time, which the estimates account for.
 
+mod calibration;
 pub(crate) mod controller;
+pub mod windows;
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
+use std::{collections::HashMap, hash::Hash, time::Duration};
+
+pub use self::calibration::{
+    calibration_child, calibration_step, CalibrationChild, CALIBRATION_ITERATIONS,
 };
 
 /// Budget settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BudgetOptions {
-    /// Largest estimated fraction of one CPU a process may spend in sampled probes.
-    pub cpu_fraction: f64,
-    /// While paused, detach its images if the traps alone cost more than this.
-    pub detach_fraction: f64,
-    /// How often hits are read and checked.
+    /// Largest estimated fraction of one CPU a process may spend in probes.
+    pub process_cpu: f64,
+    /// Largest estimated fraction of the host's CPUs all processes together may spend.
+    pub host_share: f64,
+    /// Period of the observation windows: one window per image per period.
+    pub period: Duration,
+    /// Shortest window: the budget is overrun rather than observe less than this per
+    /// period (shorter windows would cost more to attach than they save).
+    pub min_window: Duration,
+    /// How often hits are read and duties planned.
     pub check_every: Duration,
-    /// First back-off.
-    pub backoff_initial: Duration,
-    /// Longest back-off.
-    pub backoff_max: Duration,
+    /// Time for a duty to double back up once the cost that lowered it is gone (slow,
+    /// so the next compile of a build does not start at full cost).
+    pub recovery: Duration,
 }
 
 impl Default for BudgetOptions {
     fn default() -> Self {
         Self {
-            cpu_fraction: 0.01,
-            detach_fraction: 0.05,
-            check_every: Duration::from_secs(1),
-            backoff_initial: Duration::from_secs(10),
-            backoff_max: Duration::from_secs(600),
+            process_cpu: 0.01,
+            host_share: 0.01,
+            period: Duration::from_secs(1),
+            min_window: Duration::from_millis(10),
+            check_every: Duration::from_millis(200),
+            recovery: Duration::from_secs(10),
         }
+    }
+}
+
+impl BudgetOptions {
+    /// The smallest duty: one shortest window per period.
+    pub fn min_duty(&self) -> f64 {
+        (self.min_window.as_secs_f64() / self.period.as_secs_f64()).min(1.0)
     }
 }
 
 /// What one probe hit costs, measured at start-up.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HitCost {
-    /// A hit of a sampled (open) process at an emulated probe point: trap plus
-    /// program, nanoseconds.
-    pub sampled_ns: f64,
-    /// A hit of a paused process: trap plus the gate lookup.
-    pub paused_ns: f64,
+    /// A hit at an emulated probe point: trap plus program, nanoseconds.
+    pub hit_ns: f64,
     /// What a hit at a single-stepped instruction costs on top (the out-of-line step
     /// and its second trap), measured on an instruction of our own.
     pub stepped_extra_ns: f64,
+}
+
+impl HitCost {
+    /// CPU seconds spent by `hits` hits, `stepped` of them single-stepped.
+    pub fn seconds(&self, hits: u64, stepped: u64) -> f64 {
+        (hits as f64 * self.hit_ns + stepped as f64 * self.stepped_extra_ns) * 1e-9
+    }
 }
 
 /// Probe hits of one process, as the kernel counted them (running sums).
@@ -71,283 +92,132 @@ pub struct Hits {
     pub stepped: u64,
 }
 
-/// What the budget decided for one process.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum BudgetAction {
-    /// Close its gate until the back-off ends.
-    Pause {
-        /// The process.
-        pid: u32,
-        /// Its estimated CPU fraction.
-        fraction: f64,
-        /// For how long.
-        backoff: Duration,
-    },
-    /// Detach the images it uses until the back-off ends.
-    DetachImages {
-        /// The process.
-        pid: u32,
-        /// The traps' estimated CPU fraction while paused.
-        fraction: f64,
-        /// For how long.
-        backoff: Duration,
-    },
-    /// The back-off ended: sample it again.
-    Resume {
-        /// The process.
-        pid: u32,
-    },
-}
-
+/// One process's figures for [`plan_duties`].
 #[derive(Clone, Copy, Debug)]
-struct BackedOff {
-    until: Instant,
-    backoff: Duration,
-    detached: bool,
+pub struct ProcessCost<'a, K> {
+    /// Estimated fraction of a CPU it would spend in probes if probed full time.
+    pub full_time_cpu: f64,
+    /// The allocator images it maps.
+    pub images: &'a [K],
 }
 
-/// Budget state across checks.
-#[derive(Debug)]
-pub struct Budget {
-    /// The settings.
-    pub options: BudgetOptions,
-    /// The measured cost of a hit.
-    pub cost: HitCost,
-    last_hits: HashMap<u32, Hits>,
-    last_check: Option<Instant>,
-    backed_off: HashMap<u32, BackedOff>,
-    /// Last back-off per process and when it ended (for doubling).
-    history: HashMap<u32, (Duration, Instant)>,
-    /// Back-offs started so far.
-    pub backoffs: u64,
-    /// Image detachments started so far.
-    pub detachments: u64,
-}
-
-impl Budget {
-    /// A budget with a measured hit cost.
-    pub fn new(options: BudgetOptions, cost: HitCost) -> Self {
-        Self {
-            options,
-            cost,
-            last_hits: HashMap::new(),
-            last_check: None,
-            backed_off: HashMap::new(),
-            history: HashMap::new(),
-            backoffs: 0,
-            detachments: 0,
-        }
-    }
-
-    /// True while `pid` is backed off.
-    pub fn is_backed_off(&self, pid: u32) -> bool {
-        self.backed_off.contains_key(&pid)
-    }
-
-    /// Processes currently backed off.
-    pub fn paused(&self) -> usize {
-        self.backed_off.len()
-    }
-
-    /// Checks cumulative hits per process at `now`; returns what to do.
-    pub fn check(&mut self, hits: &HashMap<u32, Hits>, now: Instant) -> Vec<BudgetAction> {
-        let mut actions = Vec::new();
-        let elapsed = self
-            .last_check
-            .map(|t| now.saturating_duration_since(t).as_secs_f64())
-            .unwrap_or(0.0);
-        self.last_check = Some(now);
-        for (&pid, &total) in hits {
-            let previous = self.last_hits.insert(pid, total).unwrap_or(total);
-            if elapsed <= 0.0 {
-                continue;
-            }
-            let rate = total.all.saturating_sub(previous.all) as f64 / elapsed;
-            // Each single-stepped hit costs its step on top: the cost of the probes
-            // this process actually hits, not of glibc's malloc.
-            let stepped = total.stepped.saturating_sub(previous.stepped) as f64 / elapsed;
-            let extra = stepped * self.cost.stepped_extra_ns;
-            match self.backed_off.get_mut(&pid) {
-                None => {
-                    let fraction = (rate * self.cost.sampled_ns + extra) * 1e-9;
-                    if fraction > self.options.cpu_fraction {
-                        let backoff = self.next_backoff(pid, now);
-                        self.backed_off.insert(
-                            pid,
-                            BackedOff {
-                                until: now + backoff,
-                                backoff,
-                                detached: false,
-                            },
-                        );
-                        self.backoffs += 1;
-                        actions.push(BudgetAction::Pause {
-                            pid,
-                            fraction,
-                            backoff,
-                        });
-                    }
-                }
-                Some(state) if !state.detached => {
-                    let fraction = (rate * self.cost.paused_ns + extra) * 1e-9;
-                    if fraction > self.options.detach_fraction {
-                        state.detached = true;
-                        self.detachments += 1;
-                        actions.push(BudgetAction::DetachImages {
-                            pid,
-                            fraction,
-                            backoff: state.until.saturating_duration_since(now),
-                        });
-                    }
-                }
-                Some(_) => {}
-            }
-        }
-        let ended: Vec<u32> = self
-            .backed_off
-            .iter()
-            .filter(|(_, s)| s.until <= now)
-            .map(|(&pid, _)| pid)
-            .collect();
-        for pid in ended {
-            let state = self.backed_off.remove(&pid).expect("listed above");
-            self.history.insert(pid, (state.backoff, now));
-            actions.push(BudgetAction::Resume { pid });
-        }
-        // Forget processes no longer in the kernel's map (exited).
-        self.last_hits.retain(|pid, _| hits.contains_key(pid));
-        self.history
-            .retain(|_, (_, ended)| now.saturating_duration_since(*ended) < HISTORY);
-        actions
-    }
-
-    fn next_backoff(&self, pid: u32, now: Instant) -> Duration {
-        match self.history.get(&pid) {
-            Some((last, ended)) if now.saturating_duration_since(*ended) < HISTORY => {
-                (*last * 2).min(self.options.backoff_max)
-            }
-            _ => self.options.backoff_initial,
-        }
-    }
-}
-
-/// A process caught again within this long after a back-off gets a doubled one.
-const HISTORY: Duration = Duration::from_secs(3600);
-
-/// How the engine starts its calibration child: this very executable (the single-step
-/// figure puts a probe on its own [`calibration_step`]), with the arguments under which
-/// it runs [`calibration_child`]. The binary that defines those arguments says which.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CalibrationChild {
-    /// Arguments that run `calibration_child(false)`, the malloc/free loop.
-    pub loop_args: Vec<String>,
-    /// Arguments that run `calibration_child(true)`, the single-step loop.
-    pub step_args: Vec<String>,
-}
-
-/// Iterations of the calibration loop (one malloc and one free each).
-pub const CALIBRATION_ITERATIONS: u32 = 200_000;
-
-/// The calibration workload, run in a child process ([`CalibrationChild`]): waits for
-/// a line on stdin (so the parent can set its gate first), then times
-/// [`CALIBRATION_ITERATIONS`] malloc/free pairs and prints nanoseconds per pair.
-/// With `step`, it calls [`calibration_step`] instead (a tenth as many times: a
-/// single-stepped probe costs ~14 us).
-pub fn calibration_child(step: bool) -> std::io::Result<()> {
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line)?;
-    let iterations = if step {
-        CALIBRATION_ITERATIONS / 10
-    } else {
-        CALIBRATION_ITERATIONS
-    };
-    let started = Instant::now();
-    for i in 0..iterations {
-        if step {
-            std::hint::black_box(calibration_step(std::hint::black_box(u64::from(i))));
+/// The duty of every image in `images`: the largest that keeps each process within
+/// `process_cpu` (a process over it lowers every image it maps to `process_cpu / cost`,
+/// less the image's `lead`, the share of a period its probes are in before each window)
+/// and all processes together within `host_cpu` CPUs (every duty scaled by the same
+/// factor), but not under `min_duty`: one window per period is the floor, so a process
+/// costing more than `process_cpu / (min_duty + lead)` full time overruns its budget
+/// rather than go unseen (docs/design.md, "Overhead budget").
+pub fn plan_duties<K: Copy + Eq + Hash>(
+    options: &BudgetOptions,
+    host_cpu: f64,
+    processes: &[ProcessCost<'_, K>],
+    images: impl IntoIterator<Item = (K, f64)>,
+) -> HashMap<K, f64> {
+    let leads: HashMap<K, f64> = images.into_iter().collect();
+    let mut duties: HashMap<K, f64> = leads.keys().map(|&key| (key, 1.0)).collect();
+    for process in processes {
+        if process.full_time_cpu <= options.process_cpu {
             continue;
         }
-        // SAFETY: plain libc allocation, freed at once; black_box keeps the calls.
-        unsafe {
-            let p = libc::malloc(std::hint::black_box(64 + (i as usize & 63)));
-            libc::free(std::hint::black_box(p));
+        let share = options.process_cpu / process.full_time_cpu;
+        for key in process.images {
+            if let Some(d) = duties.get_mut(key) {
+                *d = d.min(share - leads[key]);
+            }
         }
     }
-    let ns = started.elapsed().as_nanos() as f64 / f64::from(iterations);
-    println!("{ns}");
-    Ok(())
-}
-
-/// A function whose first instruction (`nop`, +0) the kernel emulates and whose second
-/// (`lea`, +1) it single-steps: the calibration probes each in turn to measure what a
-/// single-stepped probe costs on this machine.
-#[unsafe(naked)]
-pub extern "C" fn calibration_step(x: u64) -> u64 {
-    core::arch::naked_asm!("nop", "lea rax, [rdi + rdi * 2]", "ret")
+    // A process is probed while any image it maps is: its cost follows the largest.
+    let exposure = |process: &ProcessCost<'_, K>, duties: &HashMap<K, f64>| {
+        process
+            .images
+            .iter()
+            .filter_map(|key| {
+                let duty = duties.get(key)?.max(0.0);
+                Some(if duty < 1.0 { duty + leads[key] } else { 1.0 })
+            })
+            .fold(0.0f64, f64::max)
+    };
+    let total: f64 = processes
+        .iter()
+        .map(|p| p.full_time_cpu * exposure(p, &duties))
+        .sum();
+    if total > host_cpu && total > 0.0 {
+        let scale = host_cpu / total;
+        for duty in duties.values_mut() {
+            *duty *= scale;
+        }
+    }
+    let floor = options.min_duty();
+    for duty in duties.values_mut() {
+        *duty = duty.max(floor);
+    }
+    duties
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn hits(all: &[(u32, u64)]) -> HashMap<u32, Hits> {
-        all.iter()
-            .map(|&(pid, all)| (pid, Hits { all, stepped: 0 }))
-            .collect()
+    const SHARED: u32 = 1;
+    const PRIVATE: u32 = 2;
+    const OTHER: u32 = 3;
+
+    /// A compiler at 80% of a CPU full time on a shared libc sets libc's duty to 1.25%;
+    /// an image it does not map keeps its full time; the light process does not lower
+    /// anything.
+    #[test]
+    fn the_heaviest_process_sets_its_images_duty() {
+        let options = BudgetOptions::default();
+        let heavy = [SHARED, PRIVATE];
+        let light = [SHARED, OTHER];
+        let duties = plan_duties(
+            &options,
+            1.0,
+            &[
+                ProcessCost {
+                    full_time_cpu: 0.8,
+                    images: &heavy,
+                },
+                ProcessCost {
+                    full_time_cpu: 0.001,
+                    images: &light,
+                },
+            ],
+            [(SHARED, 0.002), (PRIVATE, 0.0), (OTHER, 0.0)],
+        );
+        // Less the shared image's lead: 2 ms of every 1 s period.
+        assert!((duties[&SHARED] - 0.0105).abs() < 1e-12);
+        assert!((duties[&PRIVATE] - 0.0125).abs() < 1e-12);
+        assert_eq!(duties[&OTHER], 1.0);
+    }
+
+    /// Many processes each under the per-process budget but together over the host's:
+    /// every duty is scaled by the same factor, then floored.
+    #[test]
+    fn the_host_budget_scales_every_duty() {
+        let options = BudgetOptions::default();
+        let images = [SHARED];
+        let processes: Vec<ProcessCost<'_, u32>> = (0..10)
+            .map(|_| ProcessCost {
+                full_time_cpu: 0.008,
+                images: &images,
+            })
+            .collect();
+        // 10 x 0.8% = 8% of a CPU against a host budget of 2%: a quarter of the time.
+        let duties = plan_duties(&options, 0.02, &processes, [(SHARED, 0.0)]);
+        assert!((duties[&SHARED] - 0.25).abs() < 1e-12);
+        // Impossible budgets stop at the shortest window.
+        let duties = plan_duties(&options, 1e-9, &processes, [(SHARED, 0.0)]);
+        assert_eq!(duties[&SHARED], options.min_duty());
     }
 
     #[test]
-    fn single_stepped_hits_weigh_their_measured_cost() {
-        let mut b = budget();
-        let t0 = Instant::now();
-        let sec = Duration::from_secs(1);
-        let stepped = |all, stepped| HashMap::from([(9, Hits { all, stepped })]);
-        assert!(b.check(&stepped(0, 0), t0).is_empty());
-        // 1,000 hits/s at 1 us is 0.1% of a CPU; single-stepped, 14% of one.
-        assert!(b.check(&stepped(1_000, 0), t0 + sec).is_empty());
-        let actions = b.check(&stepped(2_000, 1_000), t0 + 2 * sec);
-        assert!(
-            matches!(actions[0], BudgetAction::Pause { pid: 9, fraction, .. } if (fraction - 0.014).abs() < 1e-9),
-            "{actions:?}"
-        );
-    }
-
-    fn budget() -> Budget {
-        Budget::new(
-            BudgetOptions::default(),
-            HitCost {
-                sampled_ns: 1000.0,
-                paused_ns: 500.0,
-                stepped_extra_ns: 13_000.0,
-            },
-        )
-    }
-
-    #[test]
-    fn over_budget_pauses_then_detaches_then_resumes_with_doubling() {
-        let mut b = budget();
-        let t0 = Instant::now();
-        let sec = Duration::from_secs(1);
-        // 1% of a CPU at 1 us per hit is 10,000 hits/s.
-        assert!(b.check(&hits(&[(7, 0), (8, 0)]), t0).is_empty());
-        let actions = b.check(&hits(&[(7, 20_000), (8, 5_000)]), t0 + sec);
-        assert_eq!(actions.len(), 1);
-        assert!(
-            matches!(actions[0], BudgetAction::Pause { pid: 7, backoff, .. } if backoff == Duration::from_secs(10))
-        );
-        // Paused, 200,000 hits/s x 0.5 us = 10% of a CPU in traps alone: detach.
-        let actions = b.check(&hits(&[(7, 220_000), (8, 6_000)]), t0 + 2 * sec);
-        assert!(matches!(
-            actions[0],
-            BudgetAction::DetachImages { pid: 7, .. }
-        ));
-        let actions = b.check(&hits(&[(7, 220_000)]), t0 + 12 * sec);
-        assert_eq!(actions, vec![BudgetAction::Resume { pid: 7 }]);
-        // Caught again: twice as long.
-        let actions = b.check(&hits(&[(7, 400_000)]), t0 + 13 * sec);
-        assert!(
-            matches!(actions[0], BudgetAction::Pause { pid: 7, backoff, .. } if backoff == Duration::from_secs(20))
-        );
-        assert_eq!((b.backoffs, b.detachments, b.paused()), (2, 1, 1));
+    fn hit_costs_add_the_single_step() {
+        let cost = HitCost {
+            hit_ns: 500.0,
+            stepped_extra_ns: 13_500.0,
+        };
+        assert!((cost.seconds(1_000, 100) - (500e-6 + 1.35e-3)).abs() < 1e-12);
     }
 }

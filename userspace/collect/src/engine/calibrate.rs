@@ -9,6 +9,7 @@ use std::{
 };
 
 use super::Collector;
+#[cfg(doc)]
 use crate::options::Scope;
 use crate::{
     budget::{calibration_step, HitCost},
@@ -48,11 +49,10 @@ pub(crate) fn median(mut runs: Vec<f64>) -> f64 {
 }
 
 impl Collector {
-    /// Measures what a probe hit costs: a child process times malloc/free pairs with
-    /// its gate open (sampled) and paused, three times each; `baseline` is the same loop
-    /// timed before any probe was attached. Then what a single-stepped probe adds: the
-    /// child calls [`calibration_step`] with an empty program on its emulated first
-    /// instruction, then on its single-stepped second one. Medians, because this
+    /// Measures what a probe hit costs ([`Scope::Host`]): a child process times
+    /// malloc/free pairs through the host's probes (its gate open), three times;
+    /// `baseline` is the same loop timed before any probe was attached. Then what a
+    /// single-stepped probe adds ([`Collector::stepped_extra`]). Medians, because this
     /// machine is noisy.
     pub(super) fn calibrate(&mut self, baseline: f64) -> Result<HitCost> {
         let hits_per_pair = if self.options.live.is_some() {
@@ -60,14 +60,41 @@ impl Collector {
         } else {
             1.0
         };
-        let mut sampled = Vec::new();
-        let mut paused = Vec::new();
+        let mut probed = Vec::new();
         for _ in 0..3 {
-            sampled.push(self.calibration_run(GateState::Open)?);
-            paused.push(self.calibration_run(GateState::Paused)?);
+            probed.push(self.calibration_run(GateState::Open)?);
         }
-        let per_hit = |ns: f64| ((ns - baseline) / hits_per_pair).max(1.0);
-        let stepped_extra_ns = match self.stepped_extra() {
+        Ok(HitCost {
+            hit_ns: ((median(probed) - baseline) / hits_per_pair).max(1.0),
+            stepped_extra_ns: self.stepped_extra_or_default(),
+        })
+    }
+
+    /// Measures what a probe hit costs ([`Scope::Process`], before the target's probes
+    /// are in): the host's libc is not probed for other processes, so the child times
+    /// its own step function bare and with the empty program on its emulated first
+    /// instruction. The sampler's program costs a little more than the empty one
+    /// (~0.1 us, docs/design.md), which this leaves out.
+    pub(super) fn calibrate_for_one_process(&mut self) -> Result<HitCost> {
+        let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
+        let offset = own_file_offset(calibration_step as *const () as usize as u64)
+            .context("locating the calibration function in our executable")?;
+        let mut bare = Vec::new();
+        let mut probed = Vec::new();
+        for _ in 0..3 {
+            bare.push(self.child_run(true, GateState::Open, None)?);
+            probed.push(self.child_run(true, GateState::Open, Some((&exe, offset)))?);
+        }
+        Ok(HitCost {
+            hit_ns: (median(probed) - median(bare)).max(1.0),
+            stepped_extra_ns: self.stepped_extra_or_default(),
+        })
+    }
+
+    /// [`Collector::stepped_extra`], or the figure measured on the development
+    /// machines if it cannot be measured.
+    fn stepped_extra_or_default(&mut self) -> f64 {
+        match self.stepped_extra() {
             Ok(ns) => ns,
             Err(error) => {
                 // The figure measured on the development machines (docs/design.md).
@@ -77,12 +104,7 @@ impl Collector {
                 );
                 14_000.0
             }
-        };
-        Ok(HitCost {
-            sampled_ns: per_hit(median(sampled)),
-            paused_ns: per_hit(median(paused)),
-            stepped_extra_ns,
-        })
+        }
     }
 
     /// What a probe on a single-stepped instruction costs more than one on an emulated
@@ -114,9 +136,7 @@ impl Collector {
         probe: Option<(&std::path::Path, u64)>,
     ) -> Result<f64> {
         let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
-        let Scope::Host { calibration, .. } = &self.scope else {
-            unreachable!("the budget is a host scope's");
-        };
+        let calibration = &self.options.calibration;
         let mut command = Command::new(exe);
         command.args(match step {
             true => &calibration.step_args,
@@ -130,7 +150,9 @@ impl Collector {
             .context("starting the calibration child")?;
         let pid = child.id();
         self.processes.ignored.insert(pid);
-        self.sampler().set_gate(pid, gate)?;
+        if self.scope.pid().is_none() {
+            self.sampler().set_gate(pid, gate)?;
+        }
         let link = match probe {
             Some((path, offset)) => Some(self.sampler().attach_empty_at(path, offset, pid)?),
             None => None,

@@ -9,7 +9,7 @@ use std::{
 
 use allocbpf_common::Totals;
 use allocbpf_probe::{procfs, sampler::wait_for_running_programs};
-use allocbpf_profile::report::{Counters, KernelFigures, Report};
+use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
 use super::{cutter::IntervalEnd, Collector, ProcessProfile, LOST_FREE_MIN_AGE};
@@ -114,6 +114,23 @@ impl Collector {
             let allocated = !tracked.aggregate.is_empty() || exact.calls > 0;
             if tracked.admitted && (allocated || always == Some(pid)) {
                 tracked.aggregate.finish(now_ns, leaks_min_age);
+                let observed = self.budget.as_ref().map(|budget| {
+                    let last_period = budget.schedule.period_of(now_ns);
+                    let first_period = [
+                        tracked.observed.first_period,
+                        tracked.aggregate.periods.first(),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(last_period)
+                    .min(last_period);
+                    Observed {
+                        fraction: tracked.observed.fraction(),
+                        first_period,
+                        last_period,
+                    }
+                });
                 let report = Report::build(
                     &tracked.aggregate,
                     &mut symbolizer.for_modules(&self.stacks.normalizer.modules),
@@ -123,6 +140,7 @@ impl Collector {
                         duration,
                         exact,
                         counters,
+                        observed,
                     },
                 );
                 profiles.push(ProcessProfile {
@@ -134,6 +152,7 @@ impl Collector {
                 });
             }
             tracked.aggregate.start_interval();
+            tracked.observed = Default::default();
             if tracked.exited {
                 gone.insert(pid);
             }

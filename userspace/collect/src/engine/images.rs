@@ -1,13 +1,19 @@
 //! The image set: every allocator image the engine found, its probes while attached,
 //! and the facts cached about executable files (`ImageCache`).
 
-use std::{collections::HashMap, time::Instant};
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+};
 
 use allocbpf_probe::{
     discover::ImageCache,
     image::{AllocatorImage, ImageKey, Lookup},
     procfs::MapsEntry,
-    sampler::{ImageLinks, Sampler},
+    sampler::{monotonic_now_ns, ImageLinks, Sampler},
 };
 
 use super::CollectorStats;
@@ -17,10 +23,24 @@ use crate::error::error_chain;
 pub(crate) struct ImageState {
     /// What was found in it.
     pub image: AllocatorImage,
-    /// Its probes; `None` while detached by the budget (or after a failed attach).
+    /// Its probes; `None` outside its observation windows (or after a failed attach).
     pub links: Option<ImageLinks>,
-    /// When a budget detachment ends.
-    pub detached_until: Option<Instant>,
+    /// Its last attach failed: windows do not retry it.
+    pub failed: bool,
+    /// CLOCK_MONOTONIC ns its probes went in, while they are.
+    attached_since_ns: Option<u64>,
+    /// Probed time before that, ns (the budget's exposure).
+    attached_ns: u64,
+}
+
+impl ImageState {
+    /// Total time its probes were in up to `now_ns`.
+    pub fn attached_ns(&self, now_ns: u64) -> u64 {
+        self.attached_ns
+            + self
+                .attached_since_ns
+                .map_or(0, |since| now_ns.saturating_sub(since))
+    }
 }
 
 /// Allocator images by file identity, attached once each for every process.
@@ -30,7 +50,12 @@ pub(crate) struct ImageSet {
     pub images: HashMap<ImageKey, ImageState>,
     /// Facts about executable files examined (allocator or not).
     pub cache: ImageCache,
+    /// Detaches running on other threads now.
+    detaching: Arc<AtomicUsize>,
 }
+
+/// Links closing at once on other threads; beyond this, detaching waits in place.
+const MAX_BACKGROUND_DETACHES: usize = 64;
 
 impl ImageSet {
     /// Attaches the images `pid` maps (`maps`) that are not attached yet; returns the
@@ -83,59 +108,87 @@ impl ImageSet {
 
     /// Records `image`, with its probes if attached.
     pub fn insert(&mut self, image: AllocatorImage, links: Option<ImageLinks>) {
+        let attached_since_ns = links.is_some().then(monotonic_now_ns);
         self.images.insert(
             image.key,
             ImageState {
                 image,
+                failed: links.is_none(),
                 links,
-                detached_until: None,
+                attached_since_ns,
+                attached_ns: 0,
             },
         );
     }
 
-    /// Detaches `key`'s probes until `until` (a budget back-off).
-    pub fn detach_until(
+    /// Attaches `key`'s probes again (a window opens); false if that failed.
+    pub fn reattach(
         &mut self,
         sampler: &mut Sampler,
         stats: &mut CollectorStats,
         key: &ImageKey,
-        until: Instant,
-    ) {
-        let links = self.images.get_mut(key).and_then(|state| {
-            state.detached_until = Some(until);
-            state.links.take()
-        });
-        if let Some(links) = links {
-            sampler.detach(links);
-            stats.images_attached -= 1;
+    ) -> bool {
+        let Some(state) = self.images.get_mut(key) else {
+            return false;
+        };
+        if state.links.is_some() {
+            return true;
+        }
+        match sampler.attach(&state.image) {
+            Ok(attached) => {
+                state.links = Some(attached.links);
+                state.attached_since_ns = Some(monotonic_now_ns());
+                stats.images_attached += 1;
+                true
+            }
+            Err(error) => {
+                state.failed = true;
+                stats.attach_failures += 1;
+                tracing::warn!(
+                    "cannot attach {} again: {}",
+                    state.image.path_in_target.display(),
+                    error_chain(&error)
+                );
+                false
+            }
         }
     }
 
-    /// Re-attaches the images whose budget detachment has ended.
-    pub fn reattach_due(
+    /// Detaches `key`'s probes (a window closes) without waiting: their breakpoints are
+    /// gone when this returns, the kernel's grace period is waited for on another thread.
+    pub fn detach_in_background(
         &mut self,
         sampler: &mut Sampler,
         stats: &mut CollectorStats,
-        now: Instant,
+        key: &ImageKey,
     ) {
-        for state in self.images.values_mut() {
-            if state.links.is_some() || state.detached_until.is_none_or(|t| t > now) {
-                continue;
-            }
-            state.detached_until = None;
-            match sampler.attach(&state.image) {
-                Ok(attached) => {
-                    state.links = Some(attached.links);
-                    stats.images_attached += 1;
-                    tracing::info!("re-attached {}", state.image.path_in_target.display());
-                }
-                Err(error) => {
-                    stats.attach_failures += 1;
-                    tracing::warn!(
-                        "cannot re-attach {}: {error}",
-                        state.image.path_in_target.display()
-                    );
-                }
+        let Some(state) = self.images.get_mut(key) else {
+            return;
+        };
+        let Some(links) = state.links.take() else {
+            return;
+        };
+        let now = monotonic_now_ns();
+        state.attached_ns = state.attached_ns(now);
+        state.attached_since_ns = None;
+        stats.images_attached -= 1;
+        if self.detaching.load(Ordering::Relaxed) >= MAX_BACKGROUND_DETACHES {
+            sampler.detach(links);
+            return;
+        }
+        for link in sampler.take_links(links).split() {
+            let running = Arc::clone(&self.detaching);
+            running.fetch_add(1, Ordering::Relaxed);
+            let spawned = std::thread::Builder::new()
+                .name("allocbpf-detach".into())
+                .spawn(move || {
+                    drop(link);
+                    running.fetch_sub(1, Ordering::Relaxed);
+                });
+            if let Err(error) = spawned {
+                // The closure (and the link) were dropped: detached here, after all.
+                self.detaching.fetch_sub(1, Ordering::Relaxed);
+                tracing::warn!("detached in place (no thread: {error})");
             }
         }
     }

@@ -31,7 +31,7 @@ use allocbpf_probe::{
     events::{Event, EventReader},
     image::{AllocatorImage, ImageKey},
     procfs,
-    sampler::{Sampler, COLLECT_EXITED_EVERY},
+    sampler::{monotonic_now_ns, Sampler, COLLECT_EXITED_EVERY},
 };
 use allocbpf_profile::{
     aggregate::StackKey, estimate::interval_table::REFRESH_INTERVAL, report::Counters,
@@ -51,6 +51,7 @@ mod stats;
 use self::cutter::IntervalCutter;
 pub use self::{cutter::ProcessProfile, stats::CollectorStats};
 pub(crate) use self::{exec_queue::ExecQueue, images::ImageSet, processes::ProcessTable};
+pub use crate::budget::controller::{ImageFigures, ProcessCostFigures};
 use crate::{
     budget::controller::BudgetController,
     filter::ProcessFilter,
@@ -105,8 +106,33 @@ pub struct Collector {
     last_scan: Instant,
     last_refresh: Instant,
     last_collect: Instant,
+    /// Under a budget: when windows next open or close (CLOCK_MONOTONIC ns).
+    next_window_change_ns: Option<u64>,
     /// Running counts.
     pub stats: CollectorStats,
+}
+
+/// Waits until `at` ([`Collector::next_window_change`]); forever if `None`. For a
+/// `select!` arm: take `at` before the select, call [`Collector::windows_tick`] after.
+pub async fn window_wait(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The overhead budget's figures, for metrics.
+#[derive(Clone, Debug, Default)]
+pub struct BudgetFigures {
+    /// The per-process budget, fraction of a CPU.
+    pub process_cpu: f64,
+    /// The host budget, CPUs.
+    pub host_cpu: f64,
+    /// Per image (its path in the process that mapped it first: untrusted text).
+    pub images: Vec<(String, ImageFigures)>,
+    /// Per process: pid, command name (untrusted), observed fraction this interval,
+    /// costs.
+    pub processes: Vec<(u32, String, f64, ProcessCostFigures)>,
 }
 
 impl Collector {
@@ -165,16 +191,11 @@ impl Collector {
         }
     }
 
-    /// Opens or closes `pid`'s gate for the scope's verdict and its budget state.
+    /// Opens or closes `pid`'s gate for the scope's verdict.
     fn set_gate(&mut self, pid: u32, admitted: bool) {
-        let paused = self
-            .budget
-            .as_ref()
-            .is_some_and(|b| b.budget.is_backed_off(pid));
-        let gate = match (admitted, paused) {
-            (false, _) => GateState::Excluded,
-            (true, true) => GateState::Paused,
-            (true, false) => GateState::Open,
+        let gate = match admitted {
+            false => GateState::Excluded,
+            true => GateState::Open,
         };
         if let Err(error) = self.sampler().set_gate(pid, gate) {
             tracing::warn!("pid {pid}: cannot set its gate: {error}");
@@ -247,14 +268,23 @@ impl Collector {
                         // Gone before we could read its identity.
                         None => continue,
                     }
+                    let mut allocation = sample.allocation();
+                    if let Some(budget) = &self.budget {
+                        let images = &self.processes.tracked[&pid].images;
+                        match budget.place(images, sample.timestamp_ns) {
+                            Ok(window) => allocation.window = Some(window),
+                            Err(_) => {
+                                self.stats.unplaced_samples += 1;
+                                continue;
+                            }
+                        }
+                    }
                     if let Some(log) = self.raw_samples.as_mut() {
                         log.write(&sample);
                     }
                     let frames = self.stacks.resolve(&sample);
                     let tracked = self.processes.tracked.get_mut(&pid).expect("checked above");
-                    tracked
-                        .aggregate
-                        .add(StackKey { pid, frames }, &sample.allocation());
+                    tracked.aggregate.add(StackKey { pid, frames }, &allocation);
                     self.stats.samples += 1;
                 }
                 Event::Freed { pid, sample_id, .. } => {
@@ -305,15 +335,13 @@ impl Collector {
         }
         let sampler = self.sampler.as_mut().expect("the sampler lives until stop");
         if let Some(budget) = self.budget.as_mut() {
-            budget.tick(
-                now,
-                sampler,
-                &self.processes,
-                &mut self.images,
-                &mut self.stats,
-            );
+            if budget.check(sampler, &mut self.processes, &self.images, &mut self.stats) {
+                // Duties changed: a window may have to close now, not at the next
+                // change planned before.
+                self.windows_tick();
+            }
         }
-        self.images.reattach_due(sampler, &mut self.stats, now);
+        let sampler = self.sampler.as_mut().expect("the sampler lives until stop");
         // Exited threads' entries stay frozen until collected (probe/totals.rs): free
         // them often enough that a program churning threads keeps finding slots.
         if now.duration_since(self.last_collect) >= COLLECT_EXITED_EVERY {
@@ -321,6 +349,65 @@ impl Collector {
             sampler.collect_exited_threads();
         }
         sampler.flush_logs();
+    }
+
+    /// Under an overhead budget: when observation windows next open or close (call
+    /// [`Collector::windows_tick`] then). `None`: no budget.
+    pub fn next_window_change(&self) -> Option<Instant> {
+        let at_ns = self.next_window_change_ns?;
+        let wait = at_ns.saturating_sub(monotonic_now_ns());
+        Some(Instant::now() + Duration::from_nanos(wait))
+    }
+
+    /// Moves probes in and out as observation windows open and close.
+    pub fn windows_tick(&mut self) {
+        let (Some(budget), Some(sampler)) = (self.budget.as_mut(), self.sampler.as_mut()) else {
+            return;
+        };
+        let next = budget.windows_tick(
+            sampler,
+            &mut self.processes,
+            &mut self.images,
+            &mut self.stats,
+        );
+        // Without any image nothing changes; look again in a period.
+        let period = budget.options.period.as_nanos() as u64;
+        self.next_window_change_ns = Some(next.min(monotonic_now_ns() + period));
+    }
+
+    /// The overhead budget's figures per image (duty, probed fraction, overhead) and
+    /// per process (cost full time, overhead), for metrics; empty without a budget.
+    pub fn budget_figures(&self) -> BudgetFigures {
+        let Some(budget) = &self.budget else {
+            return BudgetFigures::default();
+        };
+        let images = budget
+            .image_figures
+            .iter()
+            .filter_map(|(key, figures)| {
+                let state = self.images.images.get(key)?;
+                Some((state.image.path_in_target.display().to_string(), *figures))
+            })
+            .collect();
+        let processes = budget
+            .costs
+            .iter()
+            .filter_map(|(pid, figures)| {
+                let tracked = self.processes.tracked.get(pid)?;
+                Some((
+                    *pid,
+                    tracked.info.comm.clone(),
+                    tracked.observed.fraction(),
+                    *figures,
+                ))
+            })
+            .collect();
+        BudgetFigures {
+            process_cpu: budget.options.process_cpu,
+            host_cpu: budget.host_cpu(),
+            images,
+            processes,
+        }
     }
 
     /// The kernel's counters now (zero if they cannot be read).

@@ -18,11 +18,43 @@ pub(crate) struct Tracked {
     pub aggregate: Aggregate,
     /// Exited (or found dead): its next profile is its last.
     pub exited: bool,
-    /// Allocator images this process maps (for budget detachments).
+    /// Allocator images this process maps (where its samples come from: the budget's
+    /// windows and costs).
     pub images: Vec<ImageKey>,
     /// Every executable file it mapped when last examined (and images found mapped
     /// since): what keeps cached facts and attached images alive (`release.rs`).
     pub mapped: Vec<ImageKey>,
+    /// Under an overhead budget: how much of the current interval it was observed.
+    pub observed: ObservedTime,
+}
+
+/// Under an overhead budget: the expected share of the current interval a process was
+/// observed, summed at each budget check.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ObservedTime {
+    /// Expected observed time (inclusion probability times elapsed), ns.
+    observed_ns: f64,
+    /// Time followed, ns.
+    lived_ns: u64,
+    /// The first period it was followed in during the interval.
+    pub first_period: Option<u64>,
+}
+
+impl ObservedTime {
+    /// `elapsed_ns` more, observed with probability `inclusion`, starting in `period`.
+    pub fn add(&mut self, inclusion: f64, elapsed_ns: u64, period: u64) {
+        self.observed_ns += inclusion * elapsed_ns as f64;
+        self.lived_ns += elapsed_ns;
+        self.first_period.get_or_insert(period);
+    }
+
+    /// The expected fraction observed (1 before any check).
+    pub fn fraction(&self) -> f64 {
+        if self.lived_ns == 0 {
+            return 1.0;
+        }
+        self.observed_ns / self.lived_ns as f64
+    }
 }
 
 /// Followed processes, and the pids to leave alone or to clean up after.
@@ -73,6 +105,7 @@ impl ProcessTable {
                         exited: false,
                         images: Vec::new(),
                         mapped: Vec::new(),
+                        observed: ObservedTime::default(),
                     },
                 );
                 true
@@ -89,13 +122,5 @@ impl ProcessTable {
                 self.untracked_exits.insert(pid);
             }
         }
-    }
-
-    /// The command name of `pid`, for logs (empty if unknown).
-    pub fn comm(&self, pid: u32) -> String {
-        self.tracked
-            .get(&pid)
-            .map(|t| t.info.comm.clone())
-            .unwrap_or_default()
     }
 }

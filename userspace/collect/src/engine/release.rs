@@ -50,6 +50,9 @@ impl Collector {
             let Some(state) = self.images.images.remove(&key) else {
                 continue;
             };
+            if let Some(budget) = self.budget.as_mut() {
+                budget.schedule.forget(&key);
+            }
             if let Some(links) = state.links {
                 self.sampler().detach(links);
                 self.stats.images_attached -= 1;

@@ -17,7 +17,7 @@ use super::{
     ImageSet, ProcessTable,
 };
 use crate::{
-    budget::{controller::BudgetController, Budget},
+    budget::{controller::BudgetController, BudgetOptions, HitCost},
     error::CollectError,
     options::{CollectOptions, Scope},
     process::ProcessInfo,
@@ -48,6 +48,8 @@ impl Collector {
             thread_tables: options.thread_tables,
             live: options.live.map(|l| l.mechanism),
             stack_copy_bytes: options.unwind.stack_copy_bytes(options.stack_bytes),
+            count_hits: options.budget.is_some(),
+            multi_links: options.budget.is_some(),
         })?;
         let reader = {
             let (ring, ring_bytes) = sampler.take_events()?;
@@ -76,11 +78,15 @@ impl Collector {
             last_scan: now,
             last_refresh: now,
             last_collect: now,
+            next_window_change_ns: None,
             stats: CollectorStats::default(),
         };
         match target {
             Some(target) => collector.attach_target(target)?,
             None => collector.attach_host()?,
+        }
+        if collector.budget.is_some() {
+            collector.windows_tick();
         }
         Ok(collector)
     }
@@ -88,6 +94,11 @@ impl Collector {
     /// [`Scope::Process`]: attaches every image of the target (any failure is an
     /// error), and starts the interval once they are.
     fn attach_target(&mut self, target: Target) -> Result<(), CollectError> {
+        // Timed before the target's probes are in: they would slow the child's loop.
+        let calibration = match self.options.budget {
+            Some(_) => Some(self.calibrate_for_one_process()?),
+            None => None,
+        };
         let mut attached = AttachedTarget {
             pid: target.pid,
             comm: target.comm,
@@ -126,9 +137,15 @@ impl Collector {
             self.processes
                 .update(info, true, self.options.live.is_some());
         }
+        if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+            tracked.images = self.images.images.keys().copied().collect();
+        }
         // Cache the target's maps while it surely lives: its last samples may be read
         // after it exits.
         self.stacks.prime(pid);
+        if let (Some(options), Some(cost)) = (self.options.budget, calibration) {
+            self.start_budget(options, cost);
+        }
         Ok(())
     }
 
@@ -138,10 +155,7 @@ impl Collector {
         let started = Instant::now();
         let me = std::process::id();
         self.sampler().set_gate(me, GateState::Excluded)?;
-        let budget = match &self.scope {
-            Scope::Host { budget, .. } => *budget,
-            Scope::Process(_) => None,
-        };
+        let budget = self.options.budget;
         // The unprobed cost of the calibration loop, before anything is attached.
         let baseline = match budget {
             Some(_) => {
@@ -162,15 +176,24 @@ impl Collector {
         }
         if let Some(options) = budget {
             let cost = self.calibrate(baseline)?;
-            tracing::info!(
-                "overhead budget: {:.1}% of a CPU per process; a probe hit costs {:.0} ns sampled, {:.0} ns paused, {:.0} ns more where the probed instruction is single-stepped",
-                options.cpu_fraction * 100.0,
-                cost.sampled_ns,
-                cost.paused_ns,
-                cost.stepped_extra_ns
-            );
-            self.budget = Some(BudgetController::new(Budget::new(options, cost), started));
+            self.start_budget(options, cost);
         }
+        tracing::debug!("attached the host in {:?}", started.elapsed());
         Ok(())
+    }
+
+    /// Starts the overhead budget with a measured hit cost: every image probed full
+    /// time until the first check says otherwise.
+    fn start_budget(&mut self, options: BudgetOptions, cost: HitCost) {
+        let budget = BudgetController::new(options, cost);
+        tracing::info!(
+            "overhead budget: {:.1}% of a CPU per process, {:.2} CPUs for the host; a probe hit costs {:.0} ns, {:.0} ns more where the probed instruction is single-stepped; windows per {:.1}s period",
+            options.process_cpu * 100.0,
+            budget.host_cpu(),
+            cost.hit_ns,
+            cost.stepped_extra_ns,
+            options.period.as_secs_f64(),
+        );
+        self.budget = Some(budget);
     }
 }

@@ -19,12 +19,19 @@ pub struct CollectorStats {
     pub exec_events: u64,
     /// Exit events received.
     pub exit_events: u64,
-    /// Processes backed off for their overhead budget (total).
-    pub budget_backoffs: u64,
-    /// Image detachments for the budget (total).
-    pub budget_detachments: u64,
-    /// Processes backed off now.
-    pub budget_paused: u64,
+    /// Images probed part time now (overhead budget).
+    pub budget_windowed_images: u64,
+    /// Probes put back in as observation windows opened (total).
+    pub window_attaches: u64,
+    /// Probes taken out as observation windows closed (total).
+    pub window_detaches: u64,
+    /// Windows that opened before their probes were in (the engine was late): their
+    /// samples are dropped (total).
+    pub window_blind_spots: u64,
+    /// Samples dropped outside their process's window, or unplaceable (total).
+    pub unplaced_samples: u64,
+    /// Live blocks that left the in-use set when their window closed (total).
+    pub window_expired_blocks: u64,
     /// Live blocks retired because the kernel no longer tracked them: their `Freed`
     /// event was lost (total).
     pub lost_frees: u64,

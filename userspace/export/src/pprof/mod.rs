@@ -72,6 +72,11 @@ pub const INTERVAL_INPUT_LABELS: [&str; 4] = [
     "ci_certain_bytes",
 ];
 
+/// Numeric label of a time-sampled profile's samples: the stack's byte estimate before
+/// time weighting (what its byte-sampling interval is scaled from; see
+/// `StackStats::observed_bytes`). Absent when the profile was observed full time.
+pub const OBSERVED_BYTES_LABEL: &str = "observed_bytes";
+
 /// The values of [`INTERVAL_INPUT_LABELS`], in order.
 pub fn interval_input_values(inputs: &IntervalInputs) -> [u64; 4] {
     [
@@ -175,6 +180,23 @@ fn mappings(report: &Report, strings: &mut Strings) -> Vec<Mapping> {
 fn summary_comment(report: &Report) -> String {
     let level = report.confidence.percent_label();
     let total = report.total_interval();
+    if let Some(time) = &report.time_sampling {
+        return format!(
+            "allocbpf: Poisson byte sampling, mean interval {} bytes, and time sampling under an \
+             overhead budget: observed {:.2}% of the interval (one window per period at a random \
+             phase); values are unbiased estimates for the whole interval; total {:.0} bytes, \
+             {level}% CI [{:.0}, {:.0}] including time sampling; per-sample {level}% intervals in \
+             labels bytes_ci{level}_low/high cover byte sampling in the observed windows only; \
+             exact totals {} bytes in {} calls count only calls made while probes were attached",
+            report.rate,
+            time.observed_fraction * 100.0,
+            report.totals.estimated_bytes,
+            total.lo,
+            total.hi,
+            report.totals.exact_bytes,
+            report.totals.exact_calls
+        );
+    }
     format!(
         "allocbpf: Poisson byte sampling, mean interval {} bytes; values are unbiased estimates; \
          total {:.0} bytes, {level}% CI [{:.0}, {:.0}]; exact totals {} bytes in {} calls; \
@@ -202,6 +224,8 @@ struct SampleBuilder<'a> {
     ci_high_key: i64,
     bytes_unit: i64,
     input_keys: [i64; 4],
+    /// Time-sampled profiles only.
+    observed_key: Option<i64>,
 }
 
 impl<'a> SampleBuilder<'a> {
@@ -215,6 +239,10 @@ impl<'a> SampleBuilder<'a> {
             ci_high_key: strings.intern(&format!("bytes_ci{level}_high")),
             bytes_unit: strings.intern("bytes"),
             input_keys: INTERVAL_INPUT_LABELS.map(|name| strings.intern(name)),
+            observed_key: report
+                .time_sampling
+                .is_some()
+                .then(|| strings.intern(OBSERVED_BYTES_LABEL)),
             strings,
             functions: HashMap::new(),
             function_list: Vec::new(),
@@ -267,6 +295,10 @@ impl<'a> SampleBuilder<'a> {
                     .iter()
                     .zip(interval_input_values(&stats.interval_inputs))
                     .map(|(&key, num)| count_label(key, num)),
+            )
+            .chain(
+                self.observed_key
+                    .map(|key| bytes_label(key, stats.observed_bytes)),
             )
             .collect(),
         }

@@ -91,6 +91,8 @@ impl RawSample {
             rate: self.rate,
             certain: self.certain,
             timestamp_ns: self.timestamp_ns,
+            // The engine sets it under time sampling.
+            window: None,
         }
     }
 }

@@ -11,20 +11,21 @@ use std::num::NonZeroU32;
 use std::os::fd::OwnedFd;
 
 use allocbpf_common::{
-    Counter, LiveMode, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, LIVE_MODE_GLOBAL,
-    RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOT_MASK_GLOBAL,
+    Counter, LiveMode, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, COUNT_HITS_GLOBAL,
+    LIVE_MODE_GLOBAL, RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL,
+    THREAD_SLOT_MASK_GLOBAL,
 };
 use aya::{
     maps::{Array, MapData, RingBuf},
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
         RawTracePoint, UProbe,
     },
     Btf, Ebpf, EbpfLoader,
 };
 use aya_log::EbpfLogger;
 
-use self::session_link::SessionPrograms;
+use self::session_link::{LinkKind, SessionPrograms};
 use crate::image::{AllocatorImage, ProbedEntry};
 use allocbpf_profile::estimate::certain_threshold;
 use allocbpf_profile::estimate::interval_table::IntervalTable;
@@ -48,7 +49,7 @@ pub enum ProbeError {
         /// The image file.
         path: String,
         /// The cause (boxed: it is large, and errors travel by value).
-        source: Box<aya::programs::ProgramError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A map could not be read or written.
     #[error("eBPF map {map}")]
@@ -94,6 +95,13 @@ pub struct SamplerConfig {
     pub live: Option<LiveMechanism>,
     /// Bytes of user stack copied per sample (0: frame pointers walked in the kernel).
     pub stack_copy_bytes: u32,
+    /// Count probe hits per process even with `pid` (an overhead budget on one
+    /// process); every process's are counted without.
+    pub count_hits: bool,
+    /// Attach entry probes through uprobe_multi links where the kernel has them (6.6+):
+    /// one link per program and image, detached in one step (the overhead budget's
+    /// windows detach images every period; `session_link.rs` says why).
+    pub multi_links: bool,
 }
 
 impl SamplerConfig {
@@ -132,17 +140,85 @@ pub struct Attached {
 pub struct ImageLinks {
     /// aya-managed uprobes: (program name, link).
     uprobes: Vec<(&'static str, UProbeLinkId)>,
-    /// Session links (closing the fd detaches).
+    /// Session and uprobe_multi links (closing the fd detaches).
     sessions: Vec<OwnedFd>,
+    /// Probes behind those links (a multi link has several).
+    fd_probes: usize,
 }
 
 impl ImageLinks {
-    /// Number of probes (links) attached.
+    /// Number of probes attached.
+    pub fn len(&self) -> usize {
+        self.uprobes.len() + self.fd_probes
+    }
+
+    /// True if nothing is attached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Attaches `program(entry)` at every entry of `entries` through `programs`' links:
+/// one link per program, each with every offset (and cookie) of its entries.
+fn link_grouped(
+    programs: &mut SessionPrograms,
+    image: &AllocatorImage,
+    entries: &[ProbedEntry],
+    program: impl Fn(&ProbedEntry) -> &'static str,
+    pid: Option<u32>,
+    links: &mut ImageLinks,
+) -> Result<(), ProbeError> {
+    let mut groups: std::collections::BTreeMap<&'static str, (Vec<u64>, Vec<u64>)> =
+        Default::default();
+    for entry in entries {
+        let (offsets, cookies) = groups.entry(program(entry)).or_default();
+        offsets.push(entry.probe_file_offset());
+        cookies.push(entry.cookie());
+    }
+    for (name, (offsets, cookies)) in groups {
+        let link = programs
+            .attach_many(name, &image.attach_path(), &offsets, &cookies, pid)
+            .map_err(|source| ProbeError::Attach {
+                symbol: name.to_string(),
+                path: image.path_in_target.display().to_string(),
+                source: Box::new(source),
+            })?;
+        links.sessions.push(link);
+        links.fd_probes += offsets.len();
+    }
+    Ok(())
+}
+
+/// Probes of one image taken out of the sampler ([`Sampler::take_links`]): dropping
+/// this detaches them.
+pub struct DetachingLinks {
+    uprobes: Vec<UProbeLink>,
+    sessions: Vec<OwnedFd>,
+}
+
+impl DetachingLinks {
+    /// Splits into one part per link: each close waits for a grace period after its
+    /// breakpoints are gone, so links closed one after another would leave the last
+    /// ones trapping for the sum of the waits; closed on one thread each, they all go
+    /// at once.
+    pub fn split(self) -> Vec<DetachingLinks> {
+        let uprobes = self.uprobes.into_iter().map(|link| DetachingLinks {
+            uprobes: vec![link],
+            sessions: Vec::new(),
+        });
+        let sessions = self.sessions.into_iter().map(|fd| DetachingLinks {
+            uprobes: Vec::new(),
+            sessions: vec![fd],
+        });
+        uprobes.chain(sessions).collect()
+    }
+
+    /// Number of links.
     pub fn len(&self) -> usize {
         self.uprobes.len() + self.sessions.len()
     }
 
-    /// True if nothing is attached.
+    /// True if there are none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -176,6 +252,8 @@ pub struct Sampler {
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
     /// Programs relocated for session links (live tracking, on kernels that have them).
     session_programs: Option<SessionPrograms>,
+    /// Programs relocated for uprobe_multi links ([`SamplerConfig::multi_links`]).
+    multi_programs: Option<SessionPrograms>,
     /// Exact totals and counters by epoch.
     book: totals::EpochBook,
 }
@@ -202,9 +280,11 @@ impl Sampler {
             Some(LiveMechanism::Uretprobe) => LiveMode::Uretprobe,
         };
         let live_mode_value = live_mode as u32;
+        let count_hits = u32::from(config.count_hits);
         let mut ebpf = EbpfLoader::new()
             .btf(btf.as_ref())
             .override_global(TARGET_PID_GLOBAL, &target_pid, true)
+            .override_global(COUNT_HITS_GLOBAL, &count_hits, true)
             .override_global(RATE_GLOBAL, &config.rate, true)
             .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
             .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
@@ -217,7 +297,11 @@ impl Sampler {
             .map_err(load_error)?;
         // Before anything takes maps out of `ebpf`: relocation needs every map's fd.
         let session_programs = (live_mode == LiveMode::Session && !config.empty_probes)
-            .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf))
+            .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf, LinkKind::Session))
+            .transpose()
+            .map_err(load_error)?;
+        let multi_programs = (config.multi_links && session_link::kernel_supports(LinkKind::Multi))
+            .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf, LinkKind::Multi))
             .transpose()
             .map_err(load_error)?;
         // The eBPF side logs only on rare paths; no log map means nothing to forward.
@@ -235,6 +319,7 @@ impl Sampler {
             table: IntervalTable::new(config.rate),
             logger,
             session_programs,
+            multi_programs,
             book,
         };
         sampler.refresh_intervals()?;
@@ -304,11 +389,8 @@ impl Sampler {
             }
         };
         if self.config.live.is_some() {
-            for entry in &image.frees {
-                let link = self.attach_uprobe(program(entry), entry, entry.cookie(), image)?;
-                attached.links.uprobes.push(link);
-                attached.frees += 1;
-            }
+            self.attach_entries(image, &image.frees, program, &mut attached.links)?;
+            attached.frees += image.frees.len();
         }
         if self.config.live.is_some() && !empty {
             if self.session_programs.is_some() {
@@ -324,14 +406,31 @@ impl Sampler {
                 attached.links.uprobes.push(link);
             }
         }
-        for entry in &image.entries {
-            let link = self.attach_uprobe(program(entry), entry, entry.cookie(), image)?;
-            attached.links.uprobes.push(link);
-        }
-        Ok(())
+        self.attach_entries(image, &image.entries, program, &mut attached.links)
     }
 
-    /// Attaches every allocation entry of `image` through a session link.
+    /// Attaches `program(entry)` at every entry of `entries` with its cookie: one
+    /// uprobe_multi link per program where they are used, else one aya uprobe each.
+    fn attach_entries(
+        &mut self,
+        image: &AllocatorImage,
+        entries: &[ProbedEntry],
+        program: impl Fn(&ProbedEntry) -> &'static str,
+        links: &mut ImageLinks,
+    ) -> Result<(), ProbeError> {
+        let Some(multi) = self.multi_programs.as_mut() else {
+            for entry in entries {
+                let link = self.attach_uprobe(program(entry), entry, entry.cookie(), image)?;
+                links.uprobes.push(link);
+            }
+            return Ok(());
+        };
+        let pid = self.config.pid;
+        link_grouped(multi, image, entries, program, pid, links)
+    }
+
+    /// Attaches every allocation entry of `image` through session links, one per
+    /// program.
     fn attach_sessions(
         &mut self,
         image: &AllocatorImage,
@@ -340,19 +439,15 @@ impl Sampler {
         let Some(programs) = self.session_programs.as_mut() else {
             return Ok(());
         };
-        for entry in &image.entries {
-            let link = programs
-                .attach(
-                    entry.shape.program(),
-                    &image.attach_path(),
-                    entry.probe_file_offset(),
-                    entry.cookie(),
-                    self.config.pid,
-                )
-                .map_err(load_error)?;
-            links.sessions.push(link);
-        }
-        Ok(())
+        let pid = self.config.pid;
+        link_grouped(
+            programs,
+            image,
+            &image.entries,
+            |e| e.shape.program(),
+            pid,
+            links,
+        )
     }
 
     /// Loads (once) and attaches aya program `name` at `entry`'s probe point in
@@ -398,6 +493,26 @@ impl Sampler {
         }
         // Session links are file descriptors: closing them detaches.
         drop(links.sessions);
+    }
+
+    /// Takes `links` out of the sampler's programs without detaching them: they detach
+    /// when the result is dropped. Closing a uprobe waits for an RCU grace period
+    /// (~100 ms per probe here) after its breakpoints are gone, so the caller drops it
+    /// on another thread and goes on.
+    pub fn take_links(&mut self, links: ImageLinks) -> DetachingLinks {
+        let mut uprobes = Vec::new();
+        for (name, link) in links.uprobes {
+            let taken = program_of::<UProbe>(&mut self.ebpf, name)
+                .and_then(|program| program.take_link(link).map_err(load_error));
+            match taken {
+                Ok(link) => uprobes.push(link),
+                Err(error) => tracing::warn!("detaching {name}: {error}"),
+            }
+        }
+        DetachingLinks {
+            uprobes,
+            sessions: links.sessions,
+        }
     }
 
     /// Takes the sample ring buffer (once).

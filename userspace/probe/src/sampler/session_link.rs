@@ -1,13 +1,18 @@
-//! uprobe session links (kernel 6.13+), created through the bpf syscall.
+//! uprobe session and uprobe_multi links, created through the bpf syscall.
 //!
-//! A session link runs one program at a function's entry and, only if that run returned
-//! 0, again at its return. That is what live tracking needs: only sampled calls pay for the
-//! return. aya 0.14 can neither load a program with the `BPF_TRACE_UPROBE_SESSION`
-//! expected attach type (the kernel requires it) nor create uprobe_multi links, so this
-//! module does both itself: it relocates the program from the same embedded object with
-//! `aya-obj` against the maps aya already created (so both sides share every map,
-//! including `.rodata` with its globals set), loads it with `BPF_PROG_LOAD`, and links
-//! it with `BPF_LINK_CREATE`. The programs aya loads are used for everything else.
+//! A session link (kernel 6.13+) runs one program at a function's entry and, only if
+//! that run returned 0, again at its return. That is what live tracking needs: only
+//! sampled calls pay for the return. A uprobe_multi link (kernel 6.6+) puts one program
+//! on many offsets of a file; closing it removes every breakpoint at once and waits for
+//! the kernel's grace period once, where closing one aya (perf event) uprobe per entry
+//! waits ~100 ms per probe under a global lock, with the later probes still trapping
+//! meanwhile: the overhead budget's windows detach images every period, so they use
+//! these. aya 0.14 can neither load a program with those expected attach types (the
+//! kernel requires them) nor create such links, so this module does both itself: it
+//! relocates the program from the same embedded object with `aya-obj` against the maps
+//! aya already created (so both sides share every map, including `.rodata` with its
+//! globals set), loads it with `BPF_PROG_LOAD`, and links it with `BPF_LINK_CREATE`.
+//! The programs aya loads are used for everything else.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -21,8 +26,28 @@ use aya::{maps::Map, Ebpf};
 
 /// `BPF_PROG_TYPE_KPROBE`: uprobe programs are kprobe programs.
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
+/// `BPF_TRACE_UPROBE_MULTI` in `enum bpf_attach_type` (Linux 6.6).
+const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 /// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (Linux 6.13).
 const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+
+/// Which kind of link a [`SessionPrograms`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// uprobe session links (entry and, for sampled calls, return).
+    Session,
+    /// uprobe_multi links (entry only, many offsets per link).
+    Multi,
+}
+
+impl LinkKind {
+    fn attach_type(self) -> u32 {
+        match self {
+            LinkKind::Session => BPF_TRACE_UPROBE_SESSION,
+            LinkKind::Multi => BPF_TRACE_UPROBE_MULTI,
+        }
+    }
+}
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
@@ -39,7 +64,7 @@ pub enum SessionError {
     },
     /// The kernel refused the program (old kernel: unknown attach type).
     #[error(
-        "the kernel refused {program} as a uprobe session program: {source}; verifier log: {log}"
+        "the kernel refused {program} as a uprobe session or multi program: {source}; verifier log: {log}"
     )]
     Load {
         /// Program name.
@@ -50,7 +75,7 @@ pub enum SessionError {
         log: String,
     },
     /// The kernel refused the link.
-    #[error("the kernel refused a uprobe session link for {program}: {source}")]
+    #[error("the kernel refused a uprobe session or multi link for {program}: {source}")]
     Link {
         /// Program name.
         program: String,
@@ -118,6 +143,11 @@ fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
 /// two-instruction program (`r0 = 0; exit`) with that expected attach type. Like
 /// libbpf's feature probes, this is decided once, before anything else is loaded.
 pub fn kernel_supports_sessions() -> bool {
+    kernel_supports(LinkKind::Session)
+}
+
+/// True if the kernel loads programs for `kind` links (same probe as above).
+pub fn kernel_supports(kind: LinkKind) -> bool {
     // mov64 r0, 0 ; exit
     let insns: [u64; 2] = [u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]), 0x95];
     let license = c"GPL";
@@ -126,7 +156,7 @@ pub fn kernel_supports_sessions() -> bool {
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
-        expected_attach_type: BPF_TRACE_UPROBE_SESSION,
+        expected_attach_type: kind.attach_type(),
         ..Default::default()
     };
     bpf(BPF_PROG_LOAD, &mut attr).is_ok()
@@ -169,16 +199,22 @@ fn map_fd(map: &Map) -> RawFd {
     data.fd().as_fd().as_raw_fd()
 }
 
-/// Session programs relocated from the embedded object against `ebpf`'s maps.
+/// Programs relocated from the embedded object against `ebpf`'s maps, loaded for one
+/// [`LinkKind`].
 pub struct SessionPrograms {
     object: aya_obj::Object,
+    kind: LinkKind,
     loaded: HashMap<String, OwnedFd>,
 }
 
 impl SessionPrograms {
     /// Relocates the object's programs against the maps `ebpf` created. `ebpf` must
     /// have been loaded from `object_bytes` (same maps, same globals).
-    pub fn relocate(object_bytes: &[u8], ebpf: &Ebpf) -> Result<SessionPrograms, SessionError> {
+    pub fn relocate(
+        object_bytes: &[u8],
+        ebpf: &Ebpf,
+        kind: LinkKind,
+    ) -> Result<SessionPrograms, SessionError> {
         let error = |reason: String| SessionError::Relocate {
             program: "(object)".into(),
             reason,
@@ -209,11 +245,12 @@ impl SessionPrograms {
             .map_err(|e| error(e.to_string()))?;
         Ok(SessionPrograms {
             object,
+            kind,
             loaded: HashMap::new(),
         })
     }
 
-    /// Loads `name` as a uprobe session program (once) and returns its fd.
+    /// Loads `name` for this kind of link (once) and returns its fd.
     fn load(&mut self, name: &str) -> Result<RawFd, SessionError> {
         if let Some(fd) = self.loaded.get(name) {
             return Ok(fd.as_raw_fd());
@@ -247,7 +284,7 @@ impl SessionPrograms {
                     0
                 },
                 prog_name,
-                expected_attach_type: BPF_TRACE_UPROBE_SESSION,
+                expected_attach_type: self.kind.attach_type(),
                 ..Default::default()
             };
             bpf(BPF_PROG_LOAD, &mut attr)
@@ -272,8 +309,8 @@ impl SessionPrograms {
         Ok(raw)
     }
 
-    /// Attaches program `name` at `offset` of the ELF file `path` as a session link,
-    /// for `pid` only (or every process for `None`). The link lives as long as the fd.
+    /// Attaches program `name` at `offset` of the ELF file `path` as one link, for
+    /// `pid` only (or every process for `None`). The link lives as long as the fd.
     pub fn attach(
         &mut self,
         name: &str,
@@ -282,6 +319,20 @@ impl SessionPrograms {
         cookie: u64,
         pid: Option<u32>,
     ) -> Result<OwnedFd, SessionError> {
+        self.attach_many(name, path, &[offset], &[cookie], pid)
+    }
+
+    /// Attaches program `name` at every offset of `offsets` (with the cookie at the
+    /// same index) of the ELF file `path` as one link.
+    pub fn attach_many(
+        &mut self,
+        name: &str,
+        path: &Path,
+        offsets: &[u64],
+        cookies: &[u64],
+        pid: Option<u32>,
+    ) -> Result<OwnedFd, SessionError> {
+        assert_eq!(offsets.len(), cookies.len(), "one cookie per offset");
         let prog_fd = self.load(name)?;
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
             SessionError::Relocate {
@@ -289,15 +340,13 @@ impl SessionPrograms {
                 reason: format!("path {} has a NUL byte", path.display()),
             }
         })?;
-        let offsets = [offset];
-        let cookies = [cookie];
         let mut attr = LinkCreateAttr {
             prog_fd: prog_fd as u32,
-            attach_type: BPF_TRACE_UPROBE_SESSION,
+            attach_type: self.kind.attach_type(),
             path: c_path.as_ptr() as u64,
             offsets: offsets.as_ptr() as u64,
             cookies: cookies.as_ptr() as u64,
-            cnt: 1,
+            cnt: offsets.len() as u32,
             pid: pid.unwrap_or(0),
             ..Default::default()
         };

@@ -11,10 +11,12 @@
 //! Allocations of at least the certain threshold (heapprofd's shortcut) are recorded
 //! with probability 1, so they stand for exactly themselves.
 //!
-//! [`interval`] adds confidence intervals (the .NET document's approach 2).
+//! [`interval`] adds confidence intervals (the .NET document's approach 2); [`windows`]
+//! scales samples taken in observation windows up to the whole interval.
 
 pub mod interval;
 pub mod interval_table;
+pub mod windows;
 
 pub use interval::{Confidence, Interval, IntervalInputs};
 

@@ -1,0 +1,173 @@
+//! Time sampling in simulation (docs/statistics.md, "Time sampling"): workloads that
+//! allocate over `K` periods are observed in one window per period, of `d·P` ticks at a
+//! uniformly random phase (circular, as the agent's `WindowSchedule` places them);
+//! the allocations inside a window go through the kernel's sampling decision, and the
+//! samples through the profile model's own estimator (`Aggregate` with a
+//! `SampleWindow`, `TimeSampling::interval`). Each trial's estimate of the WHOLE
+//! interval is compared with the truth, and its interval checked for coverage.
+//!
+//! The windows are re-implemented here from their definition rather than taken from
+//! the engine: the harness checks the estimator against the law, not against itself.
+
+use allocbpf_common::sampler::{decide, Decision};
+use allocbpf_profile::{
+    aggregate::{Aggregate, SampledAllocation, StackKey},
+    estimate::{
+        certain_threshold,
+        windows::{SampleWindow, TimeSampling},
+        Confidence,
+    },
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::stats::{mean, variance};
+use crate::simulate::IntervalSource;
+
+/// Ticks per period.
+pub const PERIOD: u64 = 1_000;
+
+/// Periods per trial (a one-minute agent interval at the default 1 s period).
+pub const PERIODS: u64 = 60;
+
+/// How a simulated process allocates over time.
+#[derive(Clone, Copy, Debug)]
+pub enum Pattern {
+    /// One allocation of `size` bytes every tick.
+    Steady {
+        /// Bytes per allocation.
+        size: u64,
+    },
+    /// On/off: while on (entered with probability `1/mean_off` per tick, left with
+    /// `1/mean_on`), one allocation of `size` bytes every tick; nothing while off.
+    Bursty {
+        /// Bytes per allocation.
+        size: u64,
+        /// Mean length of a burst, ticks.
+        mean_on: u64,
+        /// Mean pause between bursts, ticks.
+        mean_off: u64,
+    },
+}
+
+/// What many trials of one pattern at one duty showed.
+#[derive(Clone, Debug)]
+pub struct TimeSamplingSummary {
+    /// The pattern.
+    pub pattern: Pattern,
+    /// The duty (inclusion probability).
+    pub duty: f64,
+    /// Mean truth per trial.
+    pub truth: f64,
+    /// Mean of (estimate - truth).
+    pub mean_error: f64,
+    /// Its standard error.
+    pub standard_error: f64,
+    /// Fraction of trials whose interval (time sampling included) covered the truth.
+    pub coverage: f64,
+    /// Fraction of trials whose byte-sampling-only interval covered the truth.
+    pub byte_only_coverage: f64,
+    /// Observed sd of the estimates / truth.
+    pub relative_sd: f64,
+}
+
+/// Runs `trials` trials of `pattern` observed at duty `duty` and sampled at `rate`.
+pub fn run(
+    pattern: Pattern,
+    duty: f64,
+    rate: u64,
+    trials: usize,
+    seed: u64,
+) -> TimeSamplingSummary {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut source = IntervalSource::new(rate, seed ^ 0x7173);
+    let threshold = certain_threshold(rate);
+    let window = (duty * PERIOD as f64) as u64;
+    let level = Confidence::DEFAULT;
+    let mut errors = Vec::with_capacity(trials);
+    let mut truths = Vec::with_capacity(trials);
+    let mut covered = 0usize;
+    let mut byte_covered = 0usize;
+    let mut on = false;
+    for _ in 0..trials {
+        let mut aggregate = Aggregate::default();
+        let mut countdown = source.next_interval();
+        let mut truth = 0.0;
+        for period in 0..PERIODS {
+            let phase = rng.random_range(0..PERIOD);
+            for tick in 0..PERIOD {
+                let size = match pattern {
+                    Pattern::Steady { size } => size,
+                    Pattern::Bursty {
+                        size,
+                        mean_on,
+                        mean_off,
+                    } => {
+                        let flip = if on { mean_on } else { mean_off };
+                        if rng.random_range(0..flip) == 0 {
+                            on = !on;
+                        }
+                        if !on {
+                            continue;
+                        }
+                        size
+                    }
+                };
+                truth += size as f64;
+                // Circular window: every tick of the period is in with probability duty.
+                if (tick + PERIOD - phase) % PERIOD >= window {
+                    continue;
+                }
+                let (offset, certain) =
+                    match decide(&mut countdown, size, threshold, || source.next_interval()) {
+                        Decision::Skip => continue,
+                        Decision::Sampled { offset, .. } => (offset, false),
+                        Decision::Certain => (0, true),
+                    };
+                let sample = SampledAllocation {
+                    sample_id: 0,
+                    size,
+                    offset,
+                    rate,
+                    certain,
+                    timestamp_ns: period * PERIOD + tick,
+                    window: Some(SampleWindow {
+                        period,
+                        inclusion: window as f64 / PERIOD as f64,
+                    }),
+                };
+                aggregate.add(
+                    StackKey {
+                        pid: 1,
+                        frames: Vec::new(),
+                    },
+                    &sample,
+                );
+            }
+        }
+        let estimate = aggregate.totals.estimated_bytes;
+        let time = TimeSampling {
+            observed_fraction: duty,
+            periods: 0..=PERIODS - 1,
+            totals: aggregate.periods.clone(),
+        };
+        let interval = time
+            .interval(estimate, level)
+            .expect("more than one period");
+        covered += usize::from(interval.contains(truth));
+        byte_covered += usize::from(aggregate.totals.bytes_interval(rate, level).contains(truth));
+        errors.push(estimate - truth);
+        truths.push(truth);
+    }
+    let truth = mean(&truths);
+    TimeSamplingSummary {
+        pattern,
+        duty,
+        truth,
+        mean_error: mean(&errors),
+        standard_error: variance(&errors).sqrt() / (trials as f64).sqrt(),
+        coverage: covered as f64 / trials as f64,
+        byte_only_coverage: byte_covered as f64 / trials as f64,
+        relative_sd: variance(&errors).sqrt() / truth,
+    }
+}

@@ -1,0 +1,186 @@
+//! Time sampling: estimates for a whole interval from the observation windows inside it
+//! (docs/statistics.md, "Time sampling").
+//!
+//! Under an overhead budget a process is observed in one window per period: a window
+//! of `d·P` seconds at a uniformly random phase of each period `P` (circular, so every
+//! instant of the period is observed with probability exactly `d`). A sample taken in
+//! a window stands for `1/d` times its byte weight (Horvitz-Thompson): the sum estimates
+//! what was allocated over the whole interval, unbiased whatever the process does,
+//! because the phases are drawn independently of it.
+//!
+//! The variance of that total, byte sampling and time sampling together, is estimated
+//! from the per-period totals `y_k` with successive differences (Wolter's estimator for
+//! systematic samples, one per stratum): `K/(2(K-1)) · Σ (y_k − y_{k−1})²`. Its expectation
+//! is the true variance plus the squared changes of the period means, so it errs on the
+//! wide side for a process whose rate drifts, and needs no model of the process.
+
+use std::collections::BTreeMap;
+
+use statrs::distribution::{ContinuousCDF, StudentsT};
+
+use super::{Confidence, Interval};
+
+/// Where a sample was taken in the time sampling: its period and the probability that
+/// its instant was observed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleWindow {
+    /// Index of the period (counted from the schedule's origin).
+    pub period: u64,
+    /// Probability that the sample's instant lay in an observation window, in (0, 1].
+    pub inclusion: f64,
+}
+
+impl SampleWindow {
+    /// What one observed byte stands for: `1 / inclusion`.
+    pub fn time_weight(&self) -> f64 {
+        1.0 / self.inclusion
+    }
+}
+
+/// The per-period totals of time-weighted samples of one interval (bytes).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PeriodTotals {
+    totals: BTreeMap<u64, f64>,
+}
+
+impl PeriodTotals {
+    /// Adds `bytes` (already time-weighted) to `period`.
+    pub fn add(&mut self, period: u64, bytes: f64) {
+        *self.totals.entry(period).or_insert(0.0) += bytes;
+    }
+
+    /// Adds another process's totals (the windows are common to every process, so the
+    /// sum of the per-period totals is the combined sequence).
+    pub fn merge(&mut self, other: &PeriodTotals) {
+        for (&period, &bytes) in &other.totals {
+            self.add(period, bytes);
+        }
+    }
+
+    /// Forgets everything (a new interval).
+    pub fn clear(&mut self) {
+        self.totals.clear();
+    }
+
+    /// The first period with samples.
+    pub fn first(&self) -> Option<u64> {
+        self.totals.keys().next().copied()
+    }
+
+    /// Periods with samples.
+    pub fn len(&self) -> usize {
+        self.totals.len()
+    }
+
+    /// True if no period has samples.
+    pub fn is_empty(&self) -> bool {
+        self.totals.is_empty()
+    }
+
+    /// The successive-difference variance of the sum over `periods` (first and last
+    /// included; periods without samples count as 0). `None` for fewer than two periods.
+    pub fn variance(&self, periods: std::ops::RangeInclusive<u64>) -> Option<f64> {
+        let (first, last) = (*periods.start(), *periods.end());
+        let count = last.checked_sub(first)? + 1;
+        if count < 2 {
+            return None;
+        }
+        let mut sum = 0.0;
+        let mut previous = (first, 0.0);
+        let mut started = false;
+        for (&period, &y) in self.totals.range(first..=last) {
+            let (at, before) = previous;
+            if !started && period > first {
+                // Leading periods without samples: one step up from 0.
+                sum += y * y;
+            } else if started {
+                // Periods between without samples: down to 0, then up to y.
+                if period > at + 1 {
+                    sum += before * before + y * y;
+                } else {
+                    sum += (y - before) * (y - before);
+                }
+            }
+            started = true;
+            previous = (period, y);
+        }
+        if started && previous.0 < last {
+            sum += previous.1 * previous.1;
+        }
+        let count = count as f64;
+        Some(count / (2.0 * (count - 1.0)) * sum)
+    }
+}
+
+/// What the whole-interval estimate of a time-sampled profile rests on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimeSampling {
+    /// Expected fraction of the interval observed (the mean inclusion probability).
+    pub observed_fraction: f64,
+    /// The interval's first and last periods.
+    pub periods: std::ops::RangeInclusive<u64>,
+    /// Time-weighted bytes per period.
+    pub totals: PeriodTotals,
+}
+
+impl TimeSampling {
+    /// An interval around `estimate` with the successive-difference variance (byte and
+    /// time sampling together), Student's t with one degree of freedom per period
+    /// less one: the variance is itself estimated from those periods. `None` for fewer
+    /// than two periods.
+    pub fn interval(&self, estimate: f64, confidence: Confidence) -> Option<Interval> {
+        let variance = self.totals.variance(self.periods.clone())?;
+        let freedom = (self.periods.end() - self.periods.start()) as f64;
+        let t = StudentsT::new(0.0, 1.0, freedom)
+            .ok()?
+            .inverse_cdf(0.5 + confidence.level() / 2.0);
+        let half = t * variance.sqrt();
+        Some(Interval {
+            lo: (estimate - half).max(0.0),
+            hi: estimate + half,
+        })
+    }
+
+    /// Combines the time sampling of processes profiled over the same interval.
+    pub fn merge(&mut self, other: &TimeSampling) {
+        let count = |t: &TimeSampling| (t.periods.end() - t.periods.start() + 1) as f64;
+        let (a, b) = (count(self), count(other));
+        self.observed_fraction =
+            (self.observed_fraction * a + other.observed_fraction * b) / (a + b);
+        self.periods = *self.periods.start().min(other.periods.start())
+            ..=*self.periods.end().max(other.periods.end());
+        self.totals.merge(&other.totals);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn totals(values: &[(u64, f64)]) -> PeriodTotals {
+        let mut t = PeriodTotals::default();
+        for &(k, y) in values {
+            t.add(k, y);
+        }
+        t
+    }
+
+    /// The gaps are zeros: the same figure as the dense sequence.
+    #[test]
+    fn missing_periods_count_as_zero() {
+        let sparse = totals(&[(3, 5.0), (4, 1.0), (7, 2.0)]);
+        let dense: Vec<f64> = vec![0.0, 5.0, 1.0, 0.0, 0.0, 2.0, 0.0];
+        let sum: f64 = dense.windows(2).map(|w| (w[1] - w[0]).powi(2)).sum();
+        let expected = 7.0 / 12.0 * sum;
+        let got = sparse.variance(2..=8).unwrap();
+        assert!((got - expected).abs() < 1e-9, "{got} {expected}");
+        assert_eq!(sparse.variance(5..=5), None);
+    }
+
+    /// A steady sequence has no successive differences: no variance.
+    #[test]
+    fn steady_totals_have_no_variance() {
+        let steady = totals(&(0..10).map(|k| (k, 4.0)).collect::<Vec<_>>());
+        assert_eq!(steady.variance(0..=9), Some(0.0));
+    }
+}
