@@ -387,9 +387,9 @@ fn budget_options(file: BudgetFile) -> Result<Option<BudgetOptions>> {
             defaults.recovery,
         )?,
     };
-    if options.min_window > options.period || options.period.is_zero() {
+    if options.min_window > options.period || options.min_window.is_zero() {
         return Err(ConfigError::Invalid(format!(
-            "config keys budget.min_window ({:?}) and budget.period ({:?}): the window must fit in the period",
+            "config keys budget.min_window ({:?}) and budget.period ({:?}): the window must be longer than 0 and fit in the period",
             options.min_window, options.period
         )));
     }

@@ -362,8 +362,12 @@ impl Metrics {
         ] {
             family.clear();
         }
-        for (path, image) in &figures.images {
-            let labels = vec![("image".to_string(), label_value(path))];
+        for (key, path, image) in &figures.images {
+            // Two containers' libcs share a path: the file identity tells them apart.
+            let labels = vec![
+                ("image".to_string(), label_value(path)),
+                ("file".to_string(), label_value(key)),
+            ];
             b.image_probed
                 .get_or_create(&labels)
                 .set(image.attached_fraction);

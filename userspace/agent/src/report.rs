@@ -92,6 +92,8 @@ type FunctionKey = (String, Option<String>, Option<u32>);
 #[derive(Default)]
 struct Merger {
     stacks: Vec<StackReport>,
+    /// Some profile was time-sampled (an overhead budget): said in the merged note.
+    time_sampled: bool,
     /// Locations by their function chain, so equal frames share one `Frame`.
     locations: HashMap<Vec<FunctionKey>, Location>,
     rate: u64,
@@ -171,6 +173,7 @@ impl Merger {
                 .label
                 .iter()
                 .any(|l| s(l.key) == OBSERVED_BYTES_LABEL);
+            self.time_sampled |= has_observed;
             let stats = StackStats {
                 samples: label("samples"),
                 estimated_bytes,
@@ -275,7 +278,12 @@ impl Merger {
             live: self.live.then(LiveCounts::default),
             leaks: None,
             symbolized: true,
-            note: None,
+            note: self.time_sampled.then(|| {
+                "merged from profiles time-sampled under the overhead budget: estimates are \
+                 for their whole intervals; intervals cover byte sampling in the observed \
+                 windows only"
+                    .to_string()
+            }),
             time_sampling: None,
         }
     }

@@ -97,7 +97,7 @@ pub fn to_value(report: &Report) -> Value {
         value["time_sampling"] = json!({
             "observed_fraction": time.observed_fraction,
             "periods": time.periods.end() - time.periods.start() + 1,
-            "totals_ci_include_time_sampling": time.interval(t.estimated_bytes, report.confidence).is_some(),
+            "totals_ci_include_time_sampling": report.total_interval_includes_time(),
         });
     }
     if let Some(live) = &report.live {

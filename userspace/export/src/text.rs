@@ -38,20 +38,29 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     if let Some(time) = &report.time_sampling {
         writeln!(
             out,
-            "time-sampled under the overhead budget: {:.2}% of the interval observed; estimates are for the whole interval, the total's CI includes time sampling, the stacks' cover the observed windows only; exact figures count only calls made while probes were attached",
-            time.observed_fraction * 100.0
+            "time-sampled under the overhead budget: {:.2}% of the interval observed; estimates are for the whole interval; {}, the stacks' cover the observed windows only; exact figures count only calls made while probes were attached",
+            time.observed_fraction * 100.0,
+            if report.total_interval_includes_time() {
+                "the total's CI includes time sampling"
+            } else {
+                "the total's CI does not include time sampling (too few periods or samples)"
+            }
         )?;
     }
     let live = report.live.is_some();
     if let Some(counts) = &report.live {
         writeln!(
             out,
-            "in use at the end: estimated {} in {:.0} objects ({} sampled blocks live, {} freed, {} untracked)",
+            "in use at the end: estimated {} in {:.0} objects ({} sampled blocks live, {} freed, {} untracked{})",
             format_bytes(t.inuse_bytes),
             t.inuse_objects,
             counts.live_samples,
             counts.freed_samples,
             counts.untracked_samples,
+            match counts.expired_samples {
+                0 => String::new(),
+                n => format!(", {n} no longer followed after their window closed"),
+            },
         )?;
     }
     let stacks = report.stacks_by_name();

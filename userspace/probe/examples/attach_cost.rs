@@ -9,6 +9,11 @@
 //! synchronous grace-period wait per unregistration). Detaching is the costly edge, in
 //! wall time on the thread that does it.
 //!
+//! With `--multi`, the probes are uprobe_multi links (what the overhead budget's
+//! windows use): one link per program, each closed on a thread of its own, and the
+//! detach time is until every close has returned (the breakpoints go at each close's
+//! start; the close then waits for one grace period).
+//!
 //! Run as root: `cargo run --release -p allocbpf-probe --example attach_cost -- 0 100 1000`
 //! (the numbers are how many extra processes map libc; `sleep` processes, started and
 //! killed here). The empty program is attached at allocbpf's probe points, so nothing
@@ -31,8 +36,10 @@ use allocbpf_probe::{
 const ROUNDS: usize = 7;
 
 fn main() -> Result<(), Box<dyn Error>> {
+    let multi = std::env::args().any(|a| a == "--multi");
     let counts: Vec<usize> = std::env::args()
         .skip(1)
+        .filter(|a| a != "--multi")
         .map(|a| a.parse())
         .collect::<Result<_, _>>()?;
     let counts = if counts.is_empty() {
@@ -56,12 +63,17 @@ fn main() -> Result<(), Box<dyn Error>> {
         live: None,
         stack_copy_bytes: 0,
         count_hits: false,
-        multi_links: false,
+        multi_links: multi,
     })?;
     println!(
-        "attach/detach of {} ({} entries), empty program, median of {ROUNDS}:",
+        "attach/detach of {} ({} entries), empty program, {}, median of {ROUNDS}:",
         image.path_in_target.display(),
-        image.entries.len()
+        image.entries.len(),
+        if multi {
+            "uprobe_multi links closed in parallel"
+        } else {
+            "one perf-event uprobe per entry"
+        }
     );
     println!(
         "{:>10} {:>12} {:>12} {:>22}",
@@ -78,7 +90,19 @@ fn main() -> Result<(), Box<dyn Error>> {
             let started = Instant::now();
             let attached = sampler.attach(image)?;
             let attached_at = Instant::now();
-            sampler.detach(attached.links);
+            if multi {
+                let closes: Vec<_> = sampler
+                    .take_links(attached.links)
+                    .split()
+                    .into_iter()
+                    .map(|link| thread::spawn(move || drop(link)))
+                    .collect();
+                for close in closes {
+                    let _ = close.join();
+                }
+            } else {
+                sampler.detach(attached.links);
+            }
             attach.push(attached_at.duration_since(started));
             detach.push(attached_at.elapsed());
         }

@@ -258,15 +258,21 @@ impl Aggregate {
 
     /// Under time sampling, at the end of an observation window: the blocks sampled
     /// before `before_ns` (CLOCK_MONOTONIC) leave the live set, since their frees can
-    /// no longer be seen. Returns how many went (counted as `expired_samples`).
-    pub fn expire_live(&mut self, before_ns: u64) -> u64 {
+    /// no longer be seen. Returns their sample ids (counted as `expired_samples`), so
+    /// the kernel's entries can go too.
+    pub fn expire_live(&mut self, before_ns: u64) -> Vec<u64> {
         let Some(live) = self.live.as_mut() else {
-            return 0;
+            return Vec::new();
         };
-        let before = live.len();
-        live.retain(|_, block| block.allocated_ns >= before_ns);
-        let expired = (before - live.len()) as u64;
-        self.live_counts.expired_samples += expired;
+        let expired: Vec<u64> = live
+            .iter()
+            .filter(|(_, block)| block.allocated_ns < before_ns)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &expired {
+            live.remove(id);
+        }
+        self.live_counts.expired_samples += expired.len() as u64;
         expired
     }
 

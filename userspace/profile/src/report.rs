@@ -329,13 +329,32 @@ impl Report {
         {
             return interval;
         }
-        StackStats {
+        let interval = StackStats {
             estimated_bytes: self.totals.estimated_bytes,
             observed_bytes: self.totals.observed_bytes,
             interval_inputs: self.totals.interval_inputs,
             ..StackStats::default()
         }
-        .bytes_interval(self.rate, confidence)
+        .bytes_interval(self.rate, confidence);
+        match &self.time_sampling {
+            // Nothing sampled in the windows: the byte interval on nothing, scaled up
+            // by the share of time observed.
+            Some(time) if self.totals.observed_bytes <= 0.0 && time.observed_fraction > 0.0 => {
+                Interval {
+                    lo: interval.lo / time.observed_fraction,
+                    hi: interval.hi / time.observed_fraction,
+                }
+            }
+            _ => interval,
+        }
+    }
+
+    /// True if [`Report::total_interval`] includes the time sampling.
+    pub fn total_interval_includes_time(&self) -> bool {
+        self.time_sampling.as_ref().is_some_and(|t| {
+            t.interval(self.totals.estimated_bytes, self.confidence)
+                .is_some()
+        })
     }
 
     /// Stacks merged by (pid, function names): what people read. Largest first.

@@ -65,13 +65,17 @@ pub struct ImageFigures {
 }
 
 impl BudgetController {
-    /// A controller for `options` with a measured hit `cost`, its periods counted from now.
-    pub fn new(options: BudgetOptions, cost: HitCost) -> Self {
+    /// A controller for `options` with a measured hit `cost`, its periods counted from
+    /// now; `one_process`: the host budget is that process's.
+    pub fn new(options: BudgetOptions, cost: HitCost, one_process: bool) -> Self {
         let now_ns = monotonic_now_ns();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
             schedule: WindowSchedule::new(now_ns, options.period.as_nanos() as u64),
-            host_cpu: options.host_share * cpus as f64,
+            host_cpu: match one_process {
+                true => options.process_cpu,
+                false => options.host_share * cpus as f64,
+            },
             options,
             cost,
             last_check_ns: now_ns,
@@ -87,9 +91,20 @@ impl BudgetController {
         self.host_cpu
     }
 
-    /// Places a sample of a process mapping `images` taken at `t_ns`.
-    pub fn place(&self, images: &[ImageKey], t_ns: u64) -> Result<SampleWindow, Unplaced> {
-        self.schedule.place(images, t_ns)
+    /// Places a sample of a process mapping `images` taken at `t_ns`: in its window,
+    /// with every image it maps that can be probed really probed then.
+    pub fn place(
+        &self,
+        images: &[ImageKey],
+        set: &ImageSet,
+        t_ns: u64,
+    ) -> Result<SampleWindow, Unplaced> {
+        let window = self.schedule.place(images, t_ns)?;
+        if images.iter().all(|key| set.covered(key, t_ns)) {
+            Ok(window)
+        } else {
+            Err(Unplaced::Unknown)
+        }
     }
 
     /// If a check period has passed: reads every process's hits, updates its cost,
@@ -211,7 +226,7 @@ impl BudgetController {
             .images
             .iter()
             .filter(|(_, state)| !state.failed)
-            .map(|(key, _)| (*key, self.schedule.lead(key) as f64 / period_ns));
+            .map(|(key, _)| (*key, self.schedule.lead() as f64 / period_ns));
         let targets = plan_duties(&self.options, self.host_cpu, &costs, keys);
         let growth = 2f64.powf(elapsed_ns as f64 / self.options.recovery.as_nanos() as f64);
         let next_period_ns = self.schedule.next_undrawn_ns(now_ns);
@@ -264,7 +279,7 @@ impl BudgetController {
             .map(|s| s.image.path_in_target.display().to_string())
             .unwrap_or_default();
         if duty >= 1.0 {
-            tracing::info!("{path} ({key}): probed full time again");
+            tracing::info!("{path:?} ({key}): probed full time again");
             return;
         }
         let heaviest = processes
@@ -276,13 +291,13 @@ impl BudgetController {
         let window_ms = duty * self.options.period.as_secs_f64() * 1e3;
         match heaviest {
             Some((pid, comm, cpu)) => tracing::info!(
-                "{path} ({key}): probed {:.2}% of the time ({window_ms:.0} ms per {:.1}s period): pid {pid} ({comm}) would spend ~{:.0}% of a CPU in probes full time",
+                "{path:?} ({key}): probed {:.2}% of the time ({window_ms:.0} ms per {:.1}s period): pid {pid} ({comm:?}) would spend ~{:.0}% of a CPU in probes full time",
                 duty * 100.0,
                 self.options.period.as_secs_f64(),
                 cpu * 100.0
             ),
             None => tracing::info!(
-                "{path} ({key}): probed {:.2}% of the time (host budget)",
+                "{path:?} ({key}): probed {:.2}% of the time (host budget)",
                 duty * 100.0
             ),
         }
@@ -317,13 +332,13 @@ impl BudgetController {
                     let done = monotonic_now_ns();
                     self.schedule.attached_in(key, done - before);
                     tracing::debug!("{key}: probes in, in {} us", (done - before) / 1000);
-                    // A window that opened before the probes were in: blind there.
-                    let open = [before, done]
+                    // A window that opened before the probes were in (its samples until
+                    // then are not placed: `ImageSet::covered`).
+                    let opened_before = [before, done]
                         .into_iter()
                         .find_map(|t| self.schedule.open_piece(&key, t))
-                        .map(|(open, _)| open);
-                    if let Some(open) = open.filter(|&open| open < done) {
-                        self.schedule.blind_spot(key, open, done);
+                        .is_some_and(|(open, _)| open < done);
+                    if opened_before {
                         stats.window_blind_spots += 1;
                     }
                 }
@@ -335,7 +350,9 @@ impl BudgetController {
                 // process mapping it leave the in-use set.
                 for tracked in processes.tracked.values_mut() {
                     if tracked.images.contains(&key) {
-                        stats.window_expired_blocks += tracked.aggregate.expire_live(now_ns);
+                        let expired = tracked.aggregate.expire_live(now_ns);
+                        stats.window_expired_blocks += expired.len() as u64;
+                        tracked.expired_blocks.extend(expired);
                     }
                 }
             }

@@ -9,12 +9,13 @@
 //! (every allocator image it maps probed) in the window of its smallest duty, and a
 //! sample it makes there stands for `1/d` (profile's `estimate::windows`).
 //!
-//! Probes are attached a lead before a window opens (twice the image's last attach
-//! time, between [`MIN_LEAD`] and [`MAX_LEAD`]: attaching libc takes 5-16 ms here) and
-//! stay attached across gaps shorter than [`KEEP_ATTACHED_GAP`]. A window that opened
-//! before its image's probes were in (the engine was busy) is recorded as a blind spot:
-//! samples of the processes mapping that image taken there are dropped rather than
-//! weighed as if the whole process had been observed.
+//! Probes are attached a lead before a window opens (twice the last attach times of
+//! all images together, since every image's window opens at the same phase and they
+//! are attached one after another; between [`MIN_LEAD`] and [`MAX_LEAD`]: attaching
+//! libc takes 5-16 ms here) and stay attached across gaps shorter than
+//! [`KEEP_ATTACHED_GAP`]. Whether an image's probes really were in at a sample's instant
+//! is the engine's record (`ImageSet::covered`): a window that opened before them (the
+//! engine was late) loses its samples rather than weigh them as observed.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -39,16 +40,14 @@ const HISTORY_NS: u64 = 120_000_000_000;
 /// Duty changes kept per image (a few per second at most).
 const DUTY_CHANGES_KEPT: usize = 1024;
 
-/// Blind spots kept per image.
-const BLIND_SPOTS_KEPT: usize = 64;
-
 /// Why a sample cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unplaced {
     /// Outside its process's window (an image of the process was probed for another
     /// process's sake).
     OutsideWindow,
-    /// In a blind spot, or older than the history kept.
+    /// Its images unknown, its window's probes not in at the time, or older than the
+    /// history kept.
     Unknown,
 }
 
@@ -60,8 +59,6 @@ pub struct WindowSchedule {
     phases: VecDeque<(u64, u64)>,
     /// Per image, `(from_ns, duty)` changes, oldest first.
     duties: HashMap<ImageKey, VecDeque<(u64, f64)>>,
-    /// Per image, `[from, to)` spans where its window was open but its probes were not in.
-    blind: HashMap<ImageKey, VecDeque<(u64, u64)>>,
     /// Per image, how long before a window its probes go in.
     leads: HashMap<ImageKey, u64>,
     rng: StdRng,
@@ -80,7 +77,6 @@ impl WindowSchedule {
             period_ns: period_ns.max(1),
             phases: VecDeque::new(),
             duties: HashMap::new(),
-            blind: HashMap::new(),
             leads: HashMap::new(),
             rng,
         }
@@ -159,32 +155,25 @@ impl WindowSchedule {
     /// Forgets an image (no process maps it any more).
     pub fn forget(&mut self, key: &ImageKey) {
         self.duties.remove(key);
-        self.blind.remove(key);
         self.leads.remove(key);
     }
 
-    /// Attaching `key`'s probes took `took_ns`: its lead becomes twice that, or a
-    /// little less than before if that was longer (attach times vary with the
-    /// processes mapping the image: a lead that follows only the last one is often
-    /// short), bounded.
+    /// Attaching `key`'s probes took `took_ns`. Its figure becomes that, or a little
+    /// less than before if that was longer (attach times vary with the processes
+    /// mapping the image: following only the last one often falls short).
     pub fn attached_in(&mut self, key: ImageKey, took_ns: u64) {
-        let before = self.leads.get(&key).map_or(0, |&lead| lead * 9 / 10);
-        self.leads
-            .insert(key, (2 * took_ns).max(before).clamp(MIN_LEAD, MAX_LEAD));
+        let before = self.leads.get(&key).map_or(0, |&took| took * 9 / 10);
+        self.leads.insert(key, took_ns.max(before));
     }
 
-    /// How long before a window `key`'s probes go in.
-    pub fn lead(&self, key: &ImageKey) -> u64 {
-        self.leads.get(key).copied().unwrap_or(MAX_LEAD)
-    }
-
-    /// Records that `key`'s window was open over `[from_ns, to_ns)` without its probes.
-    pub fn blind_spot(&mut self, key: ImageKey, from_ns: u64, to_ns: u64) {
-        let spots = self.blind.entry(key).or_default();
-        spots.push_back((from_ns, to_ns));
-        if spots.len() > BLIND_SPOTS_KEPT {
-            spots.pop_front();
+    /// How long before a window probes go in: twice the attach times of every image
+    /// (windows open together and images are attached in turn), bounded; the longest
+    /// lead before any attach was timed.
+    pub fn lead(&self) -> u64 {
+        if self.leads.is_empty() {
+            return MAX_LEAD;
         }
+        (2 * self.leads.values().sum::<u64>()).clamp(MIN_LEAD, MAX_LEAD)
     }
 
     /// True if `t_ns` lies in the window of duty `duty` of its period; `None` if that
@@ -203,16 +192,16 @@ impl WindowSchedule {
     /// Places a sample taken at `t_ns` by a process mapping `images`: the window it
     /// lies in and its inclusion probability, or why it cannot be used.
     pub fn place(&self, images: &[ImageKey], t_ns: u64) -> Result<SampleWindow, Unplaced> {
+        if images.is_empty() {
+            // Its images are not known (being examined after an exec, or its maps
+            // unreadable): no inclusion can be given.
+            return Err(Unplaced::Unknown);
+        }
         let duty = images
             .iter()
             .map(|key| self.duty_at(key, t_ns))
             .fold(1.0, f64::min);
-        let blind = images.iter().any(|key| {
-            self.blind
-                .get(key)
-                .is_some_and(|spots| spots.iter().any(|&(from, to)| from <= t_ns && t_ns < to))
-        });
-        if blind || duty <= 0.0 {
+        if duty <= 0.0 {
             return Err(Unplaced::Unknown);
         }
         match self.in_window(t_ns, duty) {
@@ -268,7 +257,7 @@ impl WindowSchedule {
     /// When `key`'s probes should be in around `now_ns`: windows widened by the lead
     /// before, merged across gaps under [`KEEP_ATTACHED_GAP`].
     fn attach_spans(&self, key: &ImageKey, now_ns: u64) -> Vec<(u64, u64)> {
-        let lead = self.lead(key);
+        let lead = self.lead();
         let mut spans: Vec<(u64, u64)> = Vec::new();
         for (open, close) in self.pieces(key, now_ns) {
             let open = open.saturating_sub(lead);
@@ -381,8 +370,9 @@ mod tests {
     fn probes_bracket_each_window() {
         let mut s = schedule();
         s.set_duty(key(1), 0, 0.02);
-        s.attached_in(key(1), 6_000_000);
-        let lead = s.lead(&key(1));
+        s.attached_in(key(1), 3_000_000);
+        s.attached_in(key(2), 3_000_000);
+        let lead = s.lead();
         assert_eq!(lead, 12_000_000);
         s.draw_phases(0);
         let (open, close) = s.pieces(&key(1), 0)[0];
@@ -395,16 +385,6 @@ mod tests {
             s.attach_plan(&key(1), open - lead - 1).next_change_ns,
             open - lead
         );
-    }
-
-    /// A blind spot drops the samples of every process mapping the image.
-    #[test]
-    fn blind_spots_drop_samples() {
-        let mut s = schedule();
-        s.draw_phases(0);
-        s.blind_spot(key(1), 100, 200);
-        assert_eq!(s.place(&[key(2), key(1)], 150), Err(Unplaced::Unknown));
-        assert!(s.place(&[key(2), key(1)], 250).is_ok());
     }
 
     /// A duty change applies from the first period without a phase.

@@ -95,6 +95,7 @@ impl Collector {
         let symbolizing = Instant::now();
         let mut profiles = Vec::new();
         let mut gone = HashSet::new();
+        self.forget_expired_blocks();
         let kernel_live = self.kernel_live_blocks();
         let settled_before = now_ns.saturating_sub(LOST_FREE_MIN_AGE.as_nanos() as u64);
         for (&pid, tracked) in &mut self.processes.tracked {
@@ -157,6 +158,7 @@ impl Collector {
                 gone.insert(pid);
             }
         }
+        self.log_observed(&profiles);
         let stacks = profiles
             .iter()
             .map(|p| p.report.stacks.len())
@@ -177,6 +179,66 @@ impl Collector {
             }
         }
         (profiles, gone)
+    }
+
+    /// Under a budget: how much of the interval each profile observed (debug, per
+    /// process part time) and in all (info), with what the probes cost now.
+    fn log_observed(&self, profiles: &[ProcessProfile]) {
+        let Some(budget) = &self.budget else {
+            return;
+        };
+        let mut least = 1.0f64;
+        let mut part_time = 0;
+        for profile in profiles {
+            let Some(time) = &profile.report.time_sampling else {
+                continue;
+            };
+            if time.observed_fraction >= 1.0 {
+                continue;
+            }
+            part_time += 1;
+            least = least.min(time.observed_fraction);
+            let cost = budget
+                .costs
+                .get(&profile.info.pid)
+                .copied()
+                .unwrap_or_default();
+            tracing::debug!(
+                "pid {} ({}): observed {:.2}% of the interval; ~{:.2}% of a CPU in probes now, ~{:.0}% were it probed full time",
+                profile.info.pid,
+                profile.info.comm,
+                time.observed_fraction * 100.0,
+                cost.overhead_cpu * 100.0,
+                cost.full_time_cpu * 100.0
+            );
+        }
+        let overhead: f64 = budget.costs.values().map(|c| c.overhead_cpu).sum();
+        tracing::info!(
+            "interval: {} profile(s), {part_time} observed part time (least {:.2}%); probes cost ~{:.3} CPUs now (host budget {:.2})",
+            profiles.len(),
+            least * 100.0,
+            overhead,
+            budget.host_cpu()
+        );
+    }
+
+    /// Under a budget with live tracking: removes the kernel's entries of the blocks
+    /// that left the in-use set as their window closed (the `LIVE` map is bounded and
+    /// host-wide: they would hold it until their process exits).
+    fn forget_expired_blocks(&mut self) {
+        let expired: HashSet<(u32, u64)> = self
+            .processes
+            .tracked
+            .iter_mut()
+            .flat_map(|(&pid, tracked)| {
+                std::mem::take(&mut tracked.expired_blocks)
+                    .into_iter()
+                    .map(move |id| (pid, id))
+            })
+            .collect();
+        if let Some(sampler) = self.sampler.as_mut() {
+            sampler.forget_live_blocks(&expired);
+        }
     }
 
     /// Live tracking: the sampled blocks the kernel still tracks, by pid (`None` at
@@ -244,6 +306,9 @@ impl Collector {
                 sampler.detach(image);
             }
         }
+        // Windows closed just before may still be closing on other threads.
+        self.images
+            .wait_for_detaches(std::time::Duration::from_secs(2));
         wait_for_running_programs();
         let epoch = self.sampler().epoch();
         let figures = self.kernel_figures(epoch);

@@ -2,7 +2,7 @@
 //! and the facts cached about executable files (`ImageCache`).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc,
@@ -25,13 +25,21 @@ pub(crate) struct ImageState {
     pub image: AllocatorImage,
     /// Its probes; `None` outside its observation windows (or after a failed attach).
     pub links: Option<ImageLinks>,
-    /// Its last attach failed: windows do not retry it.
+    /// Its first attach failed: never probed, so not part of any process's
+    /// observation (windows do not try it again; a later window's failed attach only
+    /// loses that window).
     pub failed: bool,
-    /// CLOCK_MONOTONIC ns its probes went in, while they are.
+    /// CLOCK_MONOTONIC ns its probes were all in, while they are.
     attached_since_ns: Option<u64>,
     /// Probed time before that, ns (the budget's exposure).
     attached_ns: u64,
+    /// Recent `[in, out)` spans of its probes (CLOCK_MONOTONIC ns), newest last.
+    spans: VecDeque<(u64, u64)>,
 }
+
+/// Probe spans kept per image: samples are read within milliseconds, and a window per
+/// second leaves a span per second.
+const SPANS_KEPT: usize = 256;
 
 impl ImageState {
     /// Total time its probes were in up to `now_ns`.
@@ -40,6 +48,17 @@ impl ImageState {
             + self
                 .attached_since_ns
                 .map_or(0, |since| now_ns.saturating_sub(since))
+    }
+
+    /// True if all its probes were in at `t_ns` (or it is never probed).
+    fn covered(&self, t_ns: u64) -> bool {
+        self.failed
+            || self.attached_since_ns.is_some_and(|since| since <= t_ns)
+            || self
+                .spans
+                .iter()
+                .rev()
+                .any(|&(from, to)| from <= t_ns && t_ns < to)
     }
 }
 
@@ -52,6 +71,23 @@ pub(crate) struct ImageSet {
     pub cache: ImageCache,
     /// Detaches running on other threads now.
     detaching: Arc<AtomicUsize>,
+}
+
+impl ImageSet {
+    /// True if `key`'s probes were all in at `t_ns` (images never probed, or unknown
+    /// here, do not count against it).
+    pub fn covered(&self, key: &ImageKey, t_ns: u64) -> bool {
+        self.images.get(key).is_none_or(|state| state.covered(t_ns))
+    }
+
+    /// Waits (at most `limit`) for the links closing on other threads: at stop, every
+    /// probe is gone before the last figures are read.
+    pub fn wait_for_detaches(&self, limit: std::time::Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.detaching.load(Ordering::Relaxed) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
 }
 
 /// Links closing at once on other threads; beyond this, detaching waits in place.
@@ -117,6 +153,7 @@ impl ImageSet {
                 links,
                 attached_since_ns,
                 attached_ns: 0,
+                spans: VecDeque::new(),
             },
         );
     }
@@ -142,11 +179,11 @@ impl ImageSet {
                 true
             }
             Err(error) => {
-                state.failed = true;
+                // This window is lost (its samples are not placed); the next tries again.
                 stats.attach_failures += 1;
                 tracing::warn!(
-                    "cannot attach {} again: {}",
-                    state.image.path_in_target.display(),
+                    "cannot attach {:?} again: {}",
+                    state.image.path_in_target,
                     error_chain(&error)
                 );
                 false
@@ -170,7 +207,12 @@ impl ImageSet {
         };
         let now = monotonic_now_ns();
         state.attached_ns = state.attached_ns(now);
-        state.attached_since_ns = None;
+        if let Some(since) = state.attached_since_ns.take() {
+            state.spans.push_back((since, now));
+            if state.spans.len() > SPANS_KEPT {
+                state.spans.pop_front();
+            }
+        }
         stats.images_attached -= 1;
         if self.detaching.load(Ordering::Relaxed) >= MAX_BACKGROUND_DETACHES {
             sampler.detach(links);

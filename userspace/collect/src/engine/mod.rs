@@ -66,6 +66,9 @@ pub const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 /// How often [`Collector::housekeeping`] should run.
 pub const HOUSEKEEPING_TICK: Duration = Duration::from_millis(100);
 
+/// Events handled between two looks at the budget's window clock.
+const WINDOW_CHECK_EVERY: usize = 64;
+
 /// A live block's allocation is older than this before a missing kernel entry is taken
 /// for a lost `Freed` event (its call has long returned by then).
 const LOST_FREE_MIN_AGE: Duration = Duration::from_secs(10);
@@ -128,8 +131,9 @@ pub struct BudgetFigures {
     pub process_cpu: f64,
     /// The host budget, CPUs.
     pub host_cpu: f64,
-    /// Per image (its path in the process that mapped it first: untrusted text).
-    pub images: Vec<(String, ImageFigures)>,
+    /// Per image: its file identity (`device:inode`), its path in the process that
+    /// mapped it first (untrusted text), its figures.
+    pub images: Vec<(String, String, ImageFigures)>,
     /// Per process: pid, command name (untrusted), observed fraction this interval,
     /// costs.
     pub processes: Vec<(u32, String, f64, ProcessCostFigures)>,
@@ -240,7 +244,12 @@ impl Collector {
         let reader = &self.reader.stats;
         self.stats.ring_peak_bytes = reader.ring_peak_bytes.load(Ordering::Relaxed);
         self.stats.queue_peak_bytes = reader.queue_peak_bytes.load(Ordering::Relaxed);
-        for event in batch.drain(..) {
+        for (index, event) in batch.drain(..).enumerate() {
+            // A long batch (stacks unwound for every sample) must not make the budget's
+            // windows late: they are checked between events.
+            if index % WINDOW_CHECK_EVERY == WINDOW_CHECK_EVERY - 1 && self.window_due() {
+                self.windows_tick();
+            }
             let Some(event) = self.cutter.hold(event) else {
                 continue;
             };
@@ -271,7 +280,7 @@ impl Collector {
                     let mut allocation = sample.allocation();
                     if let Some(budget) = &self.budget {
                         let images = &self.processes.tracked[&pid].images;
-                        match budget.place(images, sample.timestamp_ns) {
+                        match budget.place(images, &self.images, sample.timestamp_ns) {
                             Ok(window) => allocation.window = Some(window),
                             Err(_) => {
                                 self.stats.unplaced_samples += 1;
@@ -301,6 +310,11 @@ impl Collector {
                     self.stats.exec_events += 1;
                     self.stacks.forget(pid);
                     let host = matches!(self.scope, Scope::Host { .. });
+                    // Its images are the new program's, known once it is examined:
+                    // until then its samples cannot be placed in a budget's windows.
+                    if let Some(tracked) = self.processes.tracked.get_mut(&pid).filter(|_| host) {
+                        tracked.images.clear();
+                    }
                     if host && self.sampler.is_some() && !self.exec_queue.push(pid, Instant::now())
                     {
                         self.stats.exec_queue_overflows += 1;
@@ -359,6 +373,12 @@ impl Collector {
         Some(Instant::now() + Duration::from_nanos(wait))
     }
 
+    /// True if observation windows open or close now.
+    fn window_due(&self) -> bool {
+        self.next_window_change_ns
+            .is_some_and(|at| at <= monotonic_now_ns())
+    }
+
     /// Moves probes in and out as observation windows open and close.
     pub fn windows_tick(&mut self) {
         let (Some(budget), Some(sampler)) = (self.budget.as_mut(), self.sampler.as_mut()) else {
@@ -386,7 +406,11 @@ impl Collector {
             .iter()
             .filter_map(|(key, figures)| {
                 let state = self.images.images.get(key)?;
-                Some((state.image.path_in_target.display().to_string(), *figures))
+                Some((
+                    key.to_string(),
+                    state.image.path_in_target.display().to_string(),
+                    *figures,
+                ))
             })
             .collect();
         let processes = budget

@@ -26,6 +26,9 @@ pub(crate) struct Tracked {
     pub mapped: Vec<ImageKey>,
     /// Under an overhead budget: how much of the current interval it was observed.
     pub observed: ObservedTime,
+    /// Sample ids of live blocks no longer followed (their window closed), whose
+    /// kernel entries go at the next cut.
+    pub expired_blocks: Vec<u64>,
 }
 
 /// Under an overhead budget: the expected share of the current interval a process was
@@ -106,6 +109,7 @@ impl ProcessTable {
                         images: Vec::new(),
                         mapped: Vec::new(),
                         observed: ObservedTime::default(),
+                        expired_blocks: Vec::new(),
                     },
                 );
                 true

@@ -51,6 +51,13 @@ impl Collector {
             count_hits: options.budget.is_some(),
             multi_links: options.budget.is_some(),
         })?;
+        let mut options = options;
+        if options.budget.is_some() && !sampler.windows_supported() {
+            tracing::warn!(
+                "this kernel cannot take an image's probes out at once (uprobe_multi links with process filtering, Linux 6.10+, and uprobe session links for --live, 6.13+): the overhead budget cannot probe part time, so every image is probed full time"
+            );
+            options.budget = None;
+        }
         let reader = {
             let (ring, ring_bytes) = sampler.take_events()?;
             EventReader::new(ring, ring_bytes)
@@ -185,7 +192,7 @@ impl Collector {
     /// Starts the overhead budget with a measured hit cost: every image probed full
     /// time until the first check says otherwise.
     fn start_budget(&mut self, options: BudgetOptions, cost: HitCost) {
-        let budget = BudgetController::new(options, cost);
+        let budget = BudgetController::new(options, cost, self.scope.pid().is_some());
         tracing::info!(
             "overhead budget: {:.1}% of a CPU per process, {:.2} CPUs for the host; a probe hit costs {:.0} ns, {:.0} ns more where the probed instruction is single-stepped; windows per {:.1}s period",
             options.process_cpu * 100.0,

@@ -185,7 +185,7 @@ fn summary_comment(report: &Report) -> String {
             "allocbpf: Poisson byte sampling, mean interval {} bytes, and time sampling under an \
              overhead budget: observed {:.2}% of the interval (one window per period at a random \
              phase); values are unbiased estimates for the whole interval; total {:.0} bytes, \
-             {level}% CI [{:.0}, {:.0}] including time sampling; per-sample {level}% intervals in \
+             {level}% CI [{:.0}, {:.0}] {}; per-sample {level}% intervals in \
              labels bytes_ci{level}_low/high cover byte sampling in the observed windows only; \
              exact totals {} bytes in {} calls count only calls made while probes were attached",
             report.rate,
@@ -193,6 +193,11 @@ fn summary_comment(report: &Report) -> String {
             report.totals.estimated_bytes,
             total.lo,
             total.hi,
+            if report.total_interval_includes_time() {
+                "including time sampling"
+            } else {
+                "of byte sampling only (too few periods or samples for time sampling's)"
+            },
             report.totals.exact_bytes,
             report.totals.exact_calls
         );

@@ -136,6 +136,32 @@ impl Sampler {
         ids
     }
 
+    /// Forgets the kernel's live entries of the sampled blocks in `expired` (pid, sample
+    /// id pairs): blocks userspace stopped following (a budget window closed), whose
+    /// free may never be seen. Without this they would hold `LIVE` entries until their
+    /// process exits. Returns how many went.
+    pub fn forget_live_blocks(&mut self, expired: &HashSet<(u32, u64)>) -> usize {
+        if expired.is_empty() {
+            return 0;
+        }
+        let Some(map) = self.ebpf.map_mut("LIVE") else {
+            return 0;
+        };
+        let Ok(mut live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) else {
+            return 0;
+        };
+        let gone: Vec<LiveKey> = live
+            .iter()
+            .flatten()
+            .filter(|(key, id)| expired.contains(&(key.pid, *id)))
+            .map(|(key, _)| key)
+            .collect();
+        for key in &gone {
+            let _ = live.remove(key);
+        }
+        gone.len()
+    }
+
     /// Forgets processes that exited: their kept totals, gates and tracked live blocks,
     /// so the bounded maps hold running processes only (system-wide mode).
     pub fn forget_processes(&mut self, pids: &HashSet<u32>) {

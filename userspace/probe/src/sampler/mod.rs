@@ -300,7 +300,7 @@ impl Sampler {
             .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf, LinkKind::Session))
             .transpose()
             .map_err(load_error)?;
-        let multi_programs = (config.multi_links && session_link::kernel_supports(LinkKind::Multi))
+        let multi_programs = (config.multi_links && session_link::kernel_supports_multi_links())
             .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf, LinkKind::Multi))
             .transpose()
             .map_err(load_error)?;
@@ -513,6 +513,14 @@ impl Sampler {
             uprobes,
             sessions: links.sessions,
         }
+    }
+
+    /// True if images can be probed part time (the overhead budget's windows): their
+    /// probes are uprobe_multi links, which go at once, and returns are not observed
+    /// through uretprobes (perf events, whose detach waits ~100 ms per probe).
+    pub fn windows_supported(&self) -> bool {
+        self.multi_programs.is_some()
+            && self.session_programs.is_some() == self.config.live.is_some()
     }
 
     /// Takes the sample ring buffer (once).

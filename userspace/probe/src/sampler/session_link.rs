@@ -146,6 +146,44 @@ pub fn kernel_supports_sessions() -> bool {
     kernel_supports(LinkKind::Session)
 }
 
+/// True if the kernel has uprobe_multi links that filter by process (libbpf's probe):
+/// a program of that type loads, a link on `/` fails with EBADF (the attach type is
+/// known; `/` is not an ELF file), and again with pid -1 fails with EINVAL (kernels
+/// before the fix of "bpf: fix multi-uprobe PID filtering logic" filtered by thread,
+/// and would see only a target's main thread).
+pub fn kernel_supports_multi_links() -> bool {
+    // mov64 r0, 0 ; exit
+    let insns: [u64; 2] = [u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]), 0x95];
+    let license = c"GPL";
+    let mut load = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_KPROBE,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        expected_attach_type: BPF_TRACE_UPROBE_MULTI,
+        ..Default::default()
+    };
+    let Ok(program) = bpf(BPF_PROG_LOAD, &mut load) else {
+        return false;
+    };
+    let path = c"/";
+    let offsets = [0u64];
+    let link = |pid: u32| {
+        let mut attr = LinkCreateAttr {
+            prog_fd: program.as_raw_fd() as u32,
+            attach_type: BPF_TRACE_UPROBE_MULTI,
+            path: path.as_ptr() as u64,
+            offsets: offsets.as_ptr() as u64,
+            cnt: 1,
+            pid,
+            ..Default::default()
+        };
+        bpf(BPF_LINK_CREATE, &mut attr).map(drop).err()
+    };
+    let errno = |error: Option<io::Error>| error.and_then(|e| e.raw_os_error());
+    errno(link(0)) == Some(libc::EBADF) && errno(link(u32::MAX)) == Some(libc::EINVAL)
+}
+
 /// True if the kernel loads programs for `kind` links (same probe as above).
 pub fn kernel_supports(kind: LinkKind) -> bool {
     // mov64 r0, 0 ; exit

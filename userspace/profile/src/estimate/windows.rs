@@ -127,8 +127,13 @@ impl TimeSampling {
     /// An interval around `estimate` with the successive-difference variance (byte and
     /// time sampling together), Student's t with one degree of freedom per period
     /// less one: the variance is itself estimated from those periods. `None` for fewer
-    /// than two periods.
+    /// than two periods, or without any sample.
     pub fn interval(&self, estimate: f64, confidence: Confidence) -> Option<Interval> {
+        if self.totals.is_empty() {
+            // No sample in any window: every period total is 0, and so would be the
+            // variance; that says nothing of what the windows missed.
+            return None;
+        }
         let variance = self.totals.variance(self.periods.clone())?;
         let freedom = (self.periods.end() - self.periods.start()) as f64;
         let t = StudentsT::new(0.0, 1.0, freedom)

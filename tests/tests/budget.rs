@@ -1,10 +1,12 @@
-//! End to end, as root: the default agent's overhead budget on a host that compiles.
+//! End to end, as root: the overhead budget (docs/design.md, "Overhead budget").
 //!
-//! A malloc-heavy program nobody here wrote (gcc's cc1 on a generated 5,000-function
-//! file, ~3 s per compile) runs again and again beside a light, steady allocator with
-//! a known byte rate (`workloads/steady.c`); both share the host's libc, so the
-//! budget's windows on libc observe the light one only part of the time. The agent is
-//! the default one (budget on; only the store, interval and metrics address set).
+//! The agent's: a malloc-heavy program nobody here wrote (gcc's cc1 on a generated
+//! 5,000-function file, ~3 s per compile) runs again and again beside a light, steady
+//! allocator with a known byte rate (`workloads/steady.c`); both share the host's libc,
+//! so the budget's windows on libc observe the light one only part of the time. The
+//! agent is the default one (budget on; only the store, interval and metrics address
+//! set). And `--pid --budget` on one heavy process. The tests take the agent tests'
+//! lock: they measure speed, and must not run beside each other.
 
 use std::{
     path::Path,
@@ -17,7 +19,7 @@ use allocbpf_e2e::{
         metric, one_agent_test, parse_stored_name, scrape_within, stored_profiles, AgentProcess,
     },
     bench::{median, write_malloc_heavy_source},
-    compile_workload, Workload,
+    compile_workload, Profiler, Workload,
 };
 use allocbpf_export::pprof::decode_file;
 use allocbpf_profile::estimate::sample_probability;
@@ -26,6 +28,10 @@ const METRICS: &str = "127.0.0.1:19481";
 
 /// The default sampling rate (the agent's).
 const RATE: u64 = 512 << 10;
+
+/// The least share of time the default budget probes an image: one `min_window`
+/// (10 ms) per `period` (1 s).
+const MIN_DUTY: f64 = 0.01;
 
 /// What one stored profile says.
 struct Stored {
@@ -86,9 +92,11 @@ fn compile(dir: &Path) -> f64 {
 ///   guarantees to catch) has a stored profile with samples.
 /// - The light allocator's estimate, summed over its profiles, is within 4 standard
 ///   deviations of the truth it printed. The deviation is derived, not measured: each
-///   of its `n` calls of `S` bytes is in a window with probability `d` (its observed
-///   fraction; the smallest its profiles report, which only widens the bound) and
-///   sampled with probability `p = 1 - exp(-S/R)`; were calls included independently
+///   of its `n` calls of `S` bytes is in a window with probability `d`, at least 1%
+///   (the default budget never probes an image less than one 10 ms window per 1 s
+///   period; taking the floor rather than what the profiles report keeps the bound
+///   independent of the code under test, and only widens it) and sampled with
+///   probability `p = 1 - exp(-S/R)`; were calls included independently
 ///   with probability `π = p·d`, the Horvitz-Thompson sum `Σ S/π` would have variance
 ///   `n S² (1-π)/π`. Windows include calls in runs, but the calls here are evenly
 ///   spaced (one per ms), so whole windows vary less than independent calls: the
@@ -168,10 +176,10 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
         "every profile says how much was observed"
     );
     let size = truth / calls;
-    let inclusion = sample_probability(size as u64, RATE) * d;
+    let inclusion = sample_probability(size as u64, RATE) * MIN_DUTY;
     let sd = (calls * size * size * (1.0 - inclusion) / inclusion).sqrt();
     eprintln!(
-        "light allocator: truth {truth:.0}, estimate {estimate:.0} ({:+.1}%), observed fraction >= {d:.4}, sd {sd:.0} ({:.1}%), {} profiles",
+        "light allocator: truth {truth:.0}, estimate {estimate:.0} ({:+.1}%), observed fraction >= {d:.4} (reported), sd at most {sd:.0} ({:.1}%), {} profiles",
         (estimate / truth - 1.0) * 100.0,
         sd / truth * 100.0,
         mine.len()
@@ -184,4 +192,70 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
         (estimate - truth).abs() <= 4.0 * sd,
         "estimate {estimate:.0} vs truth {truth:.0}: more than 4 sd ({sd:.0})"
     );
+}
+
+/// `--pid PID --budget 1%` on a process that would spend ~15% of a CPU in probes full
+/// time (100,000 calls of 64 KiB a second): the report says it was time-sampled, how
+/// much was observed, and its estimate of the whole run is within 4 standard
+/// deviations of the truth the workload printed. The deviation is derived as in the
+/// agent test above, with the smallest inclusion the budget can give (one 10 ms window
+/// per 1 s period: d = 1%), which only widens it: `n S² (1-π)/π`, `π = p·d`, 3.3% of the
+/// truth here. The same run without `--budget` says nothing of time sampling (probed
+/// full time, as before the budget existed).
+#[test]
+fn a_budget_on_one_process_probes_it_part_time_and_scales_its_estimate() {
+    let (_one, scratch, _) = one_agent_test("pid-budget");
+    let steady = compile_workload("steady", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
+    for budget in [true, false] {
+        let mut heavy = Workload::start(&steady, &["8", "65536", "1000", "100", "wait"]).unwrap();
+        let out = scratch.join(format!("budget-{budget}.json"));
+        let pid = heavy.pid.to_string();
+        let mut args = vec![
+            "--pid",
+            pid.as_str(),
+            "--format",
+            "json",
+            "--output",
+            out.to_str().unwrap(),
+        ];
+        if budget {
+            args.extend(["--budget", "1%"]);
+        }
+        let profiler = Profiler::attach(&args).unwrap();
+        heavy.go().unwrap();
+        let done = heavy
+            .stdout
+            .wait_for("allocated", Duration::from_secs(60))
+            .unwrap();
+        heavy.wait(Duration::from_secs(10)).unwrap();
+        let finished = profiler.finish(Duration::from_secs(60)).unwrap();
+        assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        if !budget {
+            assert!(json.get("time_sampling").is_none(), "{json}");
+            continue;
+        }
+        let observed = json["time_sampling"]["observed_fraction"].as_f64().unwrap();
+        let truth: f64 = done.split_whitespace().nth(2).unwrap().parse().unwrap();
+        let calls: f64 = done.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let estimate = json["totals"]["estimated_bytes"].as_f64().unwrap();
+        let size = truth / calls;
+        let inclusion = sample_probability(size as u64, RATE) * MIN_DUTY;
+        let sd = (calls * size * size * (1.0 - inclusion) / inclusion).sqrt();
+        eprintln!(
+            "--pid --budget 1%: observed {observed:.4}, truth {truth:.0}, estimate {estimate:.0} ({:+.1}%), sd at most {:.1}%, reported interval {}",
+            (estimate / truth - 1.0) * 100.0,
+            sd / truth * 100.0,
+            json["totals"]["bytes_ci"]
+        );
+        assert!(
+            observed > 0.0 && observed < 0.5,
+            "probed part time: {observed}"
+        );
+        assert!(
+            (estimate - truth).abs() <= 4.0 * sd,
+            "estimate {estimate:.0} vs truth {truth:.0}: more than 4 sd ({sd:.0})"
+        );
+    }
 }
