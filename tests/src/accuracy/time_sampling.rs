@@ -150,6 +150,7 @@ pub fn run(
             observed_fraction: duty,
             periods: 0..=PERIODS - 1,
             totals: aggregate.periods.clone(),
+            probe_share: None,
         };
         let interval = time
             .interval(estimate, level)

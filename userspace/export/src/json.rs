@@ -15,7 +15,9 @@
 //! `{"pid", "frames", "samples", "estimated_bytes", "estimated_objects",
 //! "min_age_seconds", "max_age_seconds"}` and `leak_min_age_seconds` the cut.
 //! Under an overhead budget (time sampling), `time_sampling` holds `observed_fraction`,
-//! `periods` and whether the totals' intervals include time sampling; every estimate is
+//! `periods`, whether the totals' intervals include time sampling, and `probe_share`
+//! (null unless the probes took 5% or more of the process's time while it was probed:
+//! a CPU-bound process is then underestimated by up to that share); every estimate is
 //! for the whole interval.
 //! Extensions add keys; existing keys keep their meaning.
 
@@ -98,6 +100,7 @@ pub fn to_value(report: &Report) -> Value {
             "observed_fraction": time.observed_fraction,
             "periods": time.periods.end() - time.periods.start() + 1,
             "totals_ci_include_time_sampling": report.total_interval_includes_time(),
+            "probe_share": time.probe_share,
         });
     }
     if let Some(live) = &report.live {

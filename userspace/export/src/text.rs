@@ -46,6 +46,13 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
                 "the total's CI does not include time sampling (too few periods or samples)"
             }
         )?;
+        if let Some(share) = time.probe_share {
+            writeln!(
+                out,
+                "the probes took ~{:.0}% of this process's time while it was probed: if it is CPU-bound, its estimates are low by up to that share (observer effect, not corrected)",
+                share * 100.0
+            )?;
+        }
     }
     let live = report.live.is_some();
     if let Some(counts) = &report.live {

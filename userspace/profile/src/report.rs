@@ -243,6 +243,7 @@ impl Report {
                 observed_fraction: observed.fraction,
                 periods: observed.first_period..=observed.last_period,
                 totals: aggregate.periods.clone(),
+                probe_share: None,
             }),
         }
     }
@@ -402,4 +403,75 @@ fn merge_by_name<'a, T: Copy>(
     }
     merged.sort_by(|a, b| size(&b.2).total_cmp(&size(&a.2)));
     merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{SampledAllocation, StackKey};
+    use crate::estimate::windows::SampleWindow;
+
+    struct Nothing;
+
+    impl Symbolize for Nothing {
+        fn prepare(&mut self, _: &mut dyn Iterator<Item = &Frame>) {}
+        fn functions(&self, _: &Frame) -> Functions {
+            Functions::default()
+        }
+        fn symbolizes(&self) -> bool {
+            false
+        }
+        fn modules(&self) -> Vec<Module> {
+            Vec::new()
+        }
+    }
+
+    /// A time-sampled report weighs each sample by 1/inclusion (never the exact
+    /// figures).
+    #[test]
+    fn time_weights_scale_the_estimates_only() {
+        let mut aggregate = Aggregate::default();
+        let sample = |period| SampledAllocation {
+            sample_id: period,
+            size: 1 << 20,
+            offset: 0,
+            rate: 4096,
+            certain: true,
+            timestamp_ns: period,
+            window: Some(SampleWindow {
+                period,
+                inclusion: 0.25,
+            }),
+        };
+        for period in 0..4 {
+            let key = StackKey {
+                pid: 1,
+                frames: Vec::new(),
+            };
+            aggregate.add(key, &sample(period));
+        }
+        let kernel = KernelFigures {
+            exact: allocbpf_common::Totals {
+                bytes: 4 << 20,
+                ..Default::default()
+            },
+            observed: Some(Observed {
+                fraction: 0.25,
+                first_period: 0,
+                last_period: 3,
+            }),
+            ..KernelFigures::default()
+        };
+        let report = Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, kernel);
+        // Four certain 1 MiB samples, each standing for 4 MiB.
+        assert_eq!(report.totals.estimated_bytes, (16 << 20) as f64);
+        // Steady periods: no time-sampling variance.
+        let interval = report.total_interval();
+        assert_eq!(
+            (interval.lo, interval.hi),
+            ((16 << 20) as f64, (16 << 20) as f64)
+        );
+        assert_eq!(report.stacks[0].stats.estimated_bytes, (16 << 20) as f64);
+        assert_eq!(report.totals.exact_bytes, 4 << 20);
+    }
 }

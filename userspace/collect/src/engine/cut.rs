@@ -14,6 +14,10 @@ use allocbpf_stacks::symbolize::FrameSymbolizer;
 
 use super::{cutter::IntervalEnd, Collector, ProcessProfile, LOST_FREE_MIN_AGE};
 
+/// A time-sampled profile says how much of its process's probed time the probes took
+/// from this share on (the observer effect: docs/statistics.md, "Pace").
+const PROBE_SHARE_SHOWN: f64 = 0.05;
+
 impl Collector {
     /// Exact kernel totals and counters of `epoch`, which has ended (or, at stop, is
     /// the current one with every probe detached), after running programs are waited
@@ -132,7 +136,7 @@ impl Collector {
                         last_period,
                     }
                 });
-                let report = Report::build(
+                let mut report = Report::build(
                     &tracked.aggregate,
                     &mut symbolizer.for_modules(&self.stacks.normalizer.modules),
                     self.options.rate,
@@ -144,6 +148,15 @@ impl Collector {
                         observed,
                     },
                 );
+                if let (Some(time), Some(budget)) =
+                    (report.time_sampling.as_mut(), self.budget.as_ref())
+                {
+                    time.probe_share = budget
+                        .costs
+                        .get(&pid)
+                        .map(|c| c.full_time_cpu.min(1.0))
+                        .filter(|&share| share >= PROBE_SHARE_SHOWN);
+                }
                 profiles.push(ProcessProfile {
                     info: tracked.info.clone(),
                     report,

@@ -181,13 +181,21 @@ fn summary_comment(report: &Report) -> String {
     let level = report.confidence.percent_label();
     let total = report.total_interval();
     if let Some(time) = &report.time_sampling {
+        let pace = match time.probe_share {
+            Some(share) => format!(
+                "; the probes took ~{:.0}% of this process's time while it was probed: if it is \
+                 CPU-bound its estimates are low by up to that share (observer effect, not corrected)",
+                share * 100.0
+            ),
+            None => String::new(),
+        };
         return format!(
             "allocbpf: Poisson byte sampling, mean interval {} bytes, and time sampling under an \
              overhead budget: observed {:.2}% of the interval (one window per period at a random \
              phase); values are unbiased estimates for the whole interval; total {:.0} bytes, \
              {level}% CI [{:.0}, {:.0}] {}; per-sample {level}% intervals in \
              labels bytes_ci{level}_low/high cover byte sampling in the observed windows only; \
-             exact totals {} bytes in {} calls count only calls made while probes were attached",
+             exact totals {} bytes in {} calls count only calls made while probes were attached{pace}",
             report.rate,
             time.observed_fraction * 100.0,
             report.totals.estimated_bytes,

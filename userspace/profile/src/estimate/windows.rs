@@ -121,6 +121,11 @@ pub struct TimeSampling {
     pub periods: std::ops::RangeInclusive<u64>,
     /// Time-weighted bytes per period.
     pub totals: PeriodTotals,
+    /// The share of the process's time the probes took while it was probed, when it
+    /// is large (from 5%): a CPU-bound process is slowed that much inside its windows,
+    /// so its estimates are low by up to that share (the observer effect, not
+    /// corrected; docs/statistics.md, "Pace").
+    pub probe_share: Option<f64>,
 }
 
 impl TimeSampling {
@@ -155,6 +160,11 @@ impl TimeSampling {
         self.periods = *self.periods.start().min(other.periods.start())
             ..=*self.periods.end().max(other.periods.end());
         self.totals.merge(&other.totals);
+        // Per process: a merged report keeps the largest, as a flag.
+        self.probe_share = match (self.probe_share, other.probe_share) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
     }
 }
 
