@@ -33,6 +33,14 @@ const RATE: u64 = 512 << 10;
 /// (10 ms) per `period` (1 s).
 const MIN_DUTY: f64 = 0.01;
 
+/// The standard deviation bound of an estimate of `calls` allocations of `size` bytes
+/// observed at the budget's floor (derivation in the tests' docs): `n S² (1-π)/π` with
+/// `π = p(S)·MIN_DUTY`.
+fn derived_sd(calls: f64, size: f64) -> f64 {
+    let inclusion = sample_probability(size as u64, RATE) * MIN_DUTY;
+    (calls * size * size * (1.0 - inclusion) / inclusion).sqrt()
+}
+
 /// What one stored profile says.
 struct Stored {
     comm: String,
@@ -175,9 +183,7 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
         mine.iter().all(|s| s.observed_fraction.is_some()),
         "every profile says how much was observed"
     );
-    let size = truth / calls;
-    let inclusion = sample_probability(size as u64, RATE) * MIN_DUTY;
-    let sd = (calls * size * size * (1.0 - inclusion) / inclusion).sqrt();
+    let sd = derived_sd(calls, truth / calls);
     eprintln!(
         "light allocator: truth {truth:.0}, estimate {estimate:.0} ({:+.1}%), observed fraction >= {d:.4} (reported), sd at most {sd:.0} ({:.1}%), {} profiles",
         (estimate / truth - 1.0) * 100.0,
@@ -240,9 +246,7 @@ fn a_budget_on_one_process_probes_it_part_time_and_scales_its_estimate() {
         let truth: f64 = done.split_whitespace().nth(2).unwrap().parse().unwrap();
         let calls: f64 = done.split_whitespace().nth(1).unwrap().parse().unwrap();
         let estimate = json["totals"]["estimated_bytes"].as_f64().unwrap();
-        let size = truth / calls;
-        let inclusion = sample_probability(size as u64, RATE) * MIN_DUTY;
-        let sd = (calls * size * size * (1.0 - inclusion) / inclusion).sqrt();
+        let sd = derived_sd(calls, truth / calls);
         eprintln!(
             "--pid --budget 1%: observed {observed:.4}, truth {truth:.0}, estimate {estimate:.0} ({:+.1}%), sd at most {:.1}%, reported interval {}",
             (estimate / truth - 1.0) * 100.0,

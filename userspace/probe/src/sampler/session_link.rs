@@ -152,18 +152,7 @@ pub fn kernel_supports_sessions() -> bool {
 /// before the fix of "bpf: fix multi-uprobe PID filtering logic" filtered by thread,
 /// and would see only a target's main thread).
 pub fn kernel_supports_multi_links() -> bool {
-    // mov64 r0, 0 ; exit
-    let insns: [u64; 2] = [u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]), 0x95];
-    let license = c"GPL";
-    let mut load = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_KPROBE,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        expected_attach_type: BPF_TRACE_UPROBE_MULTI,
-        ..Default::default()
-    };
-    let Ok(program) = bpf(BPF_PROG_LOAD, &mut load) else {
+    let Ok(program) = load_trivial(LinkKind::Multi) else {
         return false;
     };
     let path = c"/";
@@ -186,6 +175,12 @@ pub fn kernel_supports_multi_links() -> bool {
 
 /// True if the kernel loads programs for `kind` links (same probe as above).
 pub fn kernel_supports(kind: LinkKind) -> bool {
+    load_trivial(kind).is_ok()
+}
+
+/// Loads a two-instruction program (`r0 = 0; exit`) with `kind`'s expected attach type,
+/// the feature probes' program.
+fn load_trivial(kind: LinkKind) -> io::Result<OwnedFd> {
     // mov64 r0, 0 ; exit
     let insns: [u64; 2] = [u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]), 0x95];
     let license = c"GPL";
@@ -197,7 +192,7 @@ pub fn kernel_supports(kind: LinkKind) -> bool {
         expected_attach_type: kind.attach_type(),
         ..Default::default()
     };
-    bpf(BPF_PROG_LOAD, &mut attr).is_ok()
+    bpf(BPF_PROG_LOAD, &mut attr)
 }
 
 /// The raw fd of any aya map.
