@@ -471,3 +471,13 @@ pub fn attach_json(workload: &Workload, out: &Path) -> Result<Profiler> {
         out.to_str().context("path")?,
     ])
 }
+
+/// Serializes the tests of one test binary that profile fast allocators and check
+/// derived bounds, which need every sample: several such profilers with their
+/// workloads at once on a 2-core host starve the ring readers (seen: 60-787 ring-buffer
+/// drops in 3 of 7 runs of `profile.rs` and `allocators.rs`). Hold the guard for the
+/// whole test.
+pub fn one_profiler_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -50,6 +50,7 @@ fn check_startup(finished: &Finished, family: &str) {
 
 #[test]
 fn c_sites_under_each_preloaded_allocator() {
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     for allocator in ALLOCATORS {
         let (json, finished) = profile(
             &format!("preload-{}", allocator.short()),
@@ -74,6 +75,7 @@ fn sites_linked(allocator: &Allocator) -> PathBuf {
 
 #[test]
 fn c_sites_linked_against_each_allocator() {
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     for allocator in ALLOCATORS {
         let binary = sites_linked(allocator);
         let (json, finished) = profile(&format!("linked-{}", allocator.short()), &binary, &[], &[]);
@@ -84,6 +86,7 @@ fn c_sites_linked_against_each_allocator() {
 
 #[test]
 fn c_sites_on_musl() {
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     // Debian's musl: a dynamically linked program whose libc is
     // /usr/lib/x86_64-linux-musl/libc.so (no "libc.so.6" anywhere).
     let binary = compile_source(
@@ -182,6 +185,7 @@ fn check_cpp(json: &Value) {
 
 #[test]
 fn cpp_new_and_delete_under_libstdcxx_and_each_allocator() {
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     let binary = newdelete_binary();
     // libstdc++'s operators forward to glibc's malloc and free: counted there, once.
     let (json, finished) = profile("cpp-glibc", &binary, &[], &["--live"]);
@@ -281,6 +285,7 @@ fn check_rust(json: &Value) {
 
 #[test]
 fn rust_programs_with_jemalloc_and_mimalloc_global_allocators() {
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     // tikv-jemallocator links jemalloc statically with the `_rjem_` prefix; the mimalloc
     // crate calls mimalloc's own `mi_` API. Neither needs a flag.
     for (bin, family) in [("rust_jemalloc", "jemalloc"), ("rust_mimalloc", "mimalloc")] {

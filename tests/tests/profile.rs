@@ -9,17 +9,6 @@ use allocbpf_e2e::{
 };
 use serde_json::Value;
 
-/// The tests here run one at a time: each profiles a fast allocator at 64 KiB with
-/// stack copies, and the derived bounds need every sample (no ring-buffer drop). Four
-/// profilers and their workloads at once on a 2-core host starve the ring readers
-/// (seen: 81 and 787 drops in 2 of 5 runs once the system-wide test beside them stopped
-/// slowing the workloads down with full-time probes).
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Profiles one run of the sites workload at `TEST_RATE`; returns the JSON profile.
 fn profile_sites(name: &str) -> Value {
     require_root();
@@ -36,13 +25,13 @@ fn profile_sites(name: &str) -> Value {
 
 #[test]
 fn sites_are_named_and_estimates_fall_within_derived_bounds() {
-    let _one = one_at_a_time();
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     check_sites(&profile_sites("estimates"));
 }
 
 #[test]
 fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
-    let _one = one_at_a_time();
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     require_root();
     let dir = scratch_dir("pprof");
     let pprof_path = dir.join("profile.pb.gz");
@@ -92,7 +81,7 @@ fn go_tool_pprof_reads_the_profile_and_names_the_sites() {
 
 #[test]
 fn every_format_is_written() {
-    let _one = one_at_a_time();
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     require_root();
     let binary = sites_binary();
     let dir = scratch_dir("formats");
@@ -133,7 +122,7 @@ fn every_format_is_written() {
 /// profile that says why (a 0-byte file broke every consumer), and the run succeeds.
 #[test]
 fn a_filter_that_matches_nothing_gives_a_valid_empty_profile_in_every_format() {
-    let _one = one_at_a_time();
+    let _one = allocbpf_e2e::one_profiler_at_a_time();
     require_root();
     let dir = scratch_dir("empty-formats");
     for format in ["json", "pprof", "text", "folded", "svg"] {
