@@ -129,20 +129,20 @@ impl BudgetController {
                 return false;
             }
         };
-        let attached: HashMap<ImageKey, u64> = images
-            .images
-            .iter()
-            .map(|(key, state)| {
-                let total = state.attached_ns(now_ns);
-                let before = self.last_attached.get(key).copied().unwrap_or(0);
-                (*key, total.saturating_sub(before))
-            })
-            .collect();
-        self.last_attached = images
+        // Probed time per image since the last check, from the running totals.
+        let totals: HashMap<ImageKey, u64> = images
             .images
             .iter()
             .map(|(key, state)| (*key, state.attached_ns(now_ns)))
             .collect();
+        let attached: HashMap<ImageKey, u64> = totals
+            .iter()
+            .map(|(key, &total)| {
+                let before = self.last_attached.get(key).copied().unwrap_or(0);
+                (*key, total.saturating_sub(before))
+            })
+            .collect();
+        self.last_attached = totals;
         let elapsed = elapsed_ns as f64 * 1e-9;
         let mut new_hits = HashMap::new();
         for (pid, (all, stepped, _)) in hits {

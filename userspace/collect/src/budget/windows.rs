@@ -59,8 +59,8 @@ pub struct WindowSchedule {
     phases: VecDeque<(u64, u64)>,
     /// Per image, `(from_ns, duty)` changes, oldest first.
     duties: HashMap<ImageKey, VecDeque<(u64, f64)>>,
-    /// Per image, how long before a window its probes go in.
-    leads: HashMap<ImageKey, u64>,
+    /// Per image, how long attaching its probes took (recently, at most): the lead.
+    attach_times: HashMap<ImageKey, u64>,
     rng: StdRng,
 }
 
@@ -77,7 +77,7 @@ impl WindowSchedule {
             period_ns: period_ns.max(1),
             phases: VecDeque::new(),
             duties: HashMap::new(),
-            leads: HashMap::new(),
+            attach_times: HashMap::new(),
             rng,
         }
     }
@@ -155,25 +155,25 @@ impl WindowSchedule {
     /// Forgets an image (no process maps it any more).
     pub fn forget(&mut self, key: &ImageKey) {
         self.duties.remove(key);
-        self.leads.remove(key);
+        self.attach_times.remove(key);
     }
 
     /// Attaching `key`'s probes took `took_ns`. Its figure becomes that, or a little
     /// less than before if that was longer (attach times vary with the processes
     /// mapping the image: following only the last one often falls short).
     pub fn attached_in(&mut self, key: ImageKey, took_ns: u64) {
-        let before = self.leads.get(&key).map_or(0, |&took| took * 9 / 10);
-        self.leads.insert(key, took_ns.max(before));
+        let before = self.attach_times.get(&key).map_or(0, |&took| took * 9 / 10);
+        self.attach_times.insert(key, took_ns.max(before));
     }
 
     /// How long before a window probes go in: twice the attach times of every image
     /// (windows open together and images are attached in turn), bounded; the longest
     /// lead before any attach was timed.
     pub fn lead(&self) -> u64 {
-        if self.leads.is_empty() {
+        if self.attach_times.is_empty() {
             return MAX_LEAD;
         }
-        (2 * self.leads.values().sum::<u64>()).clamp(MIN_LEAD, MAX_LEAD)
+        (2 * self.attach_times.values().sum::<u64>()).clamp(MIN_LEAD, MAX_LEAD)
     }
 
     /// True if `t_ns` lies in the window of duty `duty` of its period; `None` if that
@@ -197,10 +197,7 @@ impl WindowSchedule {
             // unreadable): no inclusion can be given.
             return Err(Unplaced::Unknown);
         }
-        let duty = images
-            .iter()
-            .map(|key| self.duty_at(key, t_ns))
-            .fold(1.0, f64::min);
+        let duty = self.inclusion_at(images, t_ns);
         if duty <= 0.0 {
             return Err(Unplaced::Unknown);
         }

@@ -52,7 +52,7 @@ impl Collector {
     /// Measures what a probe hit costs ([`Scope::Host`]): a child process times
     /// malloc/free pairs through the host's probes (its gate open), three times;
     /// `baseline` is the same loop timed before any probe was attached. Then what a
-    /// single-stepped probe adds ([`Collector::stepped_extra`]). Medians, because this
+    /// single-stepped probe adds ([`Collector::stepped_extra_or_default`]). Medians, because this
     /// machine is noisy.
     pub(super) fn calibrate(&mut self, baseline: f64) -> Result<HitCost> {
         let hits_per_pair = if self.options.live.is_some() {
@@ -66,7 +66,7 @@ impl Collector {
         }
         Ok(HitCost {
             hit_ns: ((median(probed) - baseline) / hits_per_pair).max(1.0),
-            stepped_extra_ns: self.stepped_extra_or_default(),
+            stepped_extra_ns: self.stepped_extra_or_default(None),
         })
     }
 
@@ -76,25 +76,28 @@ impl Collector {
     /// instruction. The sampler's program costs a little more than the empty one
     /// (~0.1 us, docs/design.md), which this leaves out.
     pub(super) fn calibrate_for_one_process(&mut self) -> Result<HitCost> {
-        let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
-        let offset = own_file_offset(calibration_step as *const () as usize as u64)
-            .context("locating the calibration function in our executable")?;
         let mut bare = Vec::new();
-        let mut probed = Vec::new();
         for _ in 0..3 {
             bare.push(self.child_run(true, GateState::Open, None)?);
-            probed.push(self.child_run(true, GateState::Open, Some((&exe, offset)))?);
         }
+        // The emulated runs serve both figures: the hit, and the single step's extra.
+        let emulated = self.step_runs(0)?;
         Ok(HitCost {
-            hit_ns: (median(probed) - median(bare)).max(1.0),
-            stepped_extra_ns: self.stepped_extra_or_default(),
+            hit_ns: (emulated - median(bare)).max(1.0),
+            stepped_extra_ns: self.stepped_extra_or_default(Some(emulated)),
         })
     }
 
-    /// [`Collector::stepped_extra`], or the figure measured on the development
-    /// machines if it cannot be measured.
-    fn stepped_extra_or_default(&mut self) -> f64 {
-        match self.stepped_extra() {
+    /// What a probe on a single-stepped instruction costs more than one on an emulated
+    /// instruction, in nanoseconds per hit (`emulated`: the emulated runs' median, if
+    /// already timed), or the figure measured on the development machines if it
+    /// cannot be measured. The child calls [`calibration_step`] with an empty program
+    /// on its emulated first instruction, then on its single-stepped second one.
+    fn stepped_extra_or_default(&mut self, emulated: Option<f64>) -> f64 {
+        let measured = emulated
+            .map_or_else(|| self.step_runs(0), Ok)
+            .and_then(|emulated| Ok((self.step_runs(1)? - emulated).max(0.0)));
+        match measured {
             Ok(ns) => ns,
             Err(error) => {
                 // The figure measured on the development machines (docs/design.md).
@@ -107,19 +110,17 @@ impl Collector {
         }
     }
 
-    /// What a probe on a single-stepped instruction costs more than one on an emulated
-    /// instruction, in nanoseconds per hit.
-    fn stepped_extra(&mut self) -> Result<f64> {
+    /// The median of three runs of the child's step loop with the empty program at
+    /// byte `at` of [`calibration_step`] (0: emulated, 1: single-stepped).
+    fn step_runs(&mut self, at: u64) -> Result<f64> {
         let exe = std::env::current_exe().context("finding allocbpf's own executable")?;
         let offset = own_file_offset(calibration_step as *const () as usize as u64)
             .context("locating the calibration function in our executable")?;
-        let mut emulated = Vec::new();
-        let mut stepped = Vec::new();
+        let mut runs = Vec::new();
         for _ in 0..3 {
-            emulated.push(self.child_run(true, GateState::Open, Some((&exe, offset)))?);
-            stepped.push(self.child_run(true, GateState::Open, Some((&exe, offset + 1)))?);
+            runs.push(self.child_run(true, GateState::Open, Some((&exe, offset + at)))?);
         }
-        Ok((median(stepped) - median(emulated)).max(0.0))
+        Ok(median(runs))
     }
 
     pub(super) fn calibration_run(&mut self, gate: GateState) -> Result<f64> {
