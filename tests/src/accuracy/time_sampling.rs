@@ -151,6 +151,7 @@ pub fn run(
             periods: 0..=PERIODS - 1,
             totals: aggregate.periods.clone(),
             probe_share: None,
+            pace: None,
         };
         let interval = time
             .interval(estimate, level)

@@ -15,10 +15,12 @@
 //! `{"pid", "frames", "samples", "estimated_bytes", "estimated_objects",
 //! "min_age_seconds", "max_age_seconds"}` and `leak_min_age_seconds` the cut.
 //! Under an overhead budget (time sampling), `time_sampling` holds `observed_fraction`,
-//! `periods`, whether the totals' intervals include time sampling, and `probe_share`
-//! (null unless the probes took 5% or more of the process's time while it was probed:
-//! a CPU-bound process is then underestimated by up to that share); every estimate is
-//! for the whole interval.
+//! `periods`, whether the totals' intervals include time sampling, `probe_share` (null
+//! unless the probes took 5% or more of the process's CPU while it was probed) and
+//! `pace` (the process's pace while probed relative to unprobed, which every estimate
+//! was divided by: the observer effect corrected; null when it could not be measured,
+//! and then a CPU-bound process with a `probe_share` is underestimated by up to that
+//! share); every estimate is for the whole interval.
 //! Extensions add keys; existing keys keep their meaning.
 
 use std::io::Write;
@@ -101,6 +103,7 @@ pub fn to_value(report: &Report) -> Value {
             "periods": time.periods.end() - time.periods.start() + 1,
             "totals_ci_include_time_sampling": report.total_interval_includes_time(),
             "probe_share": time.probe_share,
+            "pace": time.pace,
         });
     }
     if let Some(live) = &report.live {

@@ -46,12 +46,18 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
                 "the total's CI does not include time sampling (too few periods or samples)"
             }
         )?;
-        if let Some(share) = time.probe_share {
-            writeln!(
+        match (time.pace, time.probe_share) {
+            (Some(pace), share) => writeln!(
                 out,
-                "the probes took ~{:.0}% of this process's time while it was probed: if it is CPU-bound, its estimates are low by up to that share (observer effect, not corrected)",
+                "observer effect corrected: estimates divided by the pace measured while probed, {pace:.3} of the pace unprobed{}",
+                share.map(|s| format!(" (the probes took ~{:.0}% of the CPU while probed)", s * 100.0)).unwrap_or_default()
+            )?,
+            (None, Some(share)) => writeln!(
+                out,
+                "the probes took ~{:.0}% of this process's CPU while it was probed and its pace could not be measured: if it is CPU-bound, its estimates are low by up to that share (observer effect not corrected)",
                 share * 100.0
-            )?;
+            )?,
+            (None, None) => {}
         }
     }
     let live = report.live.is_some();

@@ -148,6 +148,11 @@ pub struct Observed {
     pub first_period: u64,
     /// The interval's last period.
     pub last_period: u64,
+    /// The process's pace while probed relative to unprobed (the observer effect,
+    /// docs/statistics.md "Pace"): every estimate is divided by it. `None`: not
+    /// measured (too little time or work to tell), estimates as time weighting makes
+    /// them.
+    pub pace: Option<f64>,
 }
 
 /// A finished profile.
@@ -217,7 +222,7 @@ impl Report {
                 })
                 .collect(),
         });
-        Report {
+        let mut report = Report {
             rate,
             confidence,
             duration,
@@ -244,7 +249,39 @@ impl Report {
                 periods: observed.first_period..=observed.last_period,
                 totals: aggregate.periods.clone(),
                 probe_share: None,
+                pace: observed.pace,
             }),
+        };
+        if let Some(pace) = observed.and_then(|o| o.pace) {
+            report.scale_estimates(1.0 / pace);
+        }
+        report
+    }
+
+    /// Multiplies every estimate (bytes, objects, in use, leaked, the per-period
+    /// totals) by `factor`, leaving the exact totals, the samples and the observed
+    /// byte weights (the byte-sampling intervals scale with the ratio of estimated to
+    /// observed bytes, so they follow).
+    fn scale_estimates(&mut self, factor: f64) {
+        let scale = |stats: &mut StackStats| {
+            stats.estimated_bytes *= factor;
+            stats.estimated_objects *= factor;
+            stats.inuse_bytes *= factor;
+            stats.inuse_objects *= factor;
+        };
+        self.stacks.iter_mut().for_each(|s| scale(&mut s.stats));
+        let totals = &mut self.totals;
+        totals.estimated_bytes *= factor;
+        totals.inuse_bytes *= factor;
+        totals.inuse_objects *= factor;
+        if let Some(leaks) = &mut self.leaks {
+            for group in &mut leaks.groups {
+                group.stats.estimated_bytes *= factor;
+                group.stats.estimated_objects *= factor;
+            }
+        }
+        if let Some(time) = &mut self.time_sampling {
+            time.totals.scale(factor);
         }
     }
 
@@ -456,6 +493,7 @@ mod tests {
                 ..Default::default()
             },
             observed: Some(Observed {
+                pace: None,
                 fraction: 0.25,
                 first_period: 0,
                 last_period: 3,
@@ -473,5 +511,24 @@ mod tests {
         );
         assert_eq!(report.stacks[0].stats.estimated_bytes, (16 << 20) as f64);
         assert_eq!(report.totals.exact_bytes, 4 << 20);
+
+        // A process that worked at half its pace while probed: every estimate and the
+        // total's interval doubled, the exact figures and samples untouched.
+        let paced = KernelFigures {
+            observed: kernel.observed.map(|o| Observed {
+                pace: Some(0.5),
+                ..o
+            }),
+            ..kernel
+        };
+        let report = Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, paced);
+        assert_eq!(report.totals.estimated_bytes, (32 << 20) as f64);
+        assert_eq!(report.stacks[0].stats.estimated_bytes, (32 << 20) as f64);
+        assert_eq!(report.stacks[0].stats.observed_bytes, (4 << 20) as f64);
+        let interval = report.total_interval();
+        assert_eq!(interval.hi, (32 << 20) as f64);
+        assert_eq!(report.time_sampling.as_ref().unwrap().pace, Some(0.5));
+        assert_eq!(report.totals.exact_bytes, 4 << 20);
+        assert_eq!(report.totals.samples, 4);
     }
 }

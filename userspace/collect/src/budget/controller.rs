@@ -10,11 +10,12 @@ use allocbpf_probe::{
 };
 
 use super::{
+    pace::{process_cpu_ns, PaceReading, ProbeState},
     plan_duties,
     windows::{Unplaced, WindowSchedule},
     BudgetOptions, HitCost, Hits, ProcessCost,
 };
-use crate::engine::{CollectorStats, ImageSet, ProcessTable};
+use crate::engine::{CollectorStats, ImageSet, ProcessTable, Tracked};
 use allocbpf_profile::estimate::windows::SampleWindow;
 
 /// Exposure below this over a check says too little of a process's cost to update it.
@@ -151,6 +152,7 @@ impl BudgetController {
             };
             let total = Hits { all, stepped };
             new_hits.insert(pid, total);
+            read_pace(&self.cost, pid, tracked, total, images, None);
             // Time accounting: what share of this check it was observed (expected).
             tracked.observed.add(
                 self.schedule.inclusion_at(&tracked.images, now_ns),
@@ -303,6 +305,34 @@ impl BudgetController {
         }
     }
 
+    /// Reads the pace meter of every process mapping `key`, whose probes just went in
+    /// or out (`attaching`: are about to go in).
+    fn read_pace_of_image(
+        &self,
+        sampler: &Sampler,
+        processes: &mut ProcessTable,
+        images: &ImageSet,
+        key: &ImageKey,
+        attaching: bool,
+    ) {
+        for (&pid, tracked) in processes.tracked.iter_mut() {
+            if !tracked.images.contains(key) {
+                continue;
+            }
+            if let Some((all, stepped)) = sampler.gate_hits_of(pid) {
+                let changing = attaching.then_some(ProbeState::Changing);
+                read_pace(
+                    &self.cost,
+                    pid,
+                    tracked,
+                    Hits { all, stepped },
+                    images,
+                    changing,
+                );
+            }
+        }
+    }
+
     /// Moves probes in and out as windows open and close; returns when to look again
     /// (CLOCK_MONOTONIC ns).
     pub fn windows_tick(
@@ -326,11 +356,14 @@ impl BudgetController {
             next = next.min(plan.next_change_ns);
             let attached = images.images.get(&key).is_some_and(|s| s.links.is_some());
             if plan.attached && !attached {
+                // The attach takes 10-30 ms, its breakpoints going in along the way.
+                self.read_pace_of_image(sampler, processes, images, &key, true);
                 let before = monotonic_now_ns();
                 if images.reattach(sampler, stats, &key) {
                     stats.window_attaches += 1;
                     let done = monotonic_now_ns();
                     self.schedule.attached_in(key, done - before);
+                    self.read_pace_of_image(sampler, processes, images, &key, false);
                     tracing::debug!("{key}: probes in, in {} us", (done - before) / 1000);
                     // A window that opened before the probes were in (its samples until
                     // then are not placed: `ImageSet::covered`).
@@ -344,6 +377,7 @@ impl BudgetController {
                 }
             } else if !plan.attached && attached {
                 images.detach_in_background(sampler, stats, &key);
+                self.read_pace_of_image(sampler, processes, images, &key, false);
                 tracing::debug!("{key}: probes out");
                 stats.window_detaches += 1;
                 // Frees are not seen until the next window: the live blocks of every
@@ -359,4 +393,35 @@ impl BudgetController {
         }
         next
     }
+}
+
+/// One reading of `pid`'s pace meter: its CPU clock now and its `hits`, in `state` from
+/// now on if given, else probed if any image it maps has its probes in, changing while
+/// links close in the background, unprobed otherwise.
+fn read_pace(
+    cost: &HitCost,
+    pid: u32,
+    tracked: &mut Tracked,
+    hits: Hits,
+    images: &ImageSet,
+    state: Option<ProbeState>,
+) {
+    let state = state.unwrap_or_else(|| {
+        let probed = tracked
+            .images
+            .iter()
+            .any(|key| images.images.get(key).is_some_and(|s| s.links.is_some()));
+        match (probed, images.detaching()) {
+            (true, _) => ProbeState::Probed,
+            (false, true) => ProbeState::Changing,
+            (false, false) => ProbeState::Unprobed,
+        }
+    });
+    let reading = process_cpu_ns(pid).map(|cpu_ns| PaceReading {
+        at_ns: monotonic_now_ns(),
+        cpu_ns,
+        hits,
+        state,
+    });
+    tracked.pace.read(reading, cost);
 }

@@ -19,6 +19,7 @@
 
 mod calibration;
 pub(crate) mod controller;
+pub mod pace;
 pub mod windows;
 
 use std::{collections::HashMap, hash::Hash, time::Duration};

@@ -134,6 +134,7 @@ impl Collector {
                         fraction: tracked.observed.fraction(),
                         first_period,
                         last_period,
+                        pace: tracked.pace.tally.ratio(),
                     }
                 });
                 let mut report = Report::build(
@@ -151,11 +152,19 @@ impl Collector {
                 if let (Some(time), Some(budget)) =
                     (report.time_sampling.as_mut(), self.budget.as_ref())
                 {
-                    time.probe_share = budget
-                        .costs
-                        .get(&pid)
-                        .map(|c| c.full_time_cpu.min(1.0))
+                    // Measured while probed where it could be; else the cost estimate.
+                    time.probe_share = tracked
+                        .pace
+                        .tally
+                        .trap_share()
+                        .or_else(|| budget.costs.get(&pid).map(|c| c.full_time_cpu.min(1.0)))
                         .filter(|&share| share >= PROBE_SHARE_SHOWN);
+                    tracing::debug!(
+                        "pid {pid} ({}): pace {:?}, {:?}",
+                        tracked.info.comm,
+                        time.pace,
+                        tracked.pace.tally
+                    );
                 }
                 profiles.push(ProcessProfile {
                     info: tracked.info.clone(),
@@ -167,6 +176,7 @@ impl Collector {
             }
             tracked.aggregate.start_interval();
             tracked.observed = Default::default();
+            tracked.pace.tally = Default::default();
             if tracked.exited {
                 gone.insert(pid);
             }

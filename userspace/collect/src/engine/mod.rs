@@ -50,7 +50,11 @@ mod stats;
 
 use self::cutter::IntervalCutter;
 pub use self::{cutter::ProcessProfile, stats::CollectorStats};
-pub(crate) use self::{exec_queue::ExecQueue, images::ImageSet, processes::ProcessTable};
+pub(crate) use self::{
+    exec_queue::ExecQueue,
+    images::ImageSet,
+    processes::{ProcessTable, Tracked},
+};
 pub use crate::budget::controller::{ImageFigures, ProcessCostFigures};
 use crate::{
     budget::controller::BudgetController,

@@ -6,7 +6,10 @@ use std::collections::{HashMap, HashSet};
 use allocbpf_probe::image::ImageKey;
 use allocbpf_profile::aggregate::Aggregate;
 
-use crate::process::{BuildIdCache, ProcessInfo};
+use crate::{
+    budget::pace::PaceMeter,
+    process::{BuildIdCache, ProcessInfo},
+};
 
 /// One followed process.
 pub(crate) struct Tracked {
@@ -26,6 +29,8 @@ pub(crate) struct Tracked {
     pub mapped: Vec<ImageKey>,
     /// Under an overhead budget: how much of the current interval it was observed.
     pub observed: ObservedTime,
+    /// Under an overhead budget: its pace with probes in and out (the observer effect).
+    pub pace: PaceMeter,
     /// Sample ids of live blocks no longer followed (their window closed), whose
     /// kernel entries go at the next cut.
     pub expired_blocks: Vec<u64>,
@@ -109,6 +114,7 @@ impl ProcessTable {
                         images: Vec::new(),
                         mapped: Vec::new(),
                         observed: ObservedTime::default(),
+                        pace: PaceMeter::default(),
                         expired_blocks: Vec::new(),
                     },
                 );

@@ -176,19 +176,37 @@ fn mappings(report: &Report, strings: &mut Strings) -> Vec<Mapping> {
         .collect()
 }
 
+/// What a time-sampled profile says of the observer effect (docs/statistics.md, "Pace"):
+/// the pace correction applied, and the probes' share of the process's time when large.
+fn observer_effect(time: &allocbpf_profile::estimate::windows::TimeSampling) -> String {
+    let share = time
+        .probe_share
+        .map(|share| {
+            format!(
+                "; the probes took ~{:.0}% of this process's CPU while it was probed",
+                share * 100.0
+            )
+        })
+        .unwrap_or_default();
+    match time.pace {
+        Some(pace) => format!(
+            "{share}; estimates divided by its measured pace while probed, {pace:.3} of its pace \
+             unprobed (observer effect corrected)"
+        ),
+        None if time.probe_share.is_some() => format!(
+            "{share}; its pace could not be measured: if it is CPU-bound its estimates are low by \
+             up to that share (observer effect not corrected)"
+        ),
+        None => String::new(),
+    }
+}
+
 /// The profile's comment: how to read its values.
 fn summary_comment(report: &Report) -> String {
     let level = report.confidence.percent_label();
     let total = report.total_interval();
     if let Some(time) = &report.time_sampling {
-        let pace = match time.probe_share {
-            Some(share) => format!(
-                "; the probes took ~{:.0}% of this process's time while it was probed: if it is \
-                 CPU-bound its estimates are low by up to that share (observer effect, not corrected)",
-                share * 100.0
-            ),
-            None => String::new(),
-        };
+        let pace = observer_effect(time);
         return format!(
             "allocbpf: Poisson byte sampling, mean interval {} bytes, and time sampling under an \
              overhead budget: observed {:.2}% of the interval (one window per period at a random \

@@ -103,6 +103,18 @@ impl Sampler {
             .collect())
     }
 
+    /// `pid`'s probe hits counted in the kernel so far (all, single-stepped): one
+    /// lookup, for the budget's readings at every window change (`None`: no entry).
+    pub fn gate_hits_of(&self, pid: u32) -> Option<(u64, u64)> {
+        let map = self.ebpf.map("PROCESS_GATES")?;
+        let gates = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map).ok()?;
+        let values = gates.get(&pid, 0).ok()?;
+        Some((
+            values.iter().map(|g| g.hits).sum(),
+            values.iter().map(|g| g.stepped_hits).sum(),
+        ))
+    }
+
     /// Every process the kernel maps keep an entry for (totals kept without a thread
     /// entry, gates): with [`Sampler::forget_processes`], a backstop for exit events
     /// lost to a full ring buffer, after which those entries would stay for good.

@@ -57,6 +57,11 @@ impl PeriodTotals {
         }
     }
 
+    /// Multiplies every period's total by `factor` (the pace correction).
+    pub fn scale(&mut self, factor: f64) {
+        self.totals.values_mut().for_each(|y| *y *= factor);
+    }
+
     /// Forgets everything (a new interval).
     pub fn clear(&mut self) {
         self.totals.clear();
@@ -121,11 +126,14 @@ pub struct TimeSampling {
     pub periods: std::ops::RangeInclusive<u64>,
     /// Time-weighted bytes per period.
     pub totals: PeriodTotals,
-    /// The share of the process's time the probes took while it was probed, when it
-    /// is large (from 5%): a CPU-bound process is slowed that much inside its windows,
-    /// so its estimates are low by up to that share (the observer effect, not
-    /// corrected; docs/statistics.md, "Pace").
+    /// The share of the process's CPU time the probes took while it was probed, when
+    /// it is large (from 5%): a CPU-bound process is slowed that much inside its
+    /// windows (the observer effect; docs/statistics.md, "Pace").
     pub probe_share: Option<f64>,
+    /// The process's measured pace while probed relative to unprobed, which its
+    /// estimates were divided by (`None`: not measured, estimates not corrected). A
+    /// merged report keeps the smallest, as a flag.
+    pub pace: Option<f64>,
 }
 
 impl TimeSampling {
@@ -163,6 +171,10 @@ impl TimeSampling {
         // Per process: a merged report keeps the largest, as a flag.
         self.probe_share = match (self.probe_share, other.probe_share) {
             (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.pace = match (self.pace, other.pace) {
+            (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
     }
