@@ -14,9 +14,11 @@ use allocbpf_profile::{
     aggregate::{Aggregate, SampledAllocation, StackKey},
     estimate::{
         certain_threshold,
+        pace::{PaceTally, ProbeState},
         windows::{SampleWindow, TimeSampling},
         Confidence,
     },
+    report::pace_factor,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -48,7 +50,23 @@ pub enum Pattern {
         /// Mean pause between bursts, ticks.
         mean_off: u64,
     },
+    /// CPU-bound and slowed by its probes (the observer effect, docs/statistics.md
+    /// "Pace"): it runs every tick, `work` ticks of its own work before each allocation
+    /// of `size` bytes; inside a window each allocation costs `trap` ticks more. Its
+    /// pace while probed is `work / (work + trap)`; the estimate is corrected by the
+    /// pace its CPU ticks show (`PaceTally`, as the collector measures it).
+    CpuBound {
+        /// Bytes per allocation.
+        size: u64,
+        /// Ticks of work before each allocation.
+        work: u64,
+        /// Ticks each allocation costs inside a window.
+        trap: u64,
+    },
 }
+
+/// A tick in nanoseconds (a 1 s period of 1,000 ticks), for the pace's spans.
+const TICK_NS: f64 = 1e6;
 
 /// What many trials of one pattern at one duty showed.
 #[derive(Clone, Debug)]
@@ -93,9 +111,15 @@ pub fn run(
         let mut aggregate = Aggregate::default();
         let mut countdown = source.next_interval();
         let mut truth = 0.0;
+        // CpuBound: ticks to its next allocation and of trap left; per state (out, in),
+        // wall ticks and trap ticks.
+        let (mut work_left, mut trap_left) = (1u64, 0u64);
+        let mut spans = [(0u64, 0u64); 2];
         for period in 0..PERIODS {
             let phase = rng.random_range(0..PERIOD);
             for tick in 0..PERIOD {
+                // Circular window: every tick of the period is in with probability duty.
+                let in_window = (tick + PERIOD - phase) % PERIOD < window;
                 let size = match pattern {
                     Pattern::Steady { size } => size,
                     Pattern::Bursty {
@@ -112,10 +136,27 @@ pub fn run(
                         }
                         size
                     }
+                    Pattern::CpuBound { size, work, trap } => {
+                        let span = &mut spans[usize::from(in_window)];
+                        span.0 += 1;
+                        if trap_left > 0 {
+                            trap_left -= 1;
+                            span.1 += 1;
+                            continue;
+                        }
+                        work_left -= 1;
+                        if work_left > 0 {
+                            continue;
+                        }
+                        work_left = work;
+                        if in_window {
+                            trap_left = trap;
+                        }
+                        size
+                    }
                 };
                 truth += size as f64;
-                // Circular window: every tick of the period is in with probability duty.
-                if (tick + PERIOD - phase) % PERIOD >= window {
+                if !in_window {
                     continue;
                 }
                 let (offset, certain) =
@@ -145,19 +186,44 @@ pub fn run(
                 );
             }
         }
-        let estimate = aggregate.totals.estimated_bytes;
+        // The pace, from the CPU ticks as the collector measures it (CPU = wall: it
+        // never sleeps), and the estimate scaled as `Report::build` scales it.
+        let pace = matches!(pattern, Pattern::CpuBound { .. })
+            .then(|| {
+                let mut tally = PaceTally::default();
+                for (state, (wall, trap)) in [ProbeState::Unprobed, ProbeState::Probed]
+                    .into_iter()
+                    .zip(spans)
+                {
+                    let wall = wall as f64 * TICK_NS;
+                    tally.add(state, wall, wall, trap as f64 * TICK_NS);
+                }
+                tally.ratio()
+            })
+            .flatten();
+        let factor = pace.map_or(1.0, |pace| pace_factor(duty, pace));
+        let estimate = aggregate.totals.estimated_bytes * factor;
+        let mut totals = aggregate.periods.clone();
+        totals.scale(factor);
         let time = TimeSampling {
             observed_fraction: duty,
             periods: 0..=PERIODS - 1,
-            totals: aggregate.periods.clone(),
+            totals,
             probe_share: None,
-            pace: None,
+            pace,
         };
         let interval = time
             .interval(estimate, level)
             .expect("more than one period");
         covered += usize::from(interval.contains(truth));
-        byte_covered += usize::from(aggregate.totals.bytes_interval(rate, level).contains(truth));
+        let bytes = aggregate.totals.bytes_interval(rate, level);
+        byte_covered += usize::from(
+            allocbpf_profile::estimate::Interval {
+                lo: bytes.lo * factor,
+                hi: bytes.hi * factor,
+            }
+            .contains(truth),
+        );
         errors.push(estimate - truth);
         truths.push(truth);
     }

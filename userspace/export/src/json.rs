@@ -18,7 +18,7 @@
 //! `periods`, whether the totals' intervals include time sampling, `probe_share` (null
 //! unless the probes took 5% or more of the process's CPU while it was probed) and
 //! `pace` (the process's pace while probed relative to unprobed, which every estimate
-//! was divided by: the observer effect corrected; null when it could not be measured,
+//! was corrected for: the observer effect, docs/statistics.md "Pace"; null when it could not be measured,
 //! and then a CPU-bound process with a `probe_share` is underestimated by up to that
 //! share); every estimate is for the whole interval.
 //! Extensions add keys; existing keys keep their meaning.

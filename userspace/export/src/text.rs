@@ -49,7 +49,7 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         match (time.pace, time.probe_share) {
             (Some(pace), share) => writeln!(
                 out,
-                "observer effect corrected: estimates divided by the pace measured while probed, {pace:.3} of the pace unprobed{}",
+                "observer effect corrected: estimates scaled for the pace measured while probed, {pace:.3} of the pace unprobed{}",
                 share.map(|s| format!(" (the probes took ~{:.0}% of the CPU while probed)", s * 100.0)).unwrap_or_default()
             )?,
             (None, Some(share)) => writeln!(

@@ -149,10 +149,20 @@ pub struct Observed {
     /// The interval's last period.
     pub last_period: u64,
     /// The process's pace while probed relative to unprobed (the observer effect,
-    /// docs/statistics.md "Pace"): every estimate is divided by it. `None`: not
-    /// measured (too little time or work to tell), estimates as time weighting makes
-    /// them.
+    /// docs/statistics.md "Pace"): every estimate is scaled by [`pace_factor`]. `None`:
+    /// not measured (too little time or work to tell, or too few traps to matter),
+    /// estimates as time weighting makes them.
     pub pace: Option<f64>,
+}
+
+/// What a time-weighted estimate is multiplied by for a process observed a fraction
+/// `observed` of the interval that worked at `pace` of its unprobed pace while probed
+/// (docs/statistics.md, "Pace"). The windows saw `r·d` of what the process would have
+/// allocated unprobed; it really allocated `1 - d(1 - r)` of that (it was slowed in
+/// its windows only), so `Σ S/(p d)`, which estimates `r` times the unprobed total, is
+/// multiplied by `(1 - d(1 - r)) / r = d + (1 - d)/r`.
+pub fn pace_factor(observed: f64, pace: f64) -> f64 {
+    observed + (1.0 - observed) / pace
 }
 
 /// A finished profile.
@@ -252,8 +262,10 @@ impl Report {
                 pace: observed.pace,
             }),
         };
-        if let Some(pace) = observed.and_then(|o| o.pace) {
-            report.scale_estimates(1.0 / pace);
+        if let Some(observed) = observed {
+            if let Some(pace) = observed.pace {
+                report.scale_estimates(pace_factor(observed.fraction, pace));
+            }
         }
         report
     }
@@ -512,8 +524,9 @@ mod tests {
         assert_eq!(report.stacks[0].stats.estimated_bytes, (16 << 20) as f64);
         assert_eq!(report.totals.exact_bytes, 4 << 20);
 
-        // A process that worked at half its pace while probed: every estimate and the
-        // total's interval doubled, the exact figures and samples untouched.
+        // A process that worked at half its pace while probed, observed a quarter of
+        // the time: every estimate and the total's interval scaled by
+        // 0.25 + 0.75 / 0.5 = 1.75, the exact figures and samples untouched.
         let paced = KernelFigures {
             observed: kernel.observed.map(|o| Observed {
                 pace: Some(0.5),
@@ -522,11 +535,11 @@ mod tests {
             ..kernel
         };
         let report = Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, paced);
-        assert_eq!(report.totals.estimated_bytes, (32 << 20) as f64);
-        assert_eq!(report.stacks[0].stats.estimated_bytes, (32 << 20) as f64);
+        assert_eq!(report.totals.estimated_bytes, (28 << 20) as f64);
+        assert_eq!(report.stacks[0].stats.estimated_bytes, (28 << 20) as f64);
         assert_eq!(report.stacks[0].stats.observed_bytes, (4 << 20) as f64);
         let interval = report.total_interval();
-        assert_eq!(interval.hi, (32 << 20) as f64);
+        assert_eq!(interval.hi, (28 << 20) as f64);
         assert_eq!(report.time_sampling.as_ref().unwrap().pace, Some(0.5));
         assert_eq!(report.totals.exact_bytes, 4 << 20);
         assert_eq!(report.totals.samples, 4);

@@ -10,12 +10,13 @@ use allocbpf_probe::{
 };
 
 use super::{
-    pace::{process_cpu_ns, PaceReading, ProbeState},
+    pace::{process_cpu_ns, PaceReading},
     plan_duties,
     windows::{Unplaced, WindowSchedule},
     BudgetOptions, HitCost, Hits, ProcessCost,
 };
 use crate::engine::{CollectorStats, ImageSet, ProcessTable, Tracked};
+use allocbpf_profile::estimate::pace::ProbeState;
 use allocbpf_profile::estimate::windows::SampleWindow;
 
 /// Exposure below this over a check says too little of a process's cost to update it.

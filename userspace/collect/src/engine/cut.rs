@@ -159,12 +159,7 @@ impl Collector {
                         .trap_share()
                         .or_else(|| budget.costs.get(&pid).map(|c| c.full_time_cpu.min(1.0)))
                         .filter(|&share| share >= PROBE_SHARE_SHOWN);
-                    tracing::debug!(
-                        "pid {pid} ({}): pace {:?}, {:?}",
-                        tracked.info.comm,
-                        time.pace,
-                        tracked.pace.tally
-                    );
+                    tracing::trace!("pid {pid}: {:?}", tracked.pace.tally);
                 }
                 profiles.push(ProcessProfile {
                     info: tracked.info.clone(),
@@ -226,8 +221,16 @@ impl Collector {
                 .get(&profile.info.pid)
                 .copied()
                 .unwrap_or_default();
+            let pace = time
+                .pace
+                .map(|pace| {
+                    format!(
+                        "; worked at {pace:.3} of its pace while probed (estimates corrected for it)"
+                    )
+                })
+                .unwrap_or_default();
             tracing::debug!(
-                "pid {} ({}): observed {:.2}% of the interval; ~{:.2}% of a CPU in probes now, ~{:.0}% were it probed full time",
+                "pid {} ({}): observed {:.2}% of the interval; ~{:.2}% of a CPU in probes now, ~{:.0}% were it probed full time{pace}",
                 profile.info.pid,
                 profile.info.comm,
                 time.observed_fraction * 100.0,

@@ -190,7 +190,7 @@ fn observer_effect(time: &allocbpf_profile::estimate::windows::TimeSampling) -> 
         .unwrap_or_default();
     match time.pace {
         Some(pace) => format!(
-            "{share}; estimates divided by its measured pace while probed, {pace:.3} of its pace \
+            "{share}; estimates scaled for its measured pace while probed, {pace:.3} of its pace \
              unprobed (observer effect corrected)"
         ),
         None if time.probe_share.is_some() => format!(

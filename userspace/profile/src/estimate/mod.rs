@@ -16,6 +16,7 @@
 
 pub mod interval;
 pub mod interval_table;
+pub mod pace;
 pub mod windows;
 
 pub use interval::{Confidence, Interval, IntervalInputs};

@@ -131,7 +131,8 @@ pub struct TimeSampling {
     /// windows (the observer effect; docs/statistics.md, "Pace").
     pub probe_share: Option<f64>,
     /// The process's measured pace while probed relative to unprobed, which its
-    /// estimates were divided by (`None`: not measured, estimates not corrected). A
+    /// estimates were corrected for (`crate::report::pace_factor`; `None`: not
+    /// measured, estimates not corrected). A
     /// merged report keeps the smallest, as a flag.
     pub pace: Option<f64>,
 }

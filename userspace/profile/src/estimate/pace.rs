@@ -1,0 +1,173 @@
+//! The observer effect: how much slower a process works while its probes are in
+//! (docs/statistics.md, "Pace").
+//!
+//! Time sampling weighs a window's samples by `1/d` on the premise that a process
+//! allocates at the same pace inside its windows as outside. A process whose probes
+//! take a real share of its time does not: inside a window a CPU-bound process spends
+//! part of its CPU in traps and does that much less of its own work, so the window sees
+//! fewer of its allocations per second than the rest of the interval had.
+//!
+//! Allocations follow the work a program does, and its work is the CPU time it spends
+//! outside the traps. A [`PaceTally`] sums, over an interval, the wall time and the
+//! work of a process with its probes in and with them out; the pace ratio
+//! `r = (work_in / wall_in) / (work_out / wall_out)` is 1 for a process whose work is
+//! paced by the clock or by its input (the traps take idle time), and `1 - s` for a
+//! CPU-bound process whose traps take a share `s` of its probed CPU. Scaling the
+//! time-weighted estimate by [`crate::report::pace_factor`] (`d + (1 - d)/r`) makes it
+//! estimate the whole interval again. The collector measures the spans (the
+//! process's CPU clock and probe hits at every probe change).
+
+/// The least probed and unprobed wall time, each, for a pace ratio to be measured: a
+/// window or two of the default budget (10 ms each) and a tenth of a period outside.
+const MIN_WALL_NS: f64 = 20e6;
+
+/// The least work (CPU time outside the traps) in each state for a ratio: below a
+/// millisecond the process barely ran, and the ratio would be noise.
+const MIN_WORK_NS: f64 = 1e6;
+
+/// The least share of its probed CPU a process must spend in traps for its pace to be
+/// corrected (the profiles' `probe_share` threshold): below it the traps cannot have
+/// slowed it by more than that.
+pub const MIN_TRAP_SHARE: f64 = 0.05;
+
+/// The smallest pace ratio applied. A process spending over 95% of its probed time in
+/// traps leaves too little work to measure against the calibrated cost of a hit (a 5%
+/// error in that cost would be the whole remainder): its estimate is raised 20x at most
+/// and the profile says so (`probe_share`).
+pub const MIN_PACE: f64 = 0.05;
+
+/// Whether a process's probes are in, for its pace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeState {
+    /// Some image it maps has its probes in.
+    Probed,
+    /// None has.
+    Unprobed,
+    /// Probes are going in or out: an attach under way, or links closing on other
+    /// threads whose breakpoints may still trap. Such spans are left out of both
+    /// tallies.
+    Changing,
+}
+
+/// Wall time and work of one interval, probed and unprobed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PaceTally {
+    /// Wall time with probes in, ns.
+    pub probed_wall_ns: f64,
+    /// Work (CPU time less the traps' cost) with probes in, ns.
+    pub probed_work_ns: f64,
+    /// CPU time spent in traps with probes in, ns (estimated from hits).
+    pub probed_trap_ns: f64,
+    /// Wall time with probes out, ns.
+    pub unprobed_wall_ns: f64,
+    /// Work with probes out (CPU time less the traps of detaching probes), ns.
+    pub unprobed_work_ns: f64,
+}
+
+impl PaceTally {
+    /// Adds one span: `wall_ns` long, `cpu_ns` of CPU time of which `trap_ns` in traps.
+    pub fn add(&mut self, state: ProbeState, wall_ns: f64, cpu_ns: f64, trap_ns: f64) {
+        // The trap cost is an estimate; work cannot go below nothing.
+        let work = (cpu_ns - trap_ns).max(0.0);
+        match state {
+            ProbeState::Probed => {
+                self.probed_wall_ns += wall_ns;
+                self.probed_work_ns += work;
+                self.probed_trap_ns += trap_ns.min(cpu_ns);
+            }
+            ProbeState::Unprobed => {
+                self.unprobed_wall_ns += wall_ns;
+                self.unprobed_work_ns += work;
+            }
+            ProbeState::Changing => {}
+        }
+    }
+
+    /// The pace ratio: work per second probed over work per second unprobed, between
+    /// [`MIN_PACE`] and 1. `None` when the traps took under [`MIN_TRAP_SHARE`] of the
+    /// process's probed CPU (the correction would be noise, and the bias it leaves is
+    /// at most that share), or either state was too short, or the process did too
+    /// little work in either, to tell; its estimate is then left as time weighting makes
+    /// it.
+    ///
+    /// Capped at 1: probes only ever slow a process. A measured ratio above 1 means the
+    /// process's traps cost more than the calibrated hit (its sampled hits copy stacks;
+    /// its caches are cold after each trap) and it absorbed them in idle time: a process
+    /// paced by the clock or by its input, which its probes do not slow.
+    pub fn ratio(&self) -> Option<f64> {
+        if self.probed_wall_ns < MIN_WALL_NS
+            || self.unprobed_wall_ns < MIN_WALL_NS
+            || self.unprobed_work_ns < MIN_WORK_NS
+            || self.trap_share()? < MIN_TRAP_SHARE
+        {
+            return None;
+        }
+        let inside = self.probed_work_ns / self.probed_wall_ns;
+        let outside = self.unprobed_work_ns / self.unprobed_wall_ns;
+        Some((inside / outside).clamp(MIN_PACE, 1.0))
+    }
+
+    /// The share of its CPU time the process spent in traps while probed.
+    pub fn trap_share(&self) -> Option<f64> {
+        let cpu = self.probed_work_ns + self.probed_trap_ns;
+        (cpu > 0.0).then(|| self.probed_trap_ns / cpu)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: f64 = 1e6;
+
+    /// A CPU-bound process: one CPU all the time; while probed, half of it in traps.
+    /// It does half its work then: r = 0.5.
+    #[test]
+    fn a_cpu_bound_process_is_slowed_by_its_trap_share() {
+        let mut tally = PaceTally::default();
+        tally.add(ProbeState::Probed, 50.0 * MS, 50.0 * MS, 25.0 * MS);
+        tally.add(ProbeState::Unprobed, 950.0 * MS, 950.0 * MS, 0.0);
+        assert!((tally.ratio().unwrap() - 0.5).abs() < 1e-9);
+        assert!((tally.trap_share().unwrap() - 0.5).abs() < 1e-9);
+    }
+
+    /// A process paced by the clock: 10% of a CPU of work in and out of its windows,
+    /// plus its traps while probed (which take idle time, not work): r = 1. And when
+    /// its traps cost more than the calibrated hit, it seems to work faster while
+    /// probed, which probes never make it: capped at 1.
+    #[test]
+    fn a_clock_paced_process_keeps_its_pace() {
+        let mut tally = PaceTally::default();
+        tally.add(ProbeState::Probed, 50.0 * MS, 10.0 * MS, 5.0 * MS);
+        tally.add(ProbeState::Unprobed, 1_000.0 * MS, 100.0 * MS, 0.0);
+        assert!((tally.ratio().unwrap() - 1.0).abs() < 1e-9);
+        tally.add(ProbeState::Probed, 50.0 * MS, 15.0 * MS, 5.0 * MS);
+        assert_eq!(tally.ratio(), Some(1.0));
+    }
+
+    /// Under a 5% trap share: not corrected. Too short in either state: no ratio. All
+    /// traps: floored. Changing spans count nowhere.
+    #[test]
+    fn ratios_need_a_trap_share_enough_time_and_work() {
+        let mut light = PaceTally::default();
+        light.add(ProbeState::Probed, 50.0 * MS, 20.0 * MS, 0.5 * MS);
+        light.add(ProbeState::Unprobed, 1_000.0 * MS, 980.0 * MS, 0.0);
+        assert_eq!(light.ratio(), None);
+
+        let mut short = PaceTally::default();
+        short.add(ProbeState::Probed, 10.0 * MS, 10.0 * MS, 10.0 * MS);
+        short.add(ProbeState::Unprobed, 990.0 * MS, 980.0 * MS, 0.0);
+        assert_eq!(short.ratio(), None, "10 ms probed is too short");
+        short.add(ProbeState::Probed, 40.0 * MS, 40.0 * MS, 40.0 * MS);
+        assert_eq!(short.ratio(), Some(MIN_PACE), "all traps: floored");
+
+        let mut idle = PaceTally::default();
+        idle.add(ProbeState::Probed, 100.0 * MS, 0.0, 0.0);
+        idle.add(ProbeState::Unprobed, 900.0 * MS, 0.0, 0.0);
+        assert_eq!(idle.ratio(), None, "no work anywhere");
+
+        let before = light;
+        light.add(ProbeState::Changing, 90.0 * MS, 90.0 * MS, 5.0 * MS);
+        assert_eq!(light, before);
+    }
+}
