@@ -44,6 +44,7 @@ struct BudgetGauges {
     process_observed: Labelled,
     process_overhead: Labelled,
     process_full_time: Labelled,
+    process_pace: Labelled,
 }
 
 /// Processes with per-process budget gauges: the most expensive ones (labels per pid
@@ -267,6 +268,11 @@ impl Metrics {
                 "Estimated fraction of a CPU a process would spend in probes if probed full time",
                 &budget.process_full_time,
             ),
+            (
+                "budget_process_pace",
+                "A process's pace while probed relative to unprobed this interval, which its estimates are corrected for (absent: not measured or not slowed)",
+                &budget.process_pace,
+            ),
         ] {
             registry.register(name, help, family.clone());
         }
@@ -359,6 +365,7 @@ impl Metrics {
             &b.process_observed,
             &b.process_overhead,
             &b.process_full_time,
+            &b.process_pace,
         ] {
             family.clear();
         }
@@ -389,6 +396,9 @@ impl Metrics {
             b.process_full_time
                 .get_or_create(&labels)
                 .set(cost.full_time_cpu);
+            if let Some(pace) = cost.pace {
+                b.process_pace.get_or_create(&labels).set(pace);
+            }
         }
     }
 

@@ -32,6 +32,9 @@ pub struct ProcessCostFigures {
     pub full_time_cpu: f64,
     /// Estimated fraction of a CPU it spent in probes over the last check.
     pub overhead_cpu: f64,
+    /// Its pace while probed relative to unprobed over the current interval, when
+    /// measured and large enough to correct for (docs/statistics.md, "Pace").
+    pub pace: Option<f64>,
 }
 
 /// The budget with its clocks, cost estimates and window schedule.

@@ -426,7 +426,10 @@ impl Collector {
                     *pid,
                     tracked.info.comm.clone(),
                     tracked.observed.fraction(),
-                    *figures,
+                    ProcessCostFigures {
+                        pace: tracked.pace.tally.ratio(),
+                        ..*figures
+                    },
                 ))
             })
             .collect();
