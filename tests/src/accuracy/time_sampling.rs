@@ -18,7 +18,6 @@ use allocbpf_profile::{
         windows::{SampleWindow, TimeSampling},
         Confidence,
     },
-    report::pace_factor,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -198,10 +197,10 @@ pub fn run(
                     let wall = wall as f64 * TICK_NS;
                     tally.add(state, wall, wall, trap as f64 * TICK_NS);
                 }
-                tally.ratio()
+                tally.correction()
             })
             .flatten();
-        let factor = pace.map_or(1.0, |pace| pace_factor(duty, pace));
+        let factor = pace.map_or(1.0, |pace| pace.factor);
         let estimate = aggregate.totals.estimated_bytes * factor;
         let mut totals = aggregate.periods.clone();
         totals.scale(factor);
@@ -211,6 +210,7 @@ pub fn run(
             totals,
             probe_share: None,
             pace,
+            paced_processes: u32::from(pace.is_some()),
         };
         let interval = time
             .interval(estimate, level)

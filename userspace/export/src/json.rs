@@ -17,8 +17,10 @@
 //! Under an overhead budget (time sampling), `time_sampling` holds `observed_fraction`,
 //! `periods`, whether the totals' intervals include time sampling, `probe_share` (null
 //! unless the probes took 5% or more of the process's CPU while it was probed) and
-//! `pace` (the process's pace while probed relative to unprobed, which every estimate
-//! was corrected for: the observer effect, docs/statistics.md "Pace"; null when it could not be measured,
+//! `pace` and `pace_factor` (the process's pace while probed relative to unprobed, and
+//! the factor every estimate was scaled by for it: the observer effect,
+//! docs/statistics.md "Pace"; `paced_processes` counts the processes so corrected, and
+//! a merged report of several shows no single pace; null when it could not be measured,
 //! and then a CPU-bound process with a `probe_share` is underestimated by up to that
 //! share); every estimate is for the whole interval.
 //! Extensions add keys; existing keys keep their meaning.
@@ -103,7 +105,9 @@ pub fn to_value(report: &Report) -> Value {
             "periods": time.periods.end() - time.periods.start() + 1,
             "totals_ci_include_time_sampling": report.total_interval_includes_time(),
             "probe_share": time.probe_share,
-            "pace": time.pace,
+            "pace": time.pace.map(|p| p.ratio),
+            "pace_factor": time.pace.map(|p| p.factor),
+            "paced_processes": time.paced_processes,
         });
     }
     if let Some(live) = &report.live {

@@ -49,8 +49,15 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         match (time.pace, time.probe_share) {
             (Some(pace), share) => writeln!(
                 out,
-                "observer effect corrected: estimates scaled for the pace measured while probed, {pace:.3} of the pace unprobed{}",
+                "observer effect corrected: estimates scaled by {:.3} for the pace measured while probed, {:.3} of the pace unprobed{}",
+                pace.factor,
+                pace.ratio,
                 share.map(|s| format!(" (the probes took ~{:.0}% of the CPU while probed)", s * 100.0)).unwrap_or_default()
+            )?,
+            (None, _) if time.paced_processes > 1 => writeln!(
+                out,
+                "observer effect corrected for {} processes: each one's estimates scaled for its own pace while probed (their own profiles give it)",
+                time.paced_processes
             )?,
             (None, Some(share)) => writeln!(
                 out,

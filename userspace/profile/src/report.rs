@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use crate::aggregate::{Aggregate, LeakStats, LiveCounts, StackStats};
-use crate::estimate::{windows::TimeSampling, Confidence, Interval, IntervalInputs};
+use crate::estimate::{
+    pace::PaceCorrection, windows::TimeSampling, Confidence, Interval, IntervalInputs,
+};
 use crate::frame::{Frame, Functions, Module, Symbolize};
 
 /// The kernel side's counters for a window, summed over CPUs: sampling health.
@@ -149,20 +151,10 @@ pub struct Observed {
     /// The interval's last period.
     pub last_period: u64,
     /// The process's pace while probed relative to unprobed (the observer effect,
-    /// docs/statistics.md "Pace"): every estimate is scaled by [`pace_factor`]. `None`:
+    /// docs/statistics.md "Pace"), and the factor every estimate is scaled by. `None`:
     /// not measured (too little time or work to tell, or too few traps to matter),
     /// estimates as time weighting makes them.
-    pub pace: Option<f64>,
-}
-
-/// What a time-weighted estimate is multiplied by for a process observed a fraction
-/// `observed` of the interval that worked at `pace` of its unprobed pace while probed
-/// (docs/statistics.md, "Pace"). The windows saw `r·d` of what the process would have
-/// allocated unprobed; it really allocated `1 - d(1 - r)` of that (it was slowed in
-/// its windows only), so `Σ S/(p d)`, which estimates `r` times the unprobed total, is
-/// multiplied by `(1 - d(1 - r)) / r = d + (1 - d)/r`.
-pub fn pace_factor(observed: f64, pace: f64) -> f64 {
-    observed + (1.0 - observed) / pace
+    pub pace: Option<PaceCorrection>,
 }
 
 /// A finished profile.
@@ -260,12 +252,11 @@ impl Report {
                 totals: aggregate.periods.clone(),
                 probe_share: None,
                 pace: observed.pace,
+                paced_processes: u32::from(observed.pace.is_some()),
             }),
         };
-        if let Some(observed) = observed {
-            if let Some(pace) = observed.pace {
-                report.scale_estimates(pace_factor(observed.fraction, pace));
-            }
+        if let Some(pace) = observed.and_then(|o| o.pace) {
+            report.scale_estimates(pace.factor);
         }
         report
     }
@@ -524,12 +515,15 @@ mod tests {
         assert_eq!(report.stacks[0].stats.estimated_bytes, (16 << 20) as f64);
         assert_eq!(report.totals.exact_bytes, 4 << 20);
 
-        // A process that worked at half its pace while probed, observed a quarter of
-        // the time: every estimate and the total's interval scaled by
-        // 0.25 + 0.75 / 0.5 = 1.75, the exact figures and samples untouched.
+        // A process that worked at half its pace while probed, a quarter of the time:
+        // every estimate and the total's interval scaled by 0.25 + 0.75 / 0.5 = 1.75,
+        // the exact figures and samples untouched.
         let paced = KernelFigures {
             observed: kernel.observed.map(|o| Observed {
-                pace: Some(0.5),
+                pace: Some(PaceCorrection {
+                    ratio: 0.5,
+                    factor: 1.75,
+                }),
                 ..o
             }),
             ..kernel
@@ -540,7 +534,10 @@ mod tests {
         assert_eq!(report.stacks[0].stats.observed_bytes, (4 << 20) as f64);
         let interval = report.total_interval();
         assert_eq!(interval.hi, (28 << 20) as f64);
-        assert_eq!(report.time_sampling.as_ref().unwrap().pace, Some(0.5));
+        assert_eq!(
+            report.time_sampling.as_ref().unwrap().pace.map(|p| p.ratio),
+            Some(0.5)
+        );
         assert_eq!(report.totals.exact_bytes, 4 << 20);
         assert_eq!(report.totals.samples, 4);
     }

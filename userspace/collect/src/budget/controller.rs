@@ -156,7 +156,12 @@ impl BudgetController {
             };
             let total = Hits { all, stepped };
             new_hits.insert(pid, total);
-            read_pace(&self.cost, pid, tracked, total, images, None);
+            if tracked.exited {
+                // Its clock is gone, or about to be: a reused pid must not continue it.
+                tracked.pace.restart();
+            } else if tracked.admitted {
+                read_pace(&self.cost, pid, tracked, total, images, None);
+            }
             // Time accounting: what share of this check it was observed (expected).
             tracked.observed.add(
                 self.schedule.inclusion_at(&tracked.images, now_ns),
@@ -320,7 +325,8 @@ impl BudgetController {
         attaching: bool,
     ) {
         for (&pid, tracked) in processes.tracked.iter_mut() {
-            if !tracked.images.contains(key) {
+            // Profiled processes only: the others' estimates are never made.
+            if !tracked.admitted || tracked.exited || !tracked.images.contains(key) {
                 continue;
             }
             if let Some((all, stepped)) = sampler.gate_hits_of(pid) {
@@ -360,9 +366,9 @@ impl BudgetController {
             next = next.min(plan.next_change_ns);
             let attached = images.images.get(&key).is_some_and(|s| s.links.is_some());
             if plan.attached && !attached {
+                let before = monotonic_now_ns();
                 // The attach takes 10-30 ms, its breakpoints going in along the way.
                 self.read_pace_of_image(sampler, processes, images, &key, true);
-                let before = monotonic_now_ns();
                 if images.reattach(sampler, stats, &key) {
                     stats.window_attaches += 1;
                     let done = monotonic_now_ns();
@@ -400,8 +406,9 @@ impl BudgetController {
 }
 
 /// One reading of `pid`'s pace meter: its CPU clock now and its `hits`, in `state` from
-/// now on if given, else probed if any image it maps has its probes in, changing while
-/// links close in the background, unprobed otherwise.
+/// now on if given, else probed if every image it maps that can be probed has its
+/// probes in (as in its observation windows), unprobed if none has and none is closing
+/// its links in the background, changing otherwise.
 fn read_pace(
     cost: &HitCost,
     pid: u32,
@@ -411,14 +418,19 @@ fn read_pace(
     state: Option<ProbeState>,
 ) {
     let state = state.unwrap_or_else(|| {
-        let probed = tracked
+        let probeable: Vec<_> = tracked
             .images
             .iter()
-            .any(|key| images.images.get(key).is_some_and(|s| s.links.is_some()));
-        match (probed, images.detaching()) {
-            (true, _) => ProbeState::Probed,
-            (false, true) => ProbeState::Changing,
-            (false, false) => ProbeState::Unprobed,
+            .filter_map(|key| Some((key, images.images.get(key).filter(|s| !s.failed)?)))
+            .collect();
+        let probed = probeable.iter().filter(|(_, s)| s.links.is_some()).count();
+        let closing = probeable.iter().any(|(key, _)| images.detaching(key));
+        match (probed, closing) {
+            // No image known (just exec'd): its probes may be in or out.
+            _ if probeable.is_empty() => ProbeState::Changing,
+            (0, false) => ProbeState::Unprobed,
+            (n, false) if n == probeable.len() => ProbeState::Probed,
+            _ => ProbeState::Changing,
         }
     });
     let reading = process_cpu_ns(pid).map(|cpu_ns| PaceReading {

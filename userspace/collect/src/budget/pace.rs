@@ -20,9 +20,9 @@ use super::{HitCost, Hits};
 /// a pid reused by a new process shows as a clock that went backwards (handled by
 /// [`PaceMeter::read`]).
 pub fn process_cpu_ns(pid: u32) -> Option<u64> {
-    // Pid 0 means the caller, and the clock id has 29 bits for the pid (pid_max is at
-    // most 2^22): neither may alias this process's own clock.
-    if pid == 0 || pid >= 1 << 29 {
+    // Pid 0 means the caller, and the clock id keeps 29 bits of the pid, so 2^29 - 1
+    // would too: pid_max is at most 2^22, and nothing above it is a process.
+    if pid == 0 || pid > 1 << 22 {
         return None;
     }
     // MAKE_PROCESS_CPUCLOCK: the pid's complement shifted left by 3, clock 2 (SCHED).
@@ -86,6 +86,12 @@ impl PaceMeter {
             }
         }
         self.last = Some(now);
+    }
+
+    /// Forgets the last reading: the next one starts a new span (after an exec, or an
+    /// exit, whose spans would mix two programs or a reused pid).
+    pub fn restart(&mut self) {
+        self.last = None;
     }
 
     /// The state the last reading found the process in.
@@ -174,5 +180,6 @@ mod tests {
         assert_eq!(process_cpu_ns((1 << 22) + 1), None);
         assert_eq!(process_cpu_ns(0), None);
         assert_eq!(process_cpu_ns(u32::MAX >> 1), None);
+        assert_eq!(process_cpu_ns((1 << 29) - 1), None);
     }
 }

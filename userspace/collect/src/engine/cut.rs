@@ -134,7 +134,7 @@ impl Collector {
                         fraction: tracked.observed.fraction(),
                         first_period,
                         last_period,
-                        pace: tracked.pace.tally.ratio(),
+                        pace: tracked.pace.tally.correction(),
                     }
                 });
                 let mut report = Report::build(
@@ -225,7 +225,8 @@ impl Collector {
                 .pace
                 .map(|pace| {
                     format!(
-                        "; worked at {pace:.3} of its pace while probed (estimates corrected for it)"
+                        "; worked at {:.3} of its pace while probed (estimates scaled by {:.3})",
+                        pace.ratio, pace.factor
                     )
                 })
                 .unwrap_or_default();

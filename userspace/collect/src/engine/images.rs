@@ -35,6 +35,8 @@ pub(crate) struct ImageState {
     attached_ns: u64,
     /// Recent `[in, out)` spans of its probes (CLOCK_MONOTONIC ns), newest last.
     spans: VecDeque<(u64, u64)>,
+    /// Its links closing on other threads (their breakpoints may still trap).
+    closing: Arc<AtomicUsize>,
 }
 
 /// Probe spans kept per image: samples are read within milliseconds, and a window per
@@ -154,15 +156,18 @@ impl ImageSet {
                 attached_since_ns,
                 attached_ns: 0,
                 spans: VecDeque::new(),
+                closing: Arc::default(),
             },
         );
     }
 
-    /// True while probes detached in the background may still be in (their links are
-    /// closing on other threads: the breakpoints go only once each close has taken the
-    /// kernel's uprobe lock, 30-90 ms after the window closed, measured here).
-    pub fn detaching(&self) -> bool {
-        self.detaching.load(Ordering::Relaxed) > 0
+    /// True while `key`'s probes detached in the background may still be in (its links
+    /// are closing on other threads: the breakpoints go only once each close has taken
+    /// the kernel's uprobe lock, 30-90 ms after the window closed, measured here).
+    pub fn detaching(&self, key: &ImageKey) -> bool {
+        self.images
+            .get(key)
+            .is_some_and(|state| state.closing.load(Ordering::Relaxed) > 0)
     }
 
     /// Attaches `key`'s probes again (a window opens); false if that failed.
@@ -227,16 +232,20 @@ impl ImageSet {
         }
         for link in sampler.take_links(links).split() {
             let running = Arc::clone(&self.detaching);
+            let closing = Arc::clone(&state.closing);
             running.fetch_add(1, Ordering::Relaxed);
+            closing.fetch_add(1, Ordering::Relaxed);
             let spawned = std::thread::Builder::new()
                 .name("allocbpf-detach".into())
                 .spawn(move || {
                     drop(link);
+                    closing.fetch_sub(1, Ordering::Relaxed);
                     running.fetch_sub(1, Ordering::Relaxed);
                 });
             if let Err(error) = spawned {
                 // The closure (and the link) were dropped: detached here, after all.
                 self.detaching.fetch_sub(1, Ordering::Relaxed);
+                state.closing.fetch_sub(1, Ordering::Relaxed);
                 tracing::warn!("detached in place (no thread: {error})");
             }
         }

@@ -318,6 +318,8 @@ impl Collector {
                     // until then its samples cannot be placed in a budget's windows.
                     if let Some(tracked) = self.processes.tracked.get_mut(&pid).filter(|_| host) {
                         tracked.images.clear();
+                        // Until they are known its probe state is not: no span across.
+                        tracked.pace.restart();
                     }
                     if host && self.sampler.is_some() && !self.exec_queue.push(pid, Instant::now())
                     {

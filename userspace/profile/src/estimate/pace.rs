@@ -21,8 +21,9 @@
 /// window or two of the default budget (10 ms each) and a tenth of a period outside.
 const MIN_WALL_NS: f64 = 20e6;
 
-/// The least work (CPU time outside the traps) in each state for a ratio: below a
-/// millisecond the process barely ran, and the ratio would be noise.
+/// The least work (CPU time outside the traps) unprobed for a ratio: below a
+/// millisecond the process barely ran, and the ratio would be noise. (Probed, a
+/// process may do almost no work at all: its traps took it, and the ratio is floored.)
 const MIN_WORK_NS: f64 = 1e6;
 
 /// The least share of its probed CPU a process must spend in traps for its pace to be
@@ -39,14 +40,25 @@ pub const MIN_PACE: f64 = 0.05;
 /// Whether a process's probes are in, for its pace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeState {
-    /// Some image it maps has its probes in.
+    /// Every image it maps has its probes in: as in its observation windows.
     Probed,
-    /// None has.
+    /// None has, and none is being detached.
     Unprobed,
-    /// Probes are going in or out: an attach under way, or links closing on other
-    /// threads whose breakpoints may still trap. Such spans are left out of both
-    /// tallies.
+    /// In between: some images in and others out, an attach under way, or links closing
+    /// on other threads whose breakpoints may still trap. Such spans count in the
+    /// interval's totals only, not in either rate.
     Changing,
+}
+
+/// The observer effect measured over an interval, and what its estimates are scaled by.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PaceCorrection {
+    /// Work per second probed over work per second unprobed, in `[MIN_PACE, 1]`.
+    pub ratio: f64,
+    /// What the time-weighted estimates are multiplied by: the process's mean work
+    /// per second over the interval over its work per second where the samples were
+    /// taken (probed), at least 1.
+    pub factor: f64,
 }
 
 /// Wall time and work of one interval, probed and unprobed.
@@ -62,6 +74,10 @@ pub struct PaceTally {
     pub unprobed_wall_ns: f64,
     /// Work with probes out (CPU time less the traps of detaching probes), ns.
     pub unprobed_work_ns: f64,
+    /// Wall time of every span, whatever its state, ns.
+    pub total_wall_ns: f64,
+    /// Work of every span, whatever its state, ns.
+    pub total_work_ns: f64,
 }
 
 impl PaceTally {
@@ -69,6 +85,8 @@ impl PaceTally {
     pub fn add(&mut self, state: ProbeState, wall_ns: f64, cpu_ns: f64, trap_ns: f64) {
         // The trap cost is an estimate; work cannot go below nothing.
         let work = (cpu_ns - trap_ns).max(0.0);
+        self.total_wall_ns += wall_ns;
+        self.total_work_ns += work;
         match state {
             ProbeState::Probed => {
                 self.probed_wall_ns += wall_ns;
@@ -83,18 +101,25 @@ impl PaceTally {
         }
     }
 
-    /// The pace ratio: work per second probed over work per second unprobed, between
-    /// [`MIN_PACE`] and 1. `None` when the traps took under [`MIN_TRAP_SHARE`] of the
-    /// process's probed CPU (the correction would be noise, and the bias it leaves is
-    /// at most that share), or either state was too short, or the process did too
-    /// little work in either, to tell; its estimate is then left as time weighting makes
-    /// it.
+    /// The pace ratio and the factor its estimates are scaled by. `None` when the traps
+    /// took under [`MIN_TRAP_SHARE`] of the process's probed CPU (the correction would
+    /// be noise, and the bias it leaves is at most that share), or either state was too
+    /// short, or the process did too little work unprobed, to tell; its estimate is then
+    /// left as time weighting makes it.
     ///
-    /// Capped at 1: probes only ever slow a process. A measured ratio above 1 means the
-    /// process's traps cost more than the calibrated hit (its sampled hits copy stacks;
-    /// its caches are cold after each trap) and it absorbed them in idle time: a process
-    /// paced by the clock or by its input, which its probes do not slow.
-    pub fn ratio(&self) -> Option<f64> {
+    /// The ratio is work per second probed over work per second unprobed, floored at
+    /// [`MIN_PACE`] and capped at 1: probes only ever slow a process. A measured ratio
+    /// above 1 means the process's traps cost more than the calibrated hit (its sampled
+    /// hits copy stacks; its caches are cold after each trap) and it absorbed them in
+    /// idle time: a process paced by the clock or by its input, which its probes do not
+    /// slow (factor 1).
+    ///
+    /// The factor is measured, not modelled: the windows saw the process allocating at
+    /// its probed work rate, and over the interval it did `total_work` of work in all,
+    /// so `Σ S/(p d)` (which stands for the probed rate over the whole interval) is
+    /// scaled by its mean work rate over its probed one. Under a pace `r` while probed a
+    /// share `q` of the time, that is `q + (1 - q)/r` (docs/statistics.md, "Pace").
+    pub fn correction(&self) -> Option<PaceCorrection> {
         if self.probed_wall_ns < MIN_WALL_NS
             || self.unprobed_wall_ns < MIN_WALL_NS
             || self.unprobed_work_ns < MIN_WORK_NS
@@ -104,7 +129,18 @@ impl PaceTally {
         }
         let inside = self.probed_work_ns / self.probed_wall_ns;
         let outside = self.unprobed_work_ns / self.unprobed_wall_ns;
-        Some((inside / outside).clamp(MIN_PACE, 1.0))
+        let ratio = (inside / outside).clamp(MIN_PACE, 1.0);
+        if ratio >= 1.0 {
+            return Some(PaceCorrection { ratio, factor: 1.0 });
+        }
+        let mean = self.total_work_ns / self.total_wall_ns;
+        let factor = (mean / (ratio * outside)).max(1.0);
+        Some(PaceCorrection { ratio, factor })
+    }
+
+    /// The pace ratio alone ([`PaceTally::correction`]).
+    pub fn ratio(&self) -> Option<f64> {
+        self.correction().map(|c| c.ratio)
     }
 
     /// The share of its CPU time the process spent in traps while probed.
@@ -129,6 +165,16 @@ mod tests {
         tally.add(ProbeState::Unprobed, 950.0 * MS, 950.0 * MS, 0.0);
         assert!((tally.ratio().unwrap() - 0.5).abs() < 1e-9);
         assert!((tally.trap_share().unwrap() - 0.5).abs() < 1e-9);
+        // Probed 5% of the time at half its pace: 0.05 + 0.95 / 0.5 = 1.95.
+        let factor = tally.correction().unwrap().factor;
+        assert!((factor - 1.95).abs() < 1e-9, "{factor}");
+        // A span in between (an attach under way) counts in the totals only: the mean
+        // work rate, and so the factor, follow what the process really did.
+        tally.add(ProbeState::Changing, 100.0 * MS, 100.0 * MS, 25.0 * MS);
+        assert!((tally.ratio().unwrap() - 0.5).abs() < 1e-9);
+        let mean = (25.0 + 950.0 + 75.0) / 1_100.0;
+        let factor = tally.correction().unwrap().factor;
+        assert!((factor - mean / 0.5).abs() < 1e-9, "{factor}");
     }
 
     /// A process paced by the clock: 10% of a CPU of work in and out of its windows,
@@ -142,7 +188,13 @@ mod tests {
         tally.add(ProbeState::Unprobed, 1_000.0 * MS, 100.0 * MS, 0.0);
         assert!((tally.ratio().unwrap() - 1.0).abs() < 1e-9);
         tally.add(ProbeState::Probed, 50.0 * MS, 15.0 * MS, 5.0 * MS);
-        assert_eq!(tally.ratio(), Some(1.0));
+        assert_eq!(
+            tally.correction(),
+            Some(PaceCorrection {
+                ratio: 1.0,
+                factor: 1.0
+            })
+        );
     }
 
     /// Under a 5% trap share: not corrected. Too short in either state: no ratio. All
@@ -168,6 +220,8 @@ mod tests {
 
         let before = light;
         light.add(ProbeState::Changing, 90.0 * MS, 90.0 * MS, 5.0 * MS);
-        assert_eq!(light, before);
+        assert_eq!(light.probed_wall_ns, before.probed_wall_ns);
+        assert_eq!(light.unprobed_wall_ns, before.unprobed_wall_ns);
+        assert_eq!(light.total_wall_ns, before.total_wall_ns + 90.0 * MS);
     }
 }

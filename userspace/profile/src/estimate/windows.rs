@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use super::{Confidence, Interval};
+use super::{pace::PaceCorrection, Confidence, Interval};
 
 /// Where a sample was taken in the time sampling: its period and the probability that
 /// its instant was observed.
@@ -130,11 +130,13 @@ pub struct TimeSampling {
     /// it is large (from 5%): a CPU-bound process is slowed that much inside its
     /// windows (the observer effect; docs/statistics.md, "Pace").
     pub probe_share: Option<f64>,
-    /// The process's measured pace while probed relative to unprobed, which its
-    /// estimates were corrected for (`crate::report::pace_factor`; `None`: not
-    /// measured, estimates not corrected). A
-    /// merged report keeps the smallest, as a flag.
-    pub pace: Option<f64>,
+    /// The process's measured pace while probed relative to unprobed and the factor its
+    /// estimates were scaled by (`None`: not measured, estimates not corrected; or a
+    /// merged report of several processes).
+    pub pace: Option<PaceCorrection>,
+    /// How many processes' estimates were corrected for their pace (1 or 0 for one
+    /// process; in a merged report, the processes whose own profiles say so).
+    pub paced_processes: u32,
 }
 
 impl TimeSampling {
@@ -174,10 +176,13 @@ impl TimeSampling {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-        self.pace = match (self.pace, other.pace) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        // One process's pace says nothing of the others': a merged report keeps it only
+        // when one process alone was corrected, and counts them.
+        self.pace = match self.paced_processes + other.paced_processes {
+            1 => self.pace.or(other.pace),
+            _ => None,
         };
+        self.paced_processes += other.paced_processes;
     }
 }
 
