@@ -281,9 +281,9 @@ fn a_budget_on_one_process_probes_it_part_time_and_scales_its_estimate() {
 /// for a trap share `f` (the `probe_share` reported). The calibrated hit and what a hit
 /// costs this process in place differ by up to ~10% here (its extra system time per
 /// probed call measured 0.73-0.80 us, the calibration 0.85-0.89 us), so `δ` = 15%:
-/// with `f` ~0.42, about 11%, ~37% in all. The uncorrected estimate must be low by
-/// more than 4 deviations (it is ~45% low): the effect is there, and the correction
-/// is what brings the estimate within its bound.
+/// with `f` ~0.42, about 11%, ~37-41% in all. The uncorrected estimate must be low by
+/// more than 3 deviations (~22%; it is ~42% low, -33% at its highest in 10 runs): the
+/// effect is there, and the correction is what brings the estimate within its bound.
 #[test]
 fn a_cpu_bound_process_is_estimated_at_its_pace_while_probed() {
     let (_one, scratch, _) = one_agent_test("pace");
@@ -339,9 +339,9 @@ fn a_cpu_bound_process_is_estimated_at_its_pace_while_probed() {
     );
     assert!(pace < 0.8, "it is slowed while probed: pace {pace}");
     assert!(
-        uncorrected < -4.0 * sd,
-        "uncorrected, the estimate is low by more than 4 sd ({:.1}%): {:+.1}%",
-        4.0 * sd * 100.0,
+        uncorrected < -3.0 * sd,
+        "uncorrected, the estimate is low by more than 3 sd ({:.1}%): {:+.1}%",
+        3.0 * sd * 100.0,
         uncorrected * 100.0
     );
     assert!(

@@ -13,8 +13,8 @@
 //! `r = (work_in / wall_in) / (work_out / wall_out)` is 1 for a process whose work is
 //! paced by the clock or by its input (the traps take idle time), and `1 - s` for a
 //! CPU-bound process whose traps take a share `s` of its probed CPU. Scaling the
-//! time-weighted estimate by [`crate::report::pace_factor`] (`d + (1 - d)/r`) makes it
-//! estimate the whole interval again. The collector measures the spans (the
+//! time-weighted estimate by [`PaceCorrection::factor`] (`q + (1 - q)/r` for a process
+//! probed a share `q` of the time) makes it estimate the whole interval again. The collector measures the spans (the
 //! process's CPU clock and probe hits at every probe change).
 
 /// The least probed and unprobed wall time, each, for a pace ratio to be measured: a
