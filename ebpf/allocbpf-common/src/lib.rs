@@ -249,6 +249,10 @@ pub struct ProcessGate {
     /// Of those, hits at probes on an instruction the kernel single-steps (~30x the
     /// trap of an emulated one): the budget weighs them by their measured cost.
     pub stepped_hits: u64,
+    /// Nanoseconds its sampled hits spent recording their sample (stack copy and ring
+    /// buffer), measured in the program: the part of a hit's cost the calibration,
+    /// whose hits are almost never sampled, does not see.
+    pub sample_ns: u64,
     /// A [`GateState`] discriminant, written by userspace.
     pub state: u32,
     /// Reserved; keeps the layout free of implicit padding.

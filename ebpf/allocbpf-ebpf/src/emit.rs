@@ -63,6 +63,9 @@ pub(crate) fn emit(
         32768 => stack_copy::emit::<32768>(ctx, &header),
         _ => stack_copy::emit::<16384>(ctx, &header),
     };
+    // What recording it cost (the budget's price of this process's hits).
+    let done_ns = unsafe { bpf_ktime_get_ns() };
+    crate::process::add_sample_time((pid_tgid >> 32) as u32, done_ns.wrapping_sub(timestamp_ns));
     if !sent {
         bump_in(epoch, Counter::RingBufferDrops);
         return 0;

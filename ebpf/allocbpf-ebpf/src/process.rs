@@ -66,6 +66,19 @@ pub(crate) fn admit(pid: u32, stepped: bool) -> bool {
     }
 }
 
+/// Adds `ns` spent recording a sample to `pid`'s gate, where hits are counted (the
+/// entry exists: `admit` made it for this very hit, unless evicted since).
+#[inline(always)]
+pub(crate) fn add_sample_time(pid: u32, ns: u64) {
+    if !system_wide() && !count_hits() {
+        return;
+    }
+    if let Some(gate) = PROCESS_GATES.get_ptr_mut(&pid) {
+        // SAFETY: this CPU's copy of a live map value; programs do not migrate.
+        unsafe { (*gate).sample_ns += ns };
+    }
+}
+
 /// Sends an exec or exit event for `pid` (best effort: a full ring only delays the
 /// discovery of a new image until userspace's periodic scan).
 #[inline(always)]

@@ -90,6 +90,21 @@ pub fn is_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// `pid`'s number of threads (`/proc/PID/stat` field 20), `None` if it is gone. The
+/// command name in that line is the process's own choice and may hold spaces and
+/// parentheses: the fields are counted after the last `)`.
+pub fn thread_count(pid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_thread_count(&text)
+}
+
+/// The thread count of a `/proc/PID/stat` line.
+fn parse_thread_count(stat: &str) -> Option<u32> {
+    let (_, fields) = stat.rsplit_once(')')?;
+    // After the name: state (field 3) first, so num_threads (field 20) is the 18th.
+    fields.split_ascii_whitespace().nth(17)?.parse().ok()
+}
+
 /// `pid`'s memory map; empty if it cannot be read (the process exited).
 pub fn read_maps(pid: u32) -> Vec<MapsEntry> {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -298,6 +313,16 @@ pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hostile name with spaces and parentheses does not shift the fields.
+    #[test]
+    fn thread_counts_are_read_after_the_name() {
+        let stat =
+            "4242 (a) b) 7 8 9) R 1 4242 4242 0 -1 4194560 120 0 0 0 5 3 0 0 20 0 13 0 1 2 3";
+        assert_eq!(parse_thread_count(stat), Some(13));
+        assert_eq!(parse_thread_count("4242 (x) R 1"), None);
+        assert_eq!(thread_count(std::process::id()).map(|n| n >= 1), Some(true));
+    }
 
     #[test]
     fn lines_parse_with_spaces_and_deleted_files() {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use allocbpf_probe::{
     image::ImageKey,
+    procfs,
     sampler::{monotonic_now_ns, Sampler},
 };
 
@@ -47,6 +48,8 @@ pub(crate) struct BudgetController {
     pub schedule: WindowSchedule,
     /// The host budget in CPUs.
     host_cpu: f64,
+    /// The host's CPUs.
+    cpus: f64,
     last_check_ns: u64,
     last_hits: HashMap<u32, Hits>,
     last_attached: HashMap<ImageKey, u64>,
@@ -77,6 +80,7 @@ impl BudgetController {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
             schedule: WindowSchedule::new(now_ns, options.period.as_nanos() as u64),
+            cpus: cpus as f64,
             host_cpu: match one_process {
                 true => options.process_cpu,
                 false => options.host_share * cpus as f64,
@@ -150,17 +154,27 @@ impl BudgetController {
         self.last_attached = totals;
         let elapsed = elapsed_ns as f64 * 1e-9;
         let mut new_hits = HashMap::new();
-        for (pid, (all, stepped, _)) in hits {
+        for (pid, gate) in hits {
             let Some(tracked) = processes.tracked.get_mut(&pid) else {
                 continue;
             };
-            let total = Hits { all, stepped };
+            let total = Hits::from(gate);
             new_hits.insert(pid, total);
             if tracked.exited {
                 // Its clock is gone, or about to be: a reused pid must not continue it.
                 tracked.pace.restart();
             } else if tracked.admitted {
                 read_pace(&self.cost, pid, tracked, total, images, None);
+                // How many CPUs it could keep busy, for those whose pace may be
+                // corrected (one small /proc read each, a few processes at a time).
+                let heavy = tracked.pace.tally.trap_share().unwrap_or(0.0)
+                    >= allocbpf_profile::estimate::pace::MIN_TRAP_SHARE;
+                if let Some(threads) = procfs::thread_count(pid).filter(|_| heavy) {
+                    tracked
+                        .pace
+                        .tally
+                        .saw_capacity(f64::from(threads).min(self.cpus));
+                }
             }
             // Time accounting: what share of this check it was observed (expected).
             tracked.observed.add(
@@ -172,10 +186,7 @@ impl BudgetController {
             // over the whole check: its cost is underestimated at worst, and a heavy
             // one is caught at its first check.
             let before = self.last_hits.get(&pid).copied().unwrap_or_default();
-            let spent = self.cost.seconds(
-                total.all.saturating_sub(before.all),
-                total.stepped.saturating_sub(before.stepped),
-            );
+            let spent = self.cost.seconds(&before, &total);
             let exposure_ns = tracked
                 .images
                 .iter()
@@ -329,16 +340,9 @@ impl BudgetController {
             if !tracked.admitted || tracked.exited || !tracked.images.contains(key) {
                 continue;
             }
-            if let Some((all, stepped)) = sampler.gate_hits_of(pid) {
+            if let Some(gate) = sampler.gate_hits_of(pid) {
                 let changing = attaching.then_some(ProbeState::Changing);
-                read_pace(
-                    &self.cost,
-                    pid,
-                    tracked,
-                    Hits { all, stepped },
-                    images,
-                    changing,
-                );
+                read_pace(&self.cost, pid, tracked, Hits::from(gate), images, changing);
             }
         }
     }

@@ -78,9 +78,14 @@ pub struct HitCost {
 }
 
 impl HitCost {
-    /// CPU seconds spent by `hits` hits, `stepped` of them single-stepped.
-    pub fn seconds(&self, hits: u64, stepped: u64) -> f64 {
-        (hits as f64 * self.hit_ns + stepped as f64 * self.stepped_extra_ns) * 1e-9
+    /// CPU seconds spent by the hits counted from `before` to `after` (running sums of
+    /// one process): each hit at its calibrated cost, the single-step extra for the
+    /// stepped ones, and the recording time of its samples as measured in the kernel.
+    pub fn seconds(&self, before: &Hits, after: &Hits) -> f64 {
+        let hits = after.all.saturating_sub(before.all) as f64;
+        let stepped = after.stepped.saturating_sub(before.stepped) as f64;
+        let recording = after.sample_ns.saturating_sub(before.sample_ns) as f64;
+        (hits * self.hit_ns + stepped * self.stepped_extra_ns + recording) * 1e-9
     }
 }
 
@@ -91,6 +96,20 @@ pub struct Hits {
     pub all: u64,
     /// Hits at single-stepped probe points (a subset of `all`).
     pub stepped: u64,
+    /// Nanoseconds its sampled hits spent recording their samples (stack copy, ring
+    /// buffer), timed in the kernel: the calibrated hit, almost never sampled, leaves
+    /// them out.
+    pub sample_ns: u64,
+}
+
+impl From<allocbpf_common::ProcessGate> for Hits {
+    fn from(gate: allocbpf_common::ProcessGate) -> Self {
+        Hits {
+            all: gate.hits,
+            stepped: gate.stepped_hits,
+            sample_ns: gate.sample_ns,
+        }
+    }
 }
 
 /// One process's figures for [`plan_duties`].
@@ -219,6 +238,17 @@ mod tests {
             hit_ns: 500.0,
             stepped_extra_ns: 13_500.0,
         };
-        assert!((cost.seconds(1_000, 100) - (500e-6 + 1.35e-3)).abs() < 1e-12);
+        let before = Hits {
+            all: 10,
+            stepped: 1,
+            sample_ns: 5_000,
+        };
+        let after = Hits {
+            all: 1_010,
+            stepped: 101,
+            sample_ns: 25_000,
+        };
+        let expected = 500e-6 + 1.35e-3 + 20e-6;
+        assert!((cost.seconds(&before, &after) - expected).abs() < 1e-12);
     }
 }

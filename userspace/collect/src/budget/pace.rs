@@ -71,12 +71,10 @@ impl PaceMeter {
             let forward = now.at_ns >= last.at_ns
                 && now.cpu_ns >= last.cpu_ns
                 && now.hits.all >= last.hits.all
-                && now.hits.stepped >= last.hits.stepped;
+                && now.hits.stepped >= last.hits.stepped
+                && now.hits.sample_ns >= last.hits.sample_ns;
             if forward {
-                let trap_ns = cost.seconds(
-                    now.hits.all - last.hits.all,
-                    now.hits.stepped - last.hits.stepped,
-                ) * 1e9;
+                let trap_ns = cost.seconds(&last.hits, &now.hits) * 1e9;
                 self.tally.add(
                     last.state,
                     (now.at_ns - last.at_ns) as f64,
@@ -120,6 +118,7 @@ mod tests {
             hits: Hits {
                 all: hits,
                 stepped: 0,
+                sample_ns: 0,
             },
             state,
         })

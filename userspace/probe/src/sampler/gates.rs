@@ -81,10 +81,10 @@ impl Sampler {
         }
     }
 
-    /// Probe hits per process counted in the kernel since it was first seen (summed
-    /// over CPUs): all of them and those at single-stepped probe points, with its gate
-    /// state.
-    pub fn gate_hits(&self) -> Result<HashMap<u32, (u64, u64, u32)>, ProbeError> {
+    /// Probe hits per process counted in the kernel since it was first seen, summed
+    /// over CPUs: all of them, those at single-stepped probe points and the time its
+    /// sampled hits spent recording samples, with its gate state (the largest).
+    pub fn gate_hits(&self) -> Result<HashMap<u32, ProcessGate>, ProbeError> {
         let map = self
             .ebpf
             .map("PROCESS_GATES")
@@ -94,25 +94,16 @@ impl Sampler {
         Ok(gates
             .iter()
             .flatten()
-            .map(|(pid, values)| {
-                let hits = values.iter().map(|g| g.hits).sum();
-                let stepped = values.iter().map(|g| g.stepped_hits).sum();
-                let state = values.iter().map(|g| g.state).max().unwrap_or(0);
-                (pid, (hits, stepped, state))
-            })
+            .map(|(pid, values)| (pid, summed(&values)))
             .collect())
     }
 
-    /// `pid`'s probe hits counted in the kernel so far (all, single-stepped): one
-    /// lookup, for the budget's readings at every window change (`None`: no entry).
-    pub fn gate_hits_of(&self, pid: u32) -> Option<(u64, u64)> {
+    /// `pid`'s gate as [`Sampler::gate_hits`] gives it, by one lookup: for the budget's
+    /// readings at every window change (`None`: no entry).
+    pub fn gate_hits_of(&self, pid: u32) -> Option<ProcessGate> {
         let map = self.ebpf.map("PROCESS_GATES")?;
         let gates = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map).ok()?;
-        let values = gates.get(&pid, 0).ok()?;
-        Some((
-            values.iter().map(|g| g.hits).sum(),
-            values.iter().map(|g| g.stepped_hits).sum(),
-        ))
+        Some(summed(&gates.get(&pid, 0).ok()?))
     }
 
     /// Every process the kernel maps keep an entry for (totals kept without a thread
@@ -206,5 +197,16 @@ impl Sampler {
                 }
             }
         }
+    }
+}
+
+/// A gate's per-CPU copies summed (the state: the largest).
+fn summed(values: &PerCpuValues<ProcessGate>) -> ProcessGate {
+    ProcessGate {
+        hits: values.iter().map(|g| g.hits).sum(),
+        stepped_hits: values.iter().map(|g| g.stepped_hits).sum(),
+        sample_ns: values.iter().map(|g| g.sample_ns).sum(),
+        state: values.iter().map(|g| g.state).max().unwrap_or(0),
+        reserved: 0,
     }
 }

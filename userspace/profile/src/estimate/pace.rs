@@ -31,6 +31,12 @@ const MIN_WORK_NS: f64 = 1e6;
 /// slowed it by more than that.
 pub const MIN_TRAP_SHARE: f64 = 0.05;
 
+/// The share of its CPUs a process must keep busy while probed for its pace to be
+/// corrected. A CPU-bound process is at ~1 (measured: `busy.c` and cc1 0.99-1.0); the
+/// light allocators of the tests, paced by the clock, at 0.02-0.15. Below it the traps
+/// are taken as absorbed by idle time.
+pub const SATURATED: f64 = 0.75;
+
 /// The smallest pace ratio applied. A process spending over 95% of its probed time in
 /// traps leaves too little work to measure against the calibrated cost of a hit (a 5%
 /// error in that cost would be the whole remainder): its estimate is raised 20x at most
@@ -78,6 +84,9 @@ pub struct PaceTally {
     pub total_wall_ns: f64,
     /// Work of every span, whatever its state, ns.
     pub total_work_ns: f64,
+    /// The CPUs the process could use: its most threads seen, at most the host's CPUs
+    /// (0: not seen).
+    pub capacity: f64,
 }
 
 impl PaceTally {
@@ -101,11 +110,31 @@ impl PaceTally {
         }
     }
 
+    /// Records that the process could use `cpus` CPUs (its threads, at most the
+    /// host's): the largest seen counts.
+    pub fn saw_capacity(&mut self, cpus: f64) {
+        self.capacity = self.capacity.max(cpus);
+    }
+
+    /// True if the process kept its CPUs busy while probed (at least
+    /// [`SATURATED`] of its capacity): only then do its traps take time from its work
+    /// rather than from its idle time. Capacity unknown: assumed.
+    pub fn saturated(&self) -> bool {
+        if self.capacity <= 0.0 || self.probed_wall_ns <= 0.0 {
+            return true;
+        }
+        let cpu = (self.probed_work_ns + self.probed_trap_ns) / self.probed_wall_ns;
+        cpu >= SATURATED * self.capacity
+    }
+
     /// The pace ratio and the factor its estimates are scaled by. `None` when the traps
     /// took under [`MIN_TRAP_SHARE`] of the process's probed CPU (the correction would
     /// be noise, and the bias it leaves is at most that share), or either state was too
-    /// short, or the process did too little work unprobed, to tell; its estimate is then
-    /// left as time weighting makes it.
+    /// short, or the process did too little work unprobed, to tell; or when it was not
+    /// saturated while probed ([`PaceTally::saturated`]): a process with idle time
+    /// absorbs its traps there (paced by the clock or its input), and its measured
+    /// ratio would be noise around 1, which the cap would turn into an upward lean. Its
+    /// estimate is then left as time weighting makes it.
     ///
     /// The ratio is work per second probed over work per second unprobed, floored at
     /// [`MIN_PACE`] and capped at 1: probes only ever slow a process. A measured ratio
@@ -124,6 +153,7 @@ impl PaceTally {
             || self.unprobed_wall_ns < MIN_WALL_NS
             || self.unprobed_work_ns < MIN_WORK_NS
             || self.trap_share()? < MIN_TRAP_SHARE
+            || !self.saturated()
         {
             return None;
         }
@@ -195,6 +225,26 @@ mod tests {
                 factor: 1.0
             })
         );
+    }
+
+    /// A process with idle time while probed (10% of one CPU it could use) is not
+    /// corrected, whatever its ratio measured: its traps took idle time.
+    #[test]
+    fn an_unsaturated_process_is_not_corrected() {
+        let mut tally = PaceTally::default();
+        tally.add(ProbeState::Probed, 100.0 * MS, 10.0 * MS, 3.0 * MS);
+        tally.add(ProbeState::Unprobed, 900.0 * MS, 90.0 * MS, 0.0);
+        assert!(
+            tally.correction().is_some(),
+            "capacity unknown: assumed saturated"
+        );
+        tally.saw_capacity(1.0);
+        assert_eq!(tally.correction(), None);
+        let mut busy = PaceTally::default();
+        busy.add(ProbeState::Probed, 100.0 * MS, 100.0 * MS, 30.0 * MS);
+        busy.add(ProbeState::Unprobed, 900.0 * MS, 900.0 * MS, 0.0);
+        busy.saw_capacity(1.0);
+        assert!((busy.ratio().unwrap() - 0.7).abs() < 1e-9);
     }
 
     /// Under a 5% trap share: not corrected. Too short in either state: no ratio. All
