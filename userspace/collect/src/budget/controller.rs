@@ -169,7 +169,7 @@ impl BudgetController {
                 // corrected (one small /proc read each, a few processes at a time).
                 let heavy = tracked.pace.tally.trap_share().unwrap_or(0.0)
                     >= allocbpf_profile::estimate::pace::MIN_TRAP_SHARE;
-                if let Some(threads) = procfs::thread_count(pid).filter(|_| heavy) {
+                if let Some(threads) = heavy.then(|| procfs::thread_count(pid)).flatten() {
                     tracked
                         .pace
                         .tally

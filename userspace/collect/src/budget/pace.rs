@@ -9,6 +9,8 @@
 
 use allocbpf_profile::estimate::pace::{PaceTally, ProbeState};
 
+use allocbpf_probe::sampler::clock_ns;
+
 use super::{HitCost, Hits};
 
 /// The CPU time a process has used so far, all its threads, ns (`None`: it is gone).
@@ -26,14 +28,7 @@ pub fn process_cpu_ns(pid: u32) -> Option<u64> {
         return None;
     }
     // MAKE_PROCESS_CPUCLOCK: the pid's complement shifted left by 3, clock 2 (SCHED).
-    let clock = ((!pid) << 3 | 2) as libc::clockid_t;
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-parameter; a bad clock id fails with EINVAL.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    clock_ns(((!pid) << 3 | 2) as libc::clockid_t)
 }
 
 /// One reading of a process: when, its CPU clock and its probe hits.
@@ -64,7 +59,7 @@ impl PaceMeter {
     /// re-created kernel entry) starts over from this reading.
     pub fn read(&mut self, now: Option<PaceReading>, cost: &HitCost) {
         let Some(now) = now else {
-            self.last = None;
+            self.restart();
             return;
         };
         if let Some(last) = self.last {

@@ -621,13 +621,20 @@ pub fn wait_for_running_programs() {
 
 /// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns()` (the samples' timestamps).
 pub fn monotonic_now_ns() -> u64 {
+    // CLOCK_MONOTONIC always exists.
+    clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
+}
+
+/// Clock `clock` now, in nanoseconds (`None`: no such clock, e.g. a process CPU clock
+/// of a process that is gone).
+pub fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    // SAFETY: `ts` is a valid out-parameter; a bad clock id fails with EINVAL.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// Program `name` of the embedded object, as its aya type.
