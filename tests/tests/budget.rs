@@ -326,12 +326,21 @@ fn a_cpu_bound_process_is_estimated_at_its_pace_while_probed() {
     let error = estimate / truth - 1.0;
     let observed = time["observed_fraction"].as_f64().unwrap();
     let uncorrected = estimate / factor / truth - 1.0;
+    let range = &time["pace_factor_range"];
+    let (low, high) = (range[0].as_f64().unwrap(), range[1].as_f64().unwrap());
+    let ci = &json["totals"]["bytes_ci95"];
     eprintln!(
-        "busy: truth {truth:.0}, estimate {estimate:.0} ({:+.1}%), uncorrected {:+.1}%, pace {pace:.3}, probe share {share:.3}, observed {:.4}, bound {:.1}%",
+        "busy: truth {truth:.0}, estimate {estimate:.0} ({:+.1}%), uncorrected {:+.1}%, pace {pace:.3}, factor {factor:.3} ({low:.3}-{high:.3}), probe share {share:.3}, observed {:.4}, bound {:.1}%, 95% CI {ci}",
         error * 100.0,
         uncorrected * 100.0,
         observed,
         bound * 100.0
+    );
+    // A hit costing 0.85x to 1.3x its calibrated cost in place moves the factor both
+    // ways at this trap share.
+    assert!(
+        low < factor && factor < high,
+        "factor {factor} in its range {low}-{high}"
     );
     assert!(
         share > 0.2,

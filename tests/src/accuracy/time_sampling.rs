@@ -53,7 +53,8 @@ pub enum Pattern {
     /// "Pace"): it runs every tick, `work` ticks of its own work before each allocation
     /// of `size` bytes; inside a window each allocation costs `trap` ticks more. Its
     /// pace while probed is `work / (work + trap)`; the estimate is corrected by the
-    /// pace its CPU ticks show (`PaceTally`, as the collector measures it).
+    /// pace its CPU ticks show (`PaceTally`, as the collector measures it), with the
+    /// traps counted at their calibrated cost: `trap · 100 / in_place_percent`.
     CpuBound {
         /// Bytes per allocation.
         size: u64,
@@ -61,6 +62,9 @@ pub enum Pattern {
         work: u64,
         /// Ticks each allocation costs inside a window.
         trap: u64,
+        /// What a trap really costs in place, percent of its calibrated cost (100:
+        /// the calibration is right; 120: the process's traps cost it 1.2x).
+        in_place_percent: u64,
     },
 }
 
@@ -80,8 +84,11 @@ pub struct TimeSamplingSummary {
     pub mean_error: f64,
     /// Its standard error.
     pub standard_error: f64,
-    /// Fraction of trials whose interval (time sampling included) covered the truth.
+    /// Fraction of trials whose interval (time sampling included, widened for the
+    /// pace's in-place hit cost) covered the truth.
     pub coverage: f64,
+    /// The same without the pace's widening (the sampling errors only).
+    pub sampling_coverage: f64,
     /// Fraction of trials whose byte-sampling-only interval covered the truth.
     pub byte_only_coverage: f64,
     /// Observed sd of the estimates / truth.
@@ -104,6 +111,7 @@ pub fn run(
     let mut errors = Vec::with_capacity(trials);
     let mut truths = Vec::with_capacity(trials);
     let mut covered = 0usize;
+    let mut sampling_covered = 0usize;
     let mut byte_covered = 0usize;
     let mut on = false;
     for _ in 0..trials {
@@ -135,7 +143,9 @@ pub fn run(
                         }
                         size
                     }
-                    Pattern::CpuBound { size, work, trap } => {
+                    Pattern::CpuBound {
+                        size, work, trap, ..
+                    } => {
                         let span = &mut spans[usize::from(in_window)];
                         span.0 += 1;
                         if trap_left > 0 {
@@ -187,34 +197,44 @@ pub fn run(
         }
         // The pace, from the CPU ticks as the collector measures it (CPU = wall: it
         // never sleeps), and the estimate scaled as `Report::build` scales it.
-        let pace = matches!(pattern, Pattern::CpuBound { .. })
-            .then(|| {
+        let pace = match pattern {
+            Pattern::CpuBound {
+                in_place_percent, ..
+            } => {
                 let mut tally = PaceTally::default();
                 for (state, (wall, trap)) in [ProbeState::Unprobed, ProbeState::Probed]
                     .into_iter()
                     .zip(spans)
                 {
                     let wall = wall as f64 * TICK_NS;
-                    tally.add(state, wall, wall, trap as f64 * TICK_NS);
+                    let calibrated = trap as f64 * TICK_NS * 100.0 / in_place_percent as f64;
+                    tally.add(state, wall, wall, calibrated);
                 }
                 tally.correction()
-            })
-            .flatten();
+            }
+            _ => None,
+        };
         let factor = pace.map_or(1.0, |pace| pace.factor);
         let estimate = aggregate.totals.estimated_bytes * factor;
         let mut totals = aggregate.periods.clone();
         totals.scale(factor);
-        let time = TimeSampling {
+        let mut time = TimeSampling {
             observed_fraction: duty,
             periods: 0..=PERIODS - 1,
             totals,
             probe_share: None,
             pace,
             paced_processes: u32::from(pace.is_some()),
+            pace_slack: Default::default(),
         };
-        let interval = time
+        let sampling_only = time
             .interval(estimate, level)
             .expect("more than one period");
+        sampling_covered += usize::from(sampling_only.contains(truth));
+        if let Some(pace) = pace {
+            time.pace_slack = pace.slack(estimate);
+        }
+        let interval = time.interval(estimate, level).unwrap();
         covered += usize::from(interval.contains(truth));
         let bytes = aggregate.totals.bytes_interval(rate, level);
         byte_covered += usize::from(
@@ -235,6 +255,7 @@ pub fn run(
         mean_error: mean(&errors),
         standard_error: variance(&errors).sqrt() / (trials as f64).sqrt(),
         coverage: covered as f64 / trials as f64,
+        sampling_coverage: sampling_covered as f64 / trials as f64,
         byte_only_coverage: byte_covered as f64 / trials as f64,
         relative_sd: variance(&errors).sqrt() / truth,
     }

@@ -19,7 +19,9 @@
 //! unless the probes took 5% or more of the process's CPU while it was probed) and
 //! `pace` and `pace_factor` (the process's pace while probed relative to unprobed, and
 //! the factor every estimate was scaled by for it: the observer effect,
-//! docs/statistics.md "Pace"; `paced_processes` counts the processes so corrected, and
+//! docs/statistics.md "Pace"; `pace_factor_range` the factor for a hit costing the
+//! process 0.85x to 1.3x its calibrated cost in place, a range the totals' intervals
+//! include; `paced_processes` counts the processes so corrected, and
 //! a merged report of several shows no single pace; null when it could not be measured,
 //! and then a CPU-bound process with a `probe_share` is underestimated by up to that
 //! share); every estimate is for the whole interval.
@@ -107,6 +109,7 @@ pub fn to_value(report: &Report) -> Value {
             "probe_share": time.probe_share,
             "pace": time.pace.map(|p| p.ratio),
             "pace_factor": time.pace.map(|p| p.factor),
+            "pace_factor_range": time.pace.map(|p| [p.factor_low, p.factor_high]),
             "paced_processes": time.paced_processes,
         });
     }

@@ -49,10 +49,9 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         match (time.pace, time.probe_share) {
             (Some(pace), share) => writeln!(
                 out,
-                "observer effect corrected: estimates scaled by {:.3} for the pace measured while probed, {:.3} of the pace unprobed{}",
-                pace.factor,
-                pace.ratio,
-                share.map(|s| format!(" (the probes took ~{:.0}% of the CPU while probed)", s * 100.0)).unwrap_or_default()
+                "{}{}",
+                pace.summary(),
+                share.map(|s| format!("; the probes took ~{:.0}% of the CPU while probed", s * 100.0)).unwrap_or_default()
             )?,
             (None, _) if time.paced_processes > 1 => writeln!(
                 out,
@@ -61,7 +60,7 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
             )?,
             (None, Some(share)) => writeln!(
                 out,
-                "the probes took ~{:.0}% of this process's CPU while it was probed and its pace could not be measured: if it is CPU-bound, its estimates are low by up to that share (observer effect not corrected)",
+                "the probes took ~{:.0}% of this process's CPU while it was probed and its pace could not be measured: if it is CPU-bound, its estimates are low, by as much as the total's CI reaches above them (observer effect not corrected)",
                 share * 100.0
             )?,
             (None, None) => {}

@@ -253,10 +253,15 @@ impl Report {
                 probe_share: None,
                 pace: observed.pace,
                 paced_processes: u32::from(observed.pace.is_some()),
+                pace_slack: Default::default(),
             }),
         };
         if let Some(pace) = observed.and_then(|o| o.pace) {
             report.scale_estimates(pace.factor);
+            let slack = pace.slack(report.totals.estimated_bytes);
+            if let Some(time) = &mut report.time_sampling {
+                time.pace_slack = slack;
+            }
         }
         report
     }
@@ -386,7 +391,10 @@ impl Report {
                     hi: interval.hi / time.observed_fraction,
                 }
             }
-            _ => interval,
+            // Too few periods for time sampling's variance: byte sampling's, still
+            // widened for the pace.
+            Some(time) => time.widen(interval),
+            None => interval,
         }
     }
 
@@ -523,6 +531,8 @@ mod tests {
                 pace: Some(PaceCorrection {
                     ratio: 0.5,
                     factor: 1.75,
+                    factor_low: 1.5,
+                    factor_high: 2.5,
                 }),
                 ..o
             }),
@@ -532,8 +542,13 @@ mod tests {
         assert_eq!(report.totals.estimated_bytes, (28 << 20) as f64);
         assert_eq!(report.stacks[0].stats.estimated_bytes, (28 << 20) as f64);
         assert_eq!(report.stacks[0].stats.observed_bytes, (4 << 20) as f64);
+        // Steady periods: the interval is the range the factor could take, 1.5 to 2.5
+        // times the 16 MiB time weighting gives.
         let interval = report.total_interval();
-        assert_eq!(interval.hi, (28 << 20) as f64);
+        assert_eq!(
+            (interval.lo, interval.hi),
+            ((24 << 20) as f64, (40 << 20) as f64)
+        );
         assert_eq!(
             report.time_sampling.as_ref().unwrap().pace.map(|p| p.ratio),
             Some(0.5)

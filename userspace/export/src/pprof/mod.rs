@@ -189,19 +189,15 @@ fn observer_effect(time: &allocbpf_profile::estimate::windows::TimeSampling) -> 
         })
         .unwrap_or_default();
     match time.pace {
-        Some(pace) => format!(
-            "{share}; estimates scaled by {:.3} for its measured pace while probed, {:.3} of its \
-             pace unprobed (observer effect corrected)",
-            pace.factor, pace.ratio
-        ),
+        Some(pace) => format!("{share}; {}", pace.summary()),
         None if time.paced_processes > 1 => format!(
             "{share}; estimates of {} processes scaled for their own pace while probed (observer \
              effect corrected; each one's own profile gives it)",
             time.paced_processes
         ),
         None if time.probe_share.is_some() => format!(
-            "{share}; its pace could not be measured: if it is CPU-bound its estimates are low by \
-             up to that share (observer effect not corrected)"
+            "{share}; its pace could not be measured: if it is CPU-bound its estimates are low, \
+             by as much as the total's CI reaches above them (observer effect not corrected)"
         ),
         None => String::new(),
     }

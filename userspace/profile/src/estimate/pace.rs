@@ -43,6 +43,14 @@ pub const SATURATED: f64 = 0.75;
 /// and the profile says so (`probe_share`).
 pub const MIN_PACE: f64 = 0.05;
 
+/// What a hit may cost a process in place, as multiples of its calibrated cost: the
+/// range its profile's interval allows for. The calibration times hits in a small hot
+/// loop; in place a hit meets the process's cold caches, and its own code runs slower
+/// after each trap. Measured here (docs/statistics.md, "Pace"): `busy.c` 0.83-0.94
+/// (system time per call, 0.73-0.80 us against 0.85-0.88 calibrated), cc1 1.05-1.28
+/// (the pace its call rate shows against the one its CPU clock shows).
+pub const IN_PLACE_COST: (f64, f64) = (0.85, 1.3);
+
 /// Whether a process's probes are in, for its pace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeState {
@@ -65,6 +73,67 @@ pub struct PaceCorrection {
     /// per second over the interval over its work per second where the samples were
     /// taken (probed), at least 1.
     pub factor: f64,
+    /// The factor had a hit cost the process the least of [`IN_PLACE_COST`] times its
+    /// calibrated cost (at most `factor`).
+    pub factor_low: f64,
+    /// The factor had a hit cost it the most of [`IN_PLACE_COST`] (at least `factor`).
+    pub factor_high: f64,
+}
+
+impl PaceCorrection {
+    /// What the correction did, in a sentence's words for the text and pprof outputs:
+    /// the factor, its range for an in-place hit cost in [`IN_PLACE_COST`] (which the
+    /// total's interval includes) and the pace.
+    pub fn summary(&self) -> String {
+        let (low, high) = IN_PLACE_COST;
+        format!(
+            "estimates scaled by {:.3} for the pace measured while probed, {:.3} of the pace \
+             unprobed (observer effect corrected; {:.3} to {:.3} had a hit cost {low}x to \
+             {high}x its calibrated cost in place, a range the total's CI includes)",
+            self.factor, self.ratio, self.factor_low, self.factor_high
+        )
+    }
+
+    /// How far below and above `estimate` (already scaled by `factor`) the estimate
+    /// could lie for a hit cost anywhere in [`IN_PLACE_COST`], bytes: what its interval
+    /// is widened by.
+    pub fn slack(&self, estimate: f64) -> PaceSlack {
+        PaceSlack {
+            below: estimate * (1.0 - self.factor_low / self.factor),
+            above: estimate * (self.factor_high / self.factor - 1.0),
+        }
+    }
+}
+
+/// How far an estimate corrected for its pace could lie from where the calibrated hit
+/// cost put it, bytes: a systematic error, added to the sampling interval's ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PaceSlack {
+    /// Below the estimate.
+    pub below: f64,
+    /// Above the estimate.
+    pub above: f64,
+}
+
+impl PaceSlack {
+    /// The slack of an estimate NOT corrected for its pace (not measured) of a process
+    /// whose probes took a share `probe_share` of its CPU while probed: if it was
+    /// CPU-bound, it worked at `1 - c·share` of its pace then, for an in-place cost
+    /// `c` up to the top of [`IN_PLACE_COST`] (floored at [`MIN_PACE`]), and its
+    /// estimate is low by up to that; nothing below.
+    pub fn uncorrected(estimate: f64, probe_share: f64) -> PaceSlack {
+        let pace = (1.0 - IN_PLACE_COST.1 * probe_share).clamp(MIN_PACE, 1.0);
+        PaceSlack {
+            below: 0.0,
+            above: estimate * (1.0 / pace - 1.0),
+        }
+    }
+
+    /// Both processes' slack (their estimates add up, so do their errors).
+    pub fn add(&mut self, other: PaceSlack) {
+        self.below += other.below;
+        self.above += other.above;
+    }
 }
 
 /// Wall time and work of one interval, probed and unprobed.
@@ -80,10 +149,14 @@ pub struct PaceTally {
     pub unprobed_wall_ns: f64,
     /// Work with probes out (CPU time less the traps of detaching probes), ns.
     pub unprobed_work_ns: f64,
+    /// CPU time spent in the traps of detaching probes with probes out, ns.
+    pub unprobed_trap_ns: f64,
     /// Wall time of every span, whatever its state, ns.
     pub total_wall_ns: f64,
     /// Work of every span, whatever its state, ns.
     pub total_work_ns: f64,
+    /// CPU time spent in traps over every span, ns.
+    pub total_trap_ns: f64,
     /// The CPUs the process could use: its most threads seen, at most the host's CPUs
     /// (0: not seen).
     pub capacity: f64,
@@ -92,19 +165,23 @@ pub struct PaceTally {
 impl PaceTally {
     /// Adds one span: `wall_ns` long, `cpu_ns` of CPU time of which `trap_ns` in traps.
     pub fn add(&mut self, state: ProbeState, wall_ns: f64, cpu_ns: f64, trap_ns: f64) {
-        // The trap cost is an estimate; work cannot go below nothing.
+        // The trap cost is an estimate; work cannot go below nothing (work + trap is
+        // the span's CPU time either way).
         let work = (cpu_ns - trap_ns).max(0.0);
+        let trap = trap_ns.min(cpu_ns).max(0.0);
         self.total_wall_ns += wall_ns;
         self.total_work_ns += work;
+        self.total_trap_ns += trap;
         match state {
             ProbeState::Probed => {
                 self.probed_wall_ns += wall_ns;
                 self.probed_work_ns += work;
-                self.probed_trap_ns += trap_ns.min(cpu_ns);
+                self.probed_trap_ns += trap;
             }
             ProbeState::Unprobed => {
                 self.unprobed_wall_ns += wall_ns;
                 self.unprobed_work_ns += work;
+                self.unprobed_trap_ns += trap;
             }
             ProbeState::Changing => {}
         }
@@ -148,6 +225,10 @@ impl PaceTally {
     /// so `Σ S/(p d)` (which stands for the probed rate over the whole interval) is
     /// scaled by its mean work rate over its probed one. Under a pace `r` while probed a
     /// share `q` of the time, that is `q + (1 - q)/r` (docs/statistics.md, "Pace").
+    ///
+    /// The work is CPU time less the calibrated cost of the hits; `factor_low` and
+    /// `factor_high` are the factor with every hit costing the ends of
+    /// [`IN_PLACE_COST`] times that instead (the same spans, the same gates).
     pub fn correction(&self) -> Option<PaceCorrection> {
         if self.probed_wall_ns < MIN_WALL_NS
             || self.unprobed_wall_ns < MIN_WALL_NS
@@ -157,15 +238,34 @@ impl PaceTally {
         {
             return None;
         }
-        let inside = self.probed_work_ns / self.probed_wall_ns;
-        let outside = self.unprobed_work_ns / self.unprobed_wall_ns;
+        let (ratio, factor) = self.pace_at(1.0);
+        let (low, high) = IN_PLACE_COST;
+        Some(PaceCorrection {
+            ratio,
+            factor,
+            factor_low: self.pace_at(low).1.min(factor),
+            factor_high: self.pace_at(high).1.max(factor),
+        })
+    }
+
+    /// The pace ratio and the factor with every hit costing `cost` times its
+    /// calibrated cost. Work is recomputed from the sums (CPU time = work + trap),
+    /// floored at nothing.
+    fn pace_at(&self, cost: f64) -> (f64, f64) {
+        let work = |work: f64, trap: f64| (work + trap - cost * trap).max(0.0);
+        let outside = work(self.unprobed_work_ns, self.unprobed_trap_ns) / self.unprobed_wall_ns;
+        if outside <= 0.0 {
+            // Its detaching probes' traps took all its CPU out of the windows too: no
+            // pace to tell (only at a cost above the calibrated one).
+            return (MIN_PACE, 1.0 / MIN_PACE);
+        }
+        let inside = work(self.probed_work_ns, self.probed_trap_ns) / self.probed_wall_ns;
         let ratio = (inside / outside).clamp(MIN_PACE, 1.0);
         if ratio >= 1.0 {
-            return Some(PaceCorrection { ratio, factor: 1.0 });
+            return (ratio, 1.0);
         }
-        let mean = self.total_work_ns / self.total_wall_ns;
-        let factor = (mean / (ratio * outside)).max(1.0);
-        Some(PaceCorrection { ratio, factor })
+        let mean = work(self.total_work_ns, self.total_trap_ns) / self.total_wall_ns;
+        (ratio, (mean / (ratio * outside)).max(1.0))
     }
 
     /// The pace ratio alone ([`PaceTally::correction`]).
@@ -198,6 +298,21 @@ mod tests {
         // Probed 5% of the time at half its pace: 0.05 + 0.95 / 0.5 = 1.95.
         let factor = tally.correction().unwrap().factor;
         assert!((factor - 1.95).abs() < 1e-9, "{factor}");
+        // Had each hit cost 1.3x its calibrated cost, the process worked 17.5 ms of
+        // its 50 probed (r = 0.35) and 967.5 ms in all: 0.9675 / 0.35; at 0.85x,
+        // 28.75 ms (r = 0.575) and 978.75 ms: 0.97875 / 0.575.
+        let pace = tally.correction().unwrap();
+        assert!((pace.factor_high - 0.9675 / 0.35).abs() < 1e-9, "{pace:?}");
+        assert!((pace.factor_low - 0.97875 / 0.575).abs() < 1e-9, "{pace:?}");
+        // The slack of an estimate of 1,950 bytes: 1,950 (1 - low/1.95) below and
+        // 1,950 (high/1.95 - 1) above.
+        let slack = pace.slack(1_950.0);
+        assert!((slack.below - (1_950.0 - 1_000.0 * pace.factor_low)).abs() < 1e-6);
+        assert!((slack.above - (1_000.0 * pace.factor_high - 1_950.0)).abs() < 1e-6);
+        // Not corrected, a 20% probe share: low by up to 1/(1 - 1.3·0.2) - 1 = 35%.
+        let slack = PaceSlack::uncorrected(1_000.0, 0.2);
+        assert_eq!(slack.below, 0.0);
+        assert!((slack.above - 1_000.0 * (1.0 / 0.74 - 1.0)).abs() < 1e-9);
         // A span in between (an attach under way) counts in the totals only: the mean
         // work rate, and so the factor, follow what the process really did.
         tally.add(ProbeState::Changing, 100.0 * MS, 100.0 * MS, 25.0 * MS);
@@ -222,8 +337,11 @@ mod tests {
             tally.correction(),
             Some(PaceCorrection {
                 ratio: 1.0,
-                factor: 1.0
-            })
+                factor: 1.0,
+                factor_low: 1.0,
+                factor_high: 1.0,
+            }),
+            "a hit costing 1.3x still leaves it faster probed: 12 ms of work in 100"
         );
     }
 

@@ -18,7 +18,10 @@ use std::collections::BTreeMap;
 
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use super::{pace::PaceCorrection, Confidence, Interval};
+use super::{
+    pace::{PaceCorrection, PaceSlack},
+    Confidence, Interval,
+};
 
 /// Where a sample was taken in the time sampling: its period and the probability that
 /// its instant was observed.
@@ -137,13 +140,18 @@ pub struct TimeSampling {
     /// How many processes' estimates were corrected for their pace (1 or 0 for one
     /// process; in a merged report, the processes whose own profiles say so).
     pub paced_processes: u32,
+    /// How far the pace-corrected estimates could lie from the total for a hit cost
+    /// anywhere in its in-place range (`PaceCorrection::slack`, summed over the
+    /// processes), bytes: added to the interval's ends.
+    pub pace_slack: PaceSlack,
 }
 
 impl TimeSampling {
     /// An interval around `estimate` with the successive-difference variance (byte and
     /// time sampling together), Student's t with one degree of freedom per period
-    /// less one: the variance is itself estimated from those periods. `None` for fewer
-    /// than two periods, or without any sample.
+    /// less one: the variance is itself estimated from those periods; its ends moved
+    /// out by the pace slack ([`TimeSampling::widen`]). `None` for fewer than two
+    /// periods, or without any sample.
     pub fn interval(&self, estimate: f64, confidence: Confidence) -> Option<Interval> {
         if self.totals.is_empty() {
             // No sample in any window: every period total is 0, and so would be the
@@ -156,10 +164,20 @@ impl TimeSampling {
             .ok()?
             .inverse_cdf(0.5 + confidence.level() / 2.0);
         let half = t * variance.sqrt();
-        Some(Interval {
-            lo: (estimate - half).max(0.0),
+        Some(self.widen(Interval {
+            lo: estimate - half,
             hi: estimate + half,
-        })
+        }))
+    }
+
+    /// `interval` with its ends moved out by the pace slack: the sampling error and the
+    /// systematic one of a hit cost unknown within its range, added (not in
+    /// quadrature: the second is a range, not a random error). Floored at 0.
+    pub fn widen(&self, interval: Interval) -> Interval {
+        Interval {
+            lo: (interval.lo - self.pace_slack.below).max(0.0),
+            hi: interval.hi + self.pace_slack.above,
+        }
     }
 
     /// Combines the time sampling of processes profiled over the same interval.
@@ -183,6 +201,7 @@ impl TimeSampling {
             _ => None,
         };
         self.paced_processes += other.paced_processes;
+        self.pace_slack.add(other.pace_slack);
     }
 }
 
