@@ -46,24 +46,8 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
                 "the total's CI does not include time sampling (too few periods or samples)"
             }
         )?;
-        match (time.pace, time.probe_share) {
-            (Some(pace), share) => writeln!(
-                out,
-                "{}{}",
-                pace.summary(),
-                share.map(|s| format!("; the probes took ~{:.0}% of the CPU while probed", s * 100.0)).unwrap_or_default()
-            )?,
-            (None, _) if time.paced_processes > 1 => writeln!(
-                out,
-                "observer effect corrected for {} processes: each one's estimates scaled for its own pace while probed (their own profiles give it)",
-                time.paced_processes
-            )?,
-            (None, Some(share)) => writeln!(
-                out,
-                "the probes took ~{:.0}% of this process's CPU while it was probed and its pace could not be measured: if it is CPU-bound, its estimates are low, by as much as the total's CI reaches above them (observer effect not corrected)",
-                share * 100.0
-            )?,
-            (None, None) => {}
+        if let Some(effect) = time.observer_effect() {
+            writeln!(out, "{effect}")?;
         }
     }
     let live = report.live.is_some();

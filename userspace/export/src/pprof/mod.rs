@@ -176,39 +176,15 @@ fn mappings(report: &Report, strings: &mut Strings) -> Vec<Mapping> {
         .collect()
 }
 
-/// What a time-sampled profile says of the observer effect (docs/statistics.md, "Pace"):
-/// the pace correction applied, and the probes' share of the process's time when large.
-fn observer_effect(time: &allocbpf_profile::estimate::windows::TimeSampling) -> String {
-    let share = time
-        .probe_share
-        .map(|share| {
-            format!(
-                "; the probes took ~{:.0}% of this process's CPU while it was probed",
-                share * 100.0
-            )
-        })
-        .unwrap_or_default();
-    match time.pace {
-        Some(pace) => format!("{share}; {}", pace.summary()),
-        None if time.paced_processes > 1 => format!(
-            "{share}; estimates of {} processes scaled for their own pace while probed (observer \
-             effect corrected; each one's own profile gives it)",
-            time.paced_processes
-        ),
-        None if time.probe_share.is_some() => format!(
-            "{share}; its pace could not be measured: if it is CPU-bound its estimates are low, \
-             by as much as the total's CI reaches above them (observer effect not corrected)"
-        ),
-        None => String::new(),
-    }
-}
-
 /// The profile's comment: how to read its values.
 fn summary_comment(report: &Report) -> String {
     let level = report.confidence.percent_label();
     let total = report.total_interval();
     if let Some(time) = &report.time_sampling {
-        let pace = observer_effect(time);
+        let pace = time
+            .observer_effect()
+            .map(|effect| format!("; {effect}"))
+            .unwrap_or_default();
         return format!(
             "allocbpf: Poisson byte sampling, mean interval {} bytes, and time sampling under an \
              overhead budget: observed {:.2}% of the interval (one window per period at a random \

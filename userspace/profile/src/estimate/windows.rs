@@ -180,6 +180,36 @@ impl TimeSampling {
         }
     }
 
+    /// What the profile says of the observer effect (docs/statistics.md, "Pace"), one
+    /// sentence for the text output and the pprof comment alike: the probes' share of
+    /// the process's CPU when large, and the pace correction applied (or why none
+    /// was). `None`: nothing to say.
+    pub fn observer_effect(&self) -> Option<String> {
+        let share = self.probe_share.map(|share| {
+            format!(
+                "the probes took ~{:.0}% of this process's CPU while it was probed",
+                share * 100.0
+            )
+        });
+        let effect = match self.pace {
+            Some(pace) => pace.summary(),
+            None if self.paced_processes > 1 => format!(
+                "estimates of {} processes scaled for their own pace while probed (observer \
+                 effect corrected; each one's own profile gives it)",
+                self.paced_processes
+            ),
+            None if share.is_some() => "its pace could not be measured: if it is CPU-bound its \
+                 estimates are low, by as much as the total's CI reaches above them (observer \
+                 effect not corrected)"
+                .to_string(),
+            None => return None,
+        };
+        Some(match share {
+            Some(share) => format!("{share}; {effect}"),
+            None => effect,
+        })
+    }
+
     /// Combines the time sampling of processes profiled over the same interval.
     pub fn merge(&mut self, other: &TimeSampling) {
         let count = |t: &TimeSampling| (t.periods.end() - t.periods.start() + 1) as f64;
@@ -234,5 +264,54 @@ mod tests {
     fn steady_totals_have_no_variance() {
         let steady = totals(&(0..10).map(|k| (k, 4.0)).collect::<Vec<_>>());
         assert_eq!(steady.variance(0..=9), Some(0.0));
+    }
+
+    /// Merged processes add their pace slack; the interval moves out by it; the
+    /// observer-effect sentence follows what was corrected.
+    #[test]
+    fn pace_slack_widens_and_merges() {
+        let pace = PaceCorrection {
+            ratio: 0.5,
+            factor: 2.0,
+            factor_low: 1.5,
+            factor_high: 4.0,
+        };
+        let mut one = TimeSampling {
+            observed_fraction: 0.1,
+            periods: 0..=3,
+            totals: totals(&[(0, 10.0), (1, 10.0), (2, 10.0), (3, 10.0)]),
+            probe_share: Some(0.4),
+            pace: Some(pace),
+            paced_processes: 1,
+            pace_slack: pace.slack(40.0),
+        };
+        // 40 could have been 30 or 80: steady periods, so that is the interval.
+        let interval = one.interval(40.0, Confidence::DEFAULT).unwrap();
+        assert_eq!((interval.lo, interval.hi), (30.0, 80.0));
+        let effect = one.observer_effect().unwrap();
+        assert!(effect.starts_with("the probes took ~40%"), "{effect}");
+        assert!(effect.contains("scaled by 2.000"), "{effect}");
+
+        let other = one.clone();
+        one.merge(&other);
+        assert_eq!(one.pace_slack.below, 20.0);
+        assert_eq!(one.pace_slack.above, 80.0);
+        assert_eq!(one.pace, None, "two processes: no single pace");
+        assert!(one.observer_effect().unwrap().contains("of 2 processes"));
+
+        let uncorrected = TimeSampling {
+            pace: None,
+            paced_processes: 0,
+            ..other.clone()
+        };
+        assert!(uncorrected
+            .observer_effect()
+            .unwrap()
+            .contains("not corrected"));
+        let quiet = TimeSampling {
+            probe_share: None,
+            ..uncorrected
+        };
+        assert_eq!(quiet.observer_effect(), None);
     }
 }
