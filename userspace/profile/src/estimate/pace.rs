@@ -88,7 +88,7 @@ impl PaceCorrection {
         let (low, high) = IN_PLACE_COST;
         format!(
             "estimates scaled by {:.3} for the pace measured while probed, {:.3} of the pace \
-             unprobed (observer effect corrected; {:.3} to {:.3} had a hit cost {low}x to \
+             unprobed (observer effect corrected; it would be {:.3} to {:.3} had a hit cost {low}x to \
              {high}x its calibrated cost in place, a range the total's CI includes)",
             self.factor, self.ratio, self.factor_low, self.factor_high
         )
