@@ -23,8 +23,9 @@
 //! process 0.85x to 1.3x its calibrated cost in place, a range the totals' intervals
 //! include; `paced_processes` counts the processes so corrected, and
 //! a merged report of several shows no single pace; null when it could not be measured,
-//! and then a CPU-bound process with a `probe_share` is underestimated by up to that
-//! share); every estimate is for the whole interval.
+//! and then a CPU-bound process with a `probe_share` `s` may be underestimated: its truth
+//! up to `1/(1 - 1.3 s)` times its estimate, where the totals' intervals reach); every
+//! estimate is for the whole interval.
 //! Extensions add keys; existing keys keep their meaning.
 
 use std::io::Write;

@@ -9,10 +9,7 @@ use std::{
 
 use allocbpf_common::Totals;
 use allocbpf_probe::{procfs, sampler::wait_for_running_programs};
-use allocbpf_profile::{
-    estimate::pace::PaceSlack,
-    report::{Counters, KernelFigures, Observed, Report},
-};
+use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
 use super::{cutter::IntervalEnd, Collector, ProcessProfile, LOST_FREE_MIN_AGE};
@@ -162,11 +159,13 @@ impl Collector {
                         .trap_share()
                         .or_else(|| budget.costs.get(&pid).map(|c| c.full_time_cpu.min(1.0)))
                         .filter(|&share| share >= PROBE_SHARE_SHOWN);
-                    if let (None, Some(share)) = (time.pace, time.probe_share) {
+                    if time.pace.is_none() {
                         // Not corrected: its interval reaches as high as a CPU-bound
-                        // process slowed by that share would be.
-                        time.pace_slack =
-                            PaceSlack::uncorrected(report.totals.estimated_bytes, share);
+                        // process slowed by its measured trap share would be.
+                        time.pace_slack = tracked
+                            .pace
+                            .tally
+                            .uncorrected_slack(report.totals.estimated_bytes);
                     }
                     tracing::trace!("pid {pid}: {:?}", tracked.pace.tally);
                 }

@@ -200,7 +200,7 @@ fn summary_comment(report: &Report) -> String {
             if report.total_interval_includes_time() {
                 "including time sampling"
             } else {
-                "of byte sampling only (too few periods or samples for time sampling's)"
+                "of byte sampling (too few periods or samples for time sampling's)"
             },
             report.totals.exact_bytes,
             report.totals.exact_calls

@@ -73,10 +73,10 @@ pub struct PaceCorrection {
     /// per second over the interval over its work per second where the samples were
     /// taken (probed), at least 1.
     pub factor: f64,
-    /// The factor had a hit cost the process the least of [`IN_PLACE_COST`] times its
-    /// calibrated cost (at most `factor`).
+    /// The least the factor would be for a hit costing the process anywhere in
+    /// [`IN_PLACE_COST`] times its calibrated cost (at most `factor`).
     pub factor_low: f64,
-    /// The factor had a hit cost it the most of [`IN_PLACE_COST`] (at least `factor`).
+    /// The most it would be (at least `factor`).
     pub factor_high: f64,
 }
 
@@ -116,19 +116,6 @@ pub struct PaceSlack {
 }
 
 impl PaceSlack {
-    /// The slack of an estimate NOT corrected for its pace (not measured) of a process
-    /// whose probes took a share `probe_share` of its CPU while probed: if it was
-    /// CPU-bound, it worked at `1 - c·share` of its pace then, for an in-place cost
-    /// `c` up to the top of [`IN_PLACE_COST`] (floored at [`MIN_PACE`]), and its
-    /// estimate is low by up to that; nothing below.
-    pub fn uncorrected(estimate: f64, probe_share: f64) -> PaceSlack {
-        let pace = (1.0 - IN_PLACE_COST.1 * probe_share).clamp(MIN_PACE, 1.0);
-        PaceSlack {
-            below: 0.0,
-            above: estimate * (1.0 / pace - 1.0),
-        }
-    }
-
     /// Both processes' slack (their estimates add up, so do their errors).
     pub fn add(&mut self, other: PaceSlack) {
         self.below += other.below;
@@ -240,12 +227,54 @@ impl PaceTally {
         }
         let (ratio, factor) = self.pace_at(1.0);
         let (low, high) = IN_PLACE_COST;
+        // The factor rises with the cost until the ratio reaches its floor, then falls
+        // (the floored ratio no longer follows the work it loses): its extremes over
+        // the range are at the ends or where the ratio meets the floor.
+        let factors: Vec<f64> = [Some(low), Some(high), self.floor_cost()]
+            .into_iter()
+            .flatten()
+            .filter(|cost| (low..=high).contains(cost))
+            .map(|cost| self.pace_at(cost).1)
+            .collect();
         Some(PaceCorrection {
             ratio,
             factor,
-            factor_low: self.pace_at(low).1.min(factor),
-            factor_high: self.pace_at(high).1.max(factor),
+            factor_low: factors.iter().copied().fold(factor, f64::min),
+            factor_high: factors.iter().copied().fold(factor, f64::max),
         })
+    }
+
+    /// The hit cost (times the calibrated one) at which the pace ratio reaches
+    /// [`MIN_PACE`]: `inside(c) = MIN_PACE · outside(c)`, linear in `c`. `None` if the
+    /// two never meet.
+    fn floor_cost(&self) -> Option<f64> {
+        let probed_cpu = (self.probed_work_ns + self.probed_trap_ns) / self.probed_wall_ns;
+        let probed_trap = self.probed_trap_ns / self.probed_wall_ns;
+        let unprobed_cpu = (self.unprobed_work_ns + self.unprobed_trap_ns) / self.unprobed_wall_ns;
+        let unprobed_trap = self.unprobed_trap_ns / self.unprobed_wall_ns;
+        let slope = probed_trap - MIN_PACE * unprobed_trap;
+        (slope > 0.0).then(|| (probed_cpu - MIN_PACE * unprobed_cpu) / slope)
+    }
+
+    /// The slack of an estimate NOT corrected for its pace (`correction` gave none) of
+    /// this process, bytes: if its probes took a share `s` of its probed CPU (at least
+    /// [`MIN_TRAP_SHARE`]) and it was not measured keeping idle time then (a process
+    /// that did absorbs its traps there: [`PaceTally::saturated`]), it may have worked
+    /// at as little as `1 - c·s` of its pace while probed, `c` the top of
+    /// [`IN_PLACE_COST`] (floored at [`MIN_PACE`]): the truth may be up to
+    /// `1/(1 - c·s)` times `estimate` (conservative: as if probed all the time).
+    /// Nothing below.
+    pub fn uncorrected_slack(&self, estimate: f64) -> PaceSlack {
+        match self.trap_share() {
+            Some(share) if share >= MIN_TRAP_SHARE && self.saturated() => {
+                let pace = (1.0 - IN_PLACE_COST.1 * share).clamp(MIN_PACE, 1.0);
+                PaceSlack {
+                    below: 0.0,
+                    above: estimate * (1.0 / pace - 1.0),
+                }
+            }
+            _ => PaceSlack::default(),
+        }
     }
 
     /// The pace ratio and the factor with every hit costing `cost` times its
@@ -255,8 +284,10 @@ impl PaceTally {
         let work = |work: f64, trap: f64| (work + trap - cost * trap).max(0.0);
         let outside = work(self.unprobed_work_ns, self.unprobed_trap_ns) / self.unprobed_wall_ns;
         if outside <= 0.0 {
-            // Its detaching probes' traps took all its CPU out of the windows too: no
-            // pace to tell (only at a cost above the calibrated one).
+            // At this cost its detaching probes' traps would have taken all its CPU out
+            // of the windows too (only above the calibrated cost, and only for traps
+            // over 3/4 of its unprobed CPU): no pace to tell; the cap's factor, the
+            // most a correction ever applies.
             return (MIN_PACE, 1.0 / MIN_PACE);
         }
         let inside = work(self.probed_work_ns, self.probed_trap_ns) / self.probed_wall_ns;
@@ -309,10 +340,6 @@ mod tests {
         let slack = pace.slack(1_950.0);
         assert!((slack.below - (1_950.0 - 1_000.0 * pace.factor_low)).abs() < 1e-6);
         assert!((slack.above - (1_000.0 * pace.factor_high - 1_950.0)).abs() < 1e-6);
-        // Not corrected, a 20% probe share: low by up to 1/(1 - 1.3·0.2) - 1 = 35%.
-        let slack = PaceSlack::uncorrected(1_000.0, 0.2);
-        assert_eq!(slack.below, 0.0);
-        assert!((slack.above - 1_000.0 * (1.0 / 0.74 - 1.0)).abs() < 1e-9);
         // A span in between (an attach under way) counts in the totals only: the mean
         // work rate, and so the factor, follow what the process really did.
         tally.add(ProbeState::Changing, 100.0 * MS, 100.0 * MS, 25.0 * MS);
@@ -363,6 +390,57 @@ mod tests {
         busy.add(ProbeState::Unprobed, 900.0 * MS, 900.0 * MS, 0.0);
         busy.saw_capacity(1.0);
         assert!((busy.ratio().unwrap() - 0.7).abs() < 1e-9);
+    }
+
+    /// cc1's regime: traps take 80% of its probed CPU at the calibrated cost, so at
+    /// 1.3x they would take it all and the ratio is floored. The factor peaks where the
+    /// ratio meets the floor, inside the range, not at its end; the range holds the
+    /// factor at every cost in it.
+    #[test]
+    fn the_factor_range_holds_its_peak_inside_the_cost_range() {
+        let mut tally = PaceTally::default();
+        tally.add(ProbeState::Probed, 100.0 * MS, 100.0 * MS, 80.0 * MS);
+        tally.add(ProbeState::Unprobed, 900.0 * MS, 900.0 * MS, 0.0);
+        let pace = tally.correction().unwrap();
+        // Ratio floored at 0.05 from 100 - 80c = 5: c = 1.1875.
+        let peak = tally.pace_at(1.1875).1;
+        assert!((tally.floor_cost().unwrap() - 1.1875).abs() < 1e-9);
+        assert!(
+            peak > tally.pace_at(1.3).1,
+            "past the floor the factor falls"
+        );
+        assert!((pace.factor_high - peak).abs() < 1e-9, "{pace:?} {peak}");
+        for step in 0..=45 {
+            let cost = 0.85 + 0.01 * f64::from(step);
+            let factor = tally.pace_at(cost).1;
+            assert!(
+                pace.factor_low <= factor + 1e-12 && factor <= pace.factor_high + 1e-12,
+                "{cost}: {factor} outside {pace:?}"
+            );
+        }
+    }
+
+    /// Not corrected: a saturated process (or one whose CPUs are unknown) with a 20%
+    /// trap share may be low by up to 1/(1 - 1.3·0.2); one that kept idle time while
+    /// probed, or whose traps were light, has no slack.
+    #[test]
+    fn an_uncorrected_process_has_an_upper_slack_only_if_it_may_be_slowed() {
+        let mut busy = PaceTally::default();
+        busy.add(ProbeState::Probed, 10.0 * MS, 10.0 * MS, 2.0 * MS);
+        assert_eq!(busy.correction(), None, "10 ms probed: too short");
+        let slack = busy.uncorrected_slack(1_000.0);
+        assert_eq!(slack.below, 0.0);
+        assert!((slack.above - 1_000.0 * (1.0 / 0.74 - 1.0)).abs() < 1e-9);
+        busy.saw_capacity(1.0);
+        assert_eq!(busy.uncorrected_slack(1_000.0), slack, "1 CPU busy");
+
+        let mut idle = PaceTally::default();
+        idle.add(ProbeState::Probed, 10.0 * MS, 1.0 * MS, 0.2 * MS);
+        idle.saw_capacity(1.0);
+        assert_eq!(idle.uncorrected_slack(1_000.0), PaceSlack::default());
+        let mut light = PaceTally::default();
+        light.add(ProbeState::Probed, 10.0 * MS, 10.0 * MS, 0.2 * MS);
+        assert_eq!(light.uncorrected_slack(1_000.0), PaceSlack::default());
     }
 
     /// Under a 5% trap share: not corrected. Too short in either state: no ratio. All

@@ -198,9 +198,15 @@ impl TimeSampling {
                  effect corrected; each one's own profile gives it)",
                 self.paced_processes
             ),
-            None if share.is_some() => "its pace could not be measured: if it is CPU-bound its \
-                 estimates are low, by as much as the total's CI reaches above them (observer \
-                 effect not corrected)"
+            None if share.is_some() && self.pace_slack.above > 0.0 => {
+                "its pace could not be measured: if it is CPU-bound its estimates are low, and \
+                 the total's CI reaches as high as that could make them (observer effect not \
+                 corrected)"
+                    .to_string()
+            }
+            None if share.is_some() => "its pace could not be measured; it did not keep its \
+                 CPUs busy while probed, so its traps took idle time, not work (observer effect \
+                 not corrected)"
                 .to_string(),
             None => return None,
         };
@@ -307,7 +313,12 @@ mod tests {
         assert!(uncorrected
             .observer_effect()
             .unwrap()
-            .contains("not corrected"));
+            .contains("the total's CI reaches as high"));
+        let idle = TimeSampling {
+            pace_slack: PaceSlack::default(),
+            ..uncorrected.clone()
+        };
+        assert!(idle.observer_effect().unwrap().contains("took idle time"));
         let quiet = TimeSampling {
             probe_share: None,
             ..uncorrected
