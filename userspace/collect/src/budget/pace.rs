@@ -86,11 +86,6 @@ impl PaceMeter {
     pub fn restart(&mut self) {
         self.last = None;
     }
-
-    /// The state the last reading found the process in.
-    pub fn state(&self) -> Option<ProbeState> {
-        self.last.map(|r| r.state)
-    }
 }
 
 #[cfg(test)]
@@ -143,7 +138,7 @@ mod tests {
         meter.read(None, &COST);
         meter.read(reading(200, 50, 0, false), &COST);
         assert_eq!(meter.tally, PaceTally::default());
-        assert_eq!(meter.state(), Some(ProbeState::Unprobed));
+        assert_eq!(meter.last.map(|r| r.state), Some(ProbeState::Unprobed));
     }
 
     /// Spans while probes go in or out count nowhere.

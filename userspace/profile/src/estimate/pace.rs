@@ -123,25 +123,27 @@ impl PaceSlack {
     }
 }
 
-/// Wall time and work of one interval, probed and unprobed.
+/// Wall time, CPU time and traps of one interval, probed and unprobed. A span's trap
+/// time is at most its CPU time, so its work (CPU time outside the traps) is the
+/// difference.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PaceTally {
     /// Wall time with probes in, ns.
     pub probed_wall_ns: f64,
-    /// Work (CPU time less the traps' cost) with probes in, ns.
-    pub probed_work_ns: f64,
+    /// CPU time with probes in, ns.
+    pub probed_cpu_ns: f64,
     /// CPU time spent in traps with probes in, ns (estimated from hits).
     pub probed_trap_ns: f64,
     /// Wall time with probes out, ns.
     pub unprobed_wall_ns: f64,
-    /// Work with probes out (CPU time less the traps of detaching probes), ns.
-    pub unprobed_work_ns: f64,
+    /// CPU time with probes out, ns.
+    pub unprobed_cpu_ns: f64,
     /// CPU time spent in the traps of detaching probes with probes out, ns.
     pub unprobed_trap_ns: f64,
     /// Wall time of every span, whatever its state, ns.
     pub total_wall_ns: f64,
-    /// Work of every span, whatever its state, ns.
-    pub total_work_ns: f64,
+    /// CPU time of every span, whatever its state, ns.
+    pub total_cpu_ns: f64,
     /// CPU time spent in traps over every span, ns.
     pub total_trap_ns: f64,
     /// The CPUs the process could use: its most threads seen, at most the host's CPUs
@@ -152,22 +154,20 @@ pub struct PaceTally {
 impl PaceTally {
     /// Adds one span: `wall_ns` long, `cpu_ns` of CPU time of which `trap_ns` in traps.
     pub fn add(&mut self, state: ProbeState, wall_ns: f64, cpu_ns: f64, trap_ns: f64) {
-        // The trap cost is an estimate; work cannot go below nothing (work + trap is
-        // the span's CPU time either way).
-        let work = (cpu_ns - trap_ns).max(0.0);
+        // The trap cost is an estimate; work cannot go below nothing.
         let trap = trap_ns.min(cpu_ns).max(0.0);
         self.total_wall_ns += wall_ns;
-        self.total_work_ns += work;
+        self.total_cpu_ns += cpu_ns;
         self.total_trap_ns += trap;
         match state {
             ProbeState::Probed => {
                 self.probed_wall_ns += wall_ns;
-                self.probed_work_ns += work;
+                self.probed_cpu_ns += cpu_ns;
                 self.probed_trap_ns += trap;
             }
             ProbeState::Unprobed => {
                 self.unprobed_wall_ns += wall_ns;
-                self.unprobed_work_ns += work;
+                self.unprobed_cpu_ns += cpu_ns;
                 self.unprobed_trap_ns += trap;
             }
             ProbeState::Changing => {}
@@ -187,8 +187,7 @@ impl PaceTally {
         if self.capacity <= 0.0 || self.probed_wall_ns <= 0.0 {
             return true;
         }
-        let cpu = (self.probed_work_ns + self.probed_trap_ns) / self.probed_wall_ns;
-        cpu >= SATURATED * self.capacity
+        self.probed_cpu_ns / self.probed_wall_ns >= SATURATED * self.capacity
     }
 
     /// The pace ratio and the factor its estimates are scaled by. `None` when the traps
@@ -219,7 +218,7 @@ impl PaceTally {
     pub fn correction(&self) -> Option<PaceCorrection> {
         if self.probed_wall_ns < MIN_WALL_NS
             || self.unprobed_wall_ns < MIN_WALL_NS
-            || self.unprobed_work_ns < MIN_WORK_NS
+            || self.unprobed_cpu_ns - self.unprobed_trap_ns < MIN_WORK_NS
             || self.trap_share()? < MIN_TRAP_SHARE
             || !self.saturated()
         {
@@ -248,12 +247,12 @@ impl PaceTally {
     /// [`MIN_PACE`]: `inside(c) = MIN_PACE · outside(c)`, linear in `c`. `None` if the
     /// two never meet.
     fn floor_cost(&self) -> Option<f64> {
-        let probed_cpu = (self.probed_work_ns + self.probed_trap_ns) / self.probed_wall_ns;
-        let probed_trap = self.probed_trap_ns / self.probed_wall_ns;
-        let unprobed_cpu = (self.unprobed_work_ns + self.unprobed_trap_ns) / self.unprobed_wall_ns;
-        let unprobed_trap = self.unprobed_trap_ns / self.unprobed_wall_ns;
-        let slope = probed_trap - MIN_PACE * unprobed_trap;
-        (slope > 0.0).then(|| (probed_cpu - MIN_PACE * unprobed_cpu) / slope)
+        let probed = |ns: f64| ns / self.probed_wall_ns;
+        let unprobed = |ns: f64| ns / self.unprobed_wall_ns;
+        let slope = probed(self.probed_trap_ns) - MIN_PACE * unprobed(self.unprobed_trap_ns);
+        (slope > 0.0).then(|| {
+            (probed(self.probed_cpu_ns) - MIN_PACE * unprobed(self.unprobed_cpu_ns)) / slope
+        })
     }
 
     /// The slack of an estimate NOT corrected for its pace (`correction` gave none) of
@@ -278,11 +277,10 @@ impl PaceTally {
     }
 
     /// The pace ratio and the factor with every hit costing `cost` times its
-    /// calibrated cost. Work is recomputed from the sums (CPU time = work + trap),
-    /// floored at nothing.
+    /// calibrated cost: work is CPU time less that, floored at nothing.
     fn pace_at(&self, cost: f64) -> (f64, f64) {
-        let work = |work: f64, trap: f64| (work + trap - cost * trap).max(0.0);
-        let outside = work(self.unprobed_work_ns, self.unprobed_trap_ns) / self.unprobed_wall_ns;
+        let work = |cpu: f64, trap: f64| (cpu - cost * trap).max(0.0);
+        let outside = work(self.unprobed_cpu_ns, self.unprobed_trap_ns) / self.unprobed_wall_ns;
         if outside <= 0.0 {
             // At this cost its detaching probes' traps would have taken all its CPU out
             // of the windows too (only above the calibrated cost, and only for traps
@@ -290,12 +288,12 @@ impl PaceTally {
             // most a correction ever applies.
             return (MIN_PACE, 1.0 / MIN_PACE);
         }
-        let inside = work(self.probed_work_ns, self.probed_trap_ns) / self.probed_wall_ns;
+        let inside = work(self.probed_cpu_ns, self.probed_trap_ns) / self.probed_wall_ns;
         let ratio = (inside / outside).clamp(MIN_PACE, 1.0);
         if ratio >= 1.0 {
             return (ratio, 1.0);
         }
-        let mean = work(self.total_work_ns, self.total_trap_ns) / self.total_wall_ns;
+        let mean = work(self.total_cpu_ns, self.total_trap_ns) / self.total_wall_ns;
         (ratio, (mean / (ratio * outside)).max(1.0))
     }
 
@@ -306,8 +304,7 @@ impl PaceTally {
 
     /// The share of its CPU time the process spent in traps while probed.
     pub fn trap_share(&self) -> Option<f64> {
-        let cpu = self.probed_work_ns + self.probed_trap_ns;
-        (cpu > 0.0).then(|| self.probed_trap_ns / cpu)
+        (self.probed_cpu_ns > 0.0).then(|| self.probed_trap_ns / self.probed_cpu_ns)
     }
 }
 
