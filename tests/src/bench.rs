@@ -1,8 +1,13 @@
 //! What the bench binaries (`src/bin/`: soak, burst, agent_cost) share.
 
-use std::{fmt::Write as _, path::Path};
+use std::{
+    fmt::Write as _,
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 /// Writes `dir/big.c`: `functions` small functions that each malloc and free, a file
 /// whose compile keeps cc1 allocating (gcc -O2 of 3,000 takes ~1.8 s here).
@@ -16,6 +21,79 @@ pub fn write_malloc_heavy_source(dir: &Path, functions: usize) -> Result<()> {
         );
     }
     std::fs::write(dir.join("big.c"), source).context("writing big.c")
+}
+
+/// What one compile of `big.c` took: its wall time, and the CPU time of gcc and of
+/// everything it ran (cc1, as), user and system, from `wait4`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CompileTimes {
+    /// Wall time.
+    pub wall: Duration,
+    /// User CPU time.
+    pub user: Duration,
+    /// System CPU time: the kernel's work for the compile, probe traps included.
+    pub system: Duration,
+}
+
+impl CompileTimes {
+    /// System time per second of user time. Probe traps run in the kernel, so probing
+    /// raises it by about the traps' share of the compile's own work (plus the
+    /// compile's own system time, ~5% here). A slower or busier host stretches user
+    /// and system time alike, so unlike wall time the ratio holds still on a noisy VM.
+    pub fn system_per_user(&self) -> f64 {
+        self.system.as_secs_f64() / self.user.as_secs_f64().max(1e-9)
+    }
+
+    /// The wall times of `compiles`, seconds.
+    pub fn walls(compiles: &[Self]) -> Vec<f64> {
+        compiles.iter().map(|c| c.wall.as_secs_f64()).collect()
+    }
+
+    /// The [`system_per_user`](Self::system_per_user) of each of `compiles`.
+    pub fn systems_per_user(compiles: &[Self]) -> Vec<f64> {
+        compiles.iter().map(Self::system_per_user).collect()
+    }
+}
+
+/// Runs `gcc -O2 -c big.c` in `dir` (see [`write_malloc_heavy_source`]) and times it.
+pub fn compile_big(dir: &Path) -> Result<CompileTimes> {
+    let started = Instant::now();
+    let child = Command::new("gcc")
+        .args(["-O2", "-c", "big.c", "-o", "big.o"])
+        .current_dir(dir)
+        .spawn()
+        .context("gcc (cargo xtask setup installs it)")?;
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // wait4 rather than `Child::wait`: it also gives the CPU time of gcc and of the
+    // children it waited for. `child` is then dropped unwaited, which std allows.
+    let waited = loop {
+        // SAFETY: pid is our child; status and usage are valid for writes.
+        let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if waited == -1 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {
+            continue;
+        }
+        break waited;
+    };
+    let wall = started.elapsed();
+    drop(child);
+    if waited != pid {
+        bail!("waiting for gcc: {}", std::io::Error::last_os_error());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("gcc failed (wait status {status:#x})");
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    Ok(CompileTimes {
+        wall,
+        user: time(usage.ru_utime),
+        system: time(usage.ru_stime),
+    })
 }
 
 /// The `--rounds N` argument of a bench binary, `default` without it.

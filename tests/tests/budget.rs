@@ -10,7 +10,6 @@
 
 use std::{
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -18,7 +17,7 @@ use allocbpf_e2e::{
     agent::{
         metric, one_agent_test, parse_stored_name, scrape_within, stored_profiles, AgentProcess,
     },
-    bench::{median, write_malloc_heavy_source},
+    bench::{compile_big, median, write_malloc_heavy_source, CompileTimes},
     compile_workload, Profiler, Workload,
 };
 use allocbpf_export::pprof::decode_file;
@@ -81,21 +80,22 @@ fn read_stored(path: &Path) -> Stored {
     }
 }
 
-/// Compiles big.c in `dir`; the seconds it took.
-fn compile(dir: &Path) -> f64 {
-    let started = Instant::now();
-    let status = Command::new("gcc")
-        .args(["-O2", "-c", "big.c", "-o", "big.o"])
-        .current_dir(dir)
-        .status()
-        .expect("gcc (cargo xtask setup installs it)");
-    assert!(status.success(), "gcc: {status}");
-    started.elapsed().as_secs_f64()
-}
-
-/// - The compiles run within a few percent of their speed without the agent: median
-///   under the agent at most 8% over the median of six bare compiles (three before,
-///   three after; the bare compiles themselves spread by ~4% on this VM).
+/// - The probes cost the compiles a few percent of their own CPU time: the median of
+///   their system time per user second (gcc, cc1 and as, from `wait4`) under the
+///   agent is at most 0.06 over its median in six bare compiles (three before, three
+///   after). Derived: cc1 costs far more than the budget full time, so the budget holds
+///   libc at its floor, one 10 ms window per 1 s period, whose probes go in at most
+///   `MAX_LEAD` (40 ms) before it and are out at its end (a link's close removes its
+///   breakpoints at once): probes in at most 5% of the time, traps at most all of it,
+///   so at most 0.05/0.9 ≈ 0.056 more system time per user second. Traps run in the
+///   kernel, so this is the cost itself; a slower host stretches user and system
+///   time alike, so the ratio holds still where wall time does not.
+/// - The compiles' wall time, median under the agent over the bare median, is at most
+///   1.25: a guard against gross slowdowns (the agent this budget replaced doubled
+///   them), not the measure of the cost. Back-to-back bare compiles on this VM have
+///   spread from 3.5 to 5.2 s, and blocks of them drift by 10% against each other, so
+///   a tighter wall bound fails on noise; `cargo xtask bench --parts agent` reports
+///   the wall ratios.
 /// - Every cc1 (each lives ~3 s, over the ~2 s that one window per 1 s period
 ///   guarantees to catch) has a stored profile with samples.
 /// - The light allocator's estimate, summed over its profiles, is within 4 standard
@@ -114,7 +114,8 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
     let (_one, scratch, store) = one_agent_test("agent-budget");
     write_malloc_heavy_source(&scratch, 5000).unwrap();
     let steady = compile_workload("steady", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
-    let mut bare: Vec<f64> = (0..3).map(|_| compile(&scratch)).collect();
+    let compile = || compile_big(&scratch).unwrap();
+    let mut bare: Vec<CompileTimes> = (0..3).map(|_| compile()).collect();
 
     let agent = AgentProcess::start(
         &[
@@ -133,7 +134,7 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
     let started = Instant::now();
     let mut profiled = Vec::new();
     while started.elapsed() < Duration::from_secs(26) {
-        profiled.push(compile(&scratch));
+        profiled.push(compile());
     }
     let done = light
         .stdout
@@ -144,15 +145,26 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
     light.wait(Duration::from_secs(10)).unwrap();
     let metrics = scrape_within(METRICS, Duration::from_secs(5)).unwrap();
     agent.terminate(Duration::from_secs(60)).unwrap();
-    bare.extend((0..3).map(|_| compile(&scratch)));
+    bare.extend((0..3).map(|_| compile()));
 
-    let ratio = median(&profiled) / median(&bare);
+    let walls = CompileTimes::walls;
+    let system = CompileTimes::systems_per_user;
+    let ratio = median(&walls(&profiled)) / median(&walls(&bare));
+    let extra_system = median(&system(&profiled)) - median(&system(&bare));
     eprintln!(
-        "bare {bare:.2?} s, under the agent {profiled:.2?} s: median ratio {ratio:.3}; windows opened {:?}, blind {:?}",
+        "bare {:.2?} s, under the agent {:.2?} s: median ratio {ratio:.3}; system s per user s: bare {:.3?}, under the agent {:.3?}: median +{extra_system:.3}; windows opened {:?}, blind {:?}",
+        walls(&bare),
+        walls(&profiled),
+        system(&bare),
+        system(&profiled),
         metric(&metrics, "allocbpf_window_attaches_total"),
         metric(&metrics, "allocbpf_window_blind_spots_total"),
     );
-    assert!(ratio <= 1.08, "compiles under the agent: x{ratio:.3}");
+    assert!(
+        extra_system <= 0.06,
+        "the probes cost the compiles +{extra_system:.3} system s per user s"
+    );
+    assert!(ratio <= 1.25, "compiles under the agent: x{ratio:.3}");
 
     let stored: Vec<Stored> = stored_profiles(&store)
         .iter()

@@ -174,7 +174,9 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
         // The default budget, then raised and lowered.
         for percent in [None, Some("5"), Some("0.25")] {
             let mut command = crate::util::e2e_bin("agent_cost")?;
-            command.args(["--rounds", &rounds.min(3).to_string()]);
+            // Five: the first compile under a new agent pays its cold start, and the
+            // median of what follows should not rest on two compiles.
+            command.args(["--rounds", &rounds.min(5).to_string()]);
             if let Some(percent) = percent {
                 command.args(["--cpu-percent", percent]);
             }

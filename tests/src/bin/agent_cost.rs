@@ -3,20 +3,21 @@
 //! redis-benchmark against a new redis-server, each bare and then under
 //! `allocbpf agent` at its defaults (only the store and the metrics address set), or
 //! with `--cpu-percent P` its per-process budget set to P% of a CPU. Prints every
-//! compile's time, the ratios to the bare median, how many of the compiles' cc1
-//! processes have a profile in the store with samples and the fraction of time they
-//! were observed, the redis throughput ratio and redis-server's observed fraction, and
+//! compile's time, the ratios to the bare median, the compiles' system time per user
+//! second (the probes' cost, steadier than wall time on a noisy VM), how many of the
+//! compiles' cc1 processes have a profile in the store with samples and the fraction of
+//! time they were observed, the redis throughput ratio and redis-server's observed fraction, and
 //! the agent's window counters.
 
 use std::{
     path::Path,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use allocbpf_e2e::{
     agent::{metric, parse_stored_name, scrape_within, stored_profiles, AgentProcess},
-    bench::{median, rounds_arg, write_malloc_heavy_source},
+    bench::{compile_big, median, rounds_arg, write_malloc_heavy_source, CompileTimes},
     scratch_dir,
 };
 use allocbpf_export::pprof::decode_file;
@@ -24,20 +25,6 @@ use anyhow::{bail, Context, Result};
 
 const METRICS: &str = "127.0.0.1:19497";
 const REDIS_PORT: &str = "16397";
-
-/// Compiles big.c in `dir`; returns the seconds it took.
-fn compile(dir: &Path) -> Result<f64> {
-    let started = Instant::now();
-    let status = Command::new("gcc")
-        .args(["-O2", "-c", "big.c", "-o", "big.o"])
-        .current_dir(dir)
-        .status()
-        .context("gcc (cargo xtask setup installs it)")?;
-    if !status.success() {
-        bail!("gcc failed: {status}");
-    }
-    Ok(started.elapsed().as_secs_f64())
-}
 
 /// redis-benchmark SET+GET requests per second against the bench's redis-server.
 fn redis_benchmark() -> Result<f64> {
@@ -125,7 +112,7 @@ fn main() -> Result<()> {
     let mut bare = Vec::new();
     let mut bare_rps = Vec::new();
     for _ in 0..rounds {
-        bare.push(compile(&scratch)?);
+        bare.push(compile_big(&scratch)?);
         bare_rps.push(redis_benchmark()?);
     }
     let store = scratch.join("store");
@@ -149,7 +136,7 @@ fn main() -> Result<()> {
     let mut profiled = Vec::new();
     let mut profiled_rps = Vec::new();
     for _ in 0..rounds {
-        profiled.push(compile(&scratch)?);
+        profiled.push(compile_big(&scratch)?);
         profiled_rps.push(redis_benchmark()?);
     }
     let text = scrape_within(METRICS, Duration::from_secs(5)).unwrap_or_default();
@@ -160,6 +147,10 @@ fn main() -> Result<()> {
     let (cc1s, cc1_samples, cc1_observed) = observed(&store, "cc1");
     let (_, _, redis_observed) = observed(&store, "redis_server");
 
+    let walls = CompileTimes::walls;
+    let system = CompileTimes::systems_per_user;
+    let (bare_system, profiled_system) = (system(&bare), system(&profiled));
+    let (bare, profiled) = (walls(&bare), walls(&profiled));
     let base = median(&bare);
     let which = match cpu_percent {
         Some(percent) => format!("agent with a {percent}% per-process budget"),
@@ -188,6 +179,21 @@ fn main() -> Result<()> {
         "  compile time, agent / none (medians): {:.3}",
         median(&profiled) / base
     );
+    println!(
+        "  system s per user s (traps run in the kernel; noise stretches both alike): bare {}, under the agent {}; medians {:.3} vs {:.3}, +{:.3}",
+        list(&mut bare_system.iter().copied()),
+        list(&mut profiled_system.iter().copied()),
+        median(&bare_system),
+        median(&profiled_system),
+        median(&profiled_system) - median(&bare_system)
+    );
+    if profiled.len() > 2 {
+        println!(
+            "  after the first compile (its cold start): compile time x{:.3}, system s per user s +{:.3} (medians)",
+            median(&profiled[1..]) / base,
+            median(&profiled_system[1..]) - median(&bare_system)
+        );
+    }
     println!(
         "  cc1 processes with a stored profile: {cc1s} of {rounds}, {cc1_samples} samples; observed {:.2}% of the time (mean over their profiles)",
         cc1_observed * 100.0
