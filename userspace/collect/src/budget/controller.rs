@@ -11,6 +11,7 @@ use allocbpf_probe::{
 };
 
 use super::{
+    early::EarlyChecks,
     pace::{process_cpu_ns, PaceReading},
     plan_duties,
     windows::{Unplaced, WindowSchedule},
@@ -51,6 +52,8 @@ pub(crate) struct BudgetController {
     /// The host's CPUs.
     cpus: f64,
     last_check_ns: u64,
+    /// Recent execs, and the early check they ask for.
+    early: EarlyChecks,
     last_hits: HashMap<u32, Hits>,
     last_attached: HashMap<ImageKey, u64>,
     /// Per process, its cost figures.
@@ -88,6 +91,7 @@ impl BudgetController {
             options,
             cost,
             last_check_ns: now_ns,
+            early: EarlyChecks::default(),
             last_hits: HashMap::new(),
             last_attached: HashMap::new(),
             costs: HashMap::new(),
@@ -116,8 +120,21 @@ impl BudgetController {
         }
     }
 
-    /// If a check period has passed: reads every process's hits, updates its cost,
-    /// plans the duties and its observed time. True if it checked.
+    /// `pid` exec'd now: its new program may be heavy, so a check comes early
+    /// (`early.rs`).
+    pub fn exec_seen(&mut self, pid: u32) {
+        self.early.exec_seen(pid, monotonic_now_ns());
+    }
+
+    /// When an early check may run (then call [`BudgetController::check`]), if one is
+    /// asked for.
+    pub fn early_check_ns(&self) -> Option<u64> {
+        self.early.next_ns(self.last_check_ns)
+    }
+
+    /// If a check period has passed, or an early check is due: reads every process's
+    /// hits, updates its cost, plans the duties and its observed time. True if it
+    /// checked.
     pub fn check(
         &mut self,
         sampler: &mut Sampler,
@@ -127,10 +144,12 @@ impl BudgetController {
     ) -> bool {
         let now_ns = monotonic_now_ns();
         let elapsed_ns = now_ns.saturating_sub(self.last_check_ns);
-        if elapsed_ns < self.options.check_every.as_nanos() as u64 {
+        let every_ns = self.options.check_every.as_nanos() as u64;
+        if !self.early.check_due(now_ns, self.last_check_ns, every_ns) {
             return false;
         }
         self.last_check_ns = now_ns;
+        self.early.checked(now_ns);
         let hits = match sampler.gate_hits() {
             Ok(hits) => hits,
             Err(error) => {
@@ -187,13 +206,16 @@ impl BudgetController {
             // one is caught at its first check.
             let before = self.last_hits.get(&pid).copied().unwrap_or_default();
             let spent = self.cost.seconds(&before, &total);
+            // A program exec'd within this check trapped only since its exec.
+            let lived_ns = self.early.lived_ns(pid, now_ns, elapsed_ns);
             let exposure_ns = tracked
                 .images
                 .iter()
                 .filter_map(|key| attached.get(key))
                 .copied()
                 .max()
-                .unwrap_or(elapsed_ns);
+                .unwrap_or(elapsed_ns)
+                .min(lived_ns);
             tracing::trace!(
                 "pid {pid}: {} hits in {} us, probed {} us",
                 total.all.saturating_sub(before.all),

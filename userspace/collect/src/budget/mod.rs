@@ -19,6 +19,7 @@
 
 mod calibration;
 pub(crate) mod controller;
+mod early;
 pub mod pace;
 pub mod windows;
 

@@ -175,6 +175,7 @@ impl Collector {
         if self.processes.ignored.contains(&pid) {
             return;
         }
+
         // One read of the maps serves the identity (the executable's build id) and
         // the images to attach.
         let maps = procfs::read_maps(pid);
@@ -266,6 +267,13 @@ impl Collector {
                     // After stop (no sampler) only processes already known count.
                     if !self.processes.tracked.contains_key(&pid) && self.sampler.is_some() {
                         self.observe(pid);
+                        // A new program's first look (~130 ms for cc1) and its first
+                        // stack (its unwind tables, ~150 ms) hold up this loop while
+                        // it may trap on every call: an early check due meanwhile
+                        // comes between them.
+                        if self.window_due() {
+                            self.windows_tick();
+                        }
                     }
                     match self.processes.tracked.get(&pid) {
                         Some(tracked) if tracked.admitted => {}
@@ -296,6 +304,10 @@ impl Collector {
                         log.write(&sample);
                     }
                     let frames = self.stacks.resolve(&sample);
+                    if self.window_due() {
+                        self.windows_tick();
+                    }
+                    // Not forgotten meanwhile: only a cut forgets processes.
                     let tracked = self.processes.tracked.get_mut(&pid).expect("checked above");
                     tracked.aggregate.add(StackKey { pid, frames }, &allocation);
                     self.stats.samples += 1;
@@ -324,6 +336,17 @@ impl Collector {
                     if host && self.sampler.is_some() && !self.exec_queue.push(pid, Instant::now())
                     {
                         self.stats.exec_queue_overflows += 1;
+                    }
+                    // A new program on a fully probed image traps on every call until
+                    // a check sees its cost: have one soon.
+                    if let Some(budget) = self.budget.as_mut().filter(|_| host) {
+                        budget.exec_seen(pid);
+                        let early = budget.early_check_ns();
+                        tracing::trace!("pid {pid} exec'd: early budget check at {early:?}");
+                        self.next_window_change_ns = match (self.next_window_change_ns, early) {
+                            (Some(next), Some(early)) => Some(next.min(early)),
+                            (next, early) => next.or(early),
+                        };
                     }
                 }
                 Event::Exit { pid } => {
@@ -371,8 +394,9 @@ impl Collector {
         sampler.flush_logs();
     }
 
-    /// Under an overhead budget: when observation windows next open or close (call
-    /// [`Collector::windows_tick`] then). `None`: no budget.
+    /// Under an overhead budget: when observation windows next open or close, or a
+    /// new program's early budget check is due (call [`Collector::windows_tick`]
+    /// then). `None`: no budget.
     pub fn next_window_change(&self) -> Option<Instant> {
         let at_ns = self.next_window_change_ns?;
         let wait = at_ns.saturating_sub(monotonic_now_ns());
@@ -385,8 +409,24 @@ impl Collector {
             .is_some_and(|at| at <= monotonic_now_ns())
     }
 
-    /// Moves probes in and out as observation windows open and close.
+    /// Moves probes in and out as observation windows open and close, after the
+    /// early budget check of new programs if one is due (their first look first, so
+    /// that their images are known).
     pub fn windows_tick(&mut self) {
+        let early_due = self
+            .budget
+            .as_ref()
+            .and_then(|budget| budget.early_check_ns())
+            .is_some_and(|due| due <= monotonic_now_ns());
+        if early_due && self.sampler.is_some() {
+            tracing::trace!("early budget check");
+            for pid in self.exec_queue.due(Instant::now()) {
+                self.observe(pid);
+            }
+            if let (Some(budget), Some(sampler)) = (self.budget.as_mut(), self.sampler.as_mut()) {
+                budget.check(sampler, &mut self.processes, &self.images, &mut self.stats);
+            }
+        }
         let (Some(budget), Some(sampler)) = (self.budget.as_mut(), self.sampler.as_mut()) else {
             return;
         };
@@ -398,7 +438,9 @@ impl Collector {
         );
         // Without any image nothing changes; look again in a period.
         let period = budget.options.period.as_nanos() as u64;
-        self.next_window_change_ns = Some(next.min(monotonic_now_ns() + period));
+        // An early check still to come (due, or waiting for its spacing) comes here.
+        let early = budget.early_check_ns().unwrap_or(u64::MAX);
+        self.next_window_change_ns = Some(next.min(monotonic_now_ns() + period).min(early));
     }
 
     /// The overhead budget's figures per image (duty, probed fraction, overhead) and
