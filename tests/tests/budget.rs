@@ -147,16 +147,15 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
     agent.terminate(Duration::from_secs(60)).unwrap();
     bare.extend((0..3).map(|_| compile()));
 
-    let walls = CompileTimes::walls;
-    let system = CompileTimes::systems_per_user;
-    let ratio = median(&walls(&profiled)) / median(&walls(&bare));
-    let extra_system = median(&system(&profiled)) - median(&system(&bare));
+    let (bare_walls, profiled_walls) = (CompileTimes::walls(&bare), CompileTimes::walls(&profiled));
+    let (bare_system, profiled_system) = (
+        CompileTimes::systems_per_user(&bare),
+        CompileTimes::systems_per_user(&profiled),
+    );
+    let ratio = median(&profiled_walls) / median(&bare_walls);
+    let extra_system = median(&profiled_system) - median(&bare_system);
     eprintln!(
-        "bare {:.2?} s, under the agent {:.2?} s: median ratio {ratio:.3}; system s per user s: bare {:.3?}, under the agent {:.3?}: median +{extra_system:.3}; windows opened {:?}, blind {:?}",
-        walls(&bare),
-        walls(&profiled),
-        system(&bare),
-        system(&profiled),
+        "bare {bare_walls:.2?} s, under the agent {profiled_walls:.2?} s: median ratio {ratio:.3}; system s per user s: bare {bare_system:.3?}, under the agent {profiled_system:.3?}: median +{extra_system:.3}; windows opened {:?}, blind {:?}",
         metric(&metrics, "allocbpf_window_attaches_total"),
         metric(&metrics, "allocbpf_window_blind_spots_total"),
     );

@@ -6,8 +6,8 @@
 //! compile's time, the ratios to the bare median, the compiles' system time per user
 //! second (the probes' cost, steadier than wall time on a noisy VM), how many of the
 //! compiles' cc1 processes have a profile in the store with samples and the fraction of
-//! time they were observed, the redis throughput ratio and redis-server's observed fraction, and
-//! the agent's window counters.
+//! time they were observed, the redis throughput ratio and redis-server's observed
+//! fraction, and the agent's window counters.
 
 use std::{
     path::Path,
@@ -147,10 +147,11 @@ fn main() -> Result<()> {
     let (cc1s, cc1_samples, cc1_observed) = observed(&store, "cc1");
     let (_, _, redis_observed) = observed(&store, "redis_server");
 
-    let walls = CompileTimes::walls;
-    let system = CompileTimes::systems_per_user;
-    let (bare_system, profiled_system) = (system(&bare), system(&profiled));
-    let (bare, profiled) = (walls(&bare), walls(&profiled));
+    let (bare_system, profiled_system) = (
+        CompileTimes::systems_per_user(&bare),
+        CompileTimes::systems_per_user(&profiled),
+    );
+    let (bare, profiled) = (CompileTimes::walls(&bare), CompileTimes::walls(&profiled));
     let base = median(&bare);
     let which = match cpu_percent {
         Some(percent) => format!("agent with a {percent}% per-process budget"),

@@ -202,11 +202,11 @@ impl BudgetController {
                 self.schedule.period_of(now_ns),
             );
             // A process new since the last check is measured from its first hit,
-            // over the whole check: its cost is underestimated at worst, and a heavy
-            // one is caught at its first check.
+            // over the whole check, or since its exec if that came in the check at
+            // least 25 ms ago (`early.rs`): its cost is underestimated at worst, and a
+            // heavy one is caught at its first check.
             let before = self.last_hits.get(&pid).copied().unwrap_or_default();
             let spent = self.cost.seconds(&before, &total);
-            // A program exec'd within this check trapped only since its exec.
             let lived_ns = self.early.lived_ns(pid, now_ns, elapsed_ns);
             let exposure_ns = tracked
                 .images

@@ -175,7 +175,6 @@ impl Collector {
         if self.processes.ignored.contains(&pid) {
             return;
         }
-
         // One read of the maps serves the identity (the executable's build id) and
         // the images to attach.
         let maps = procfs::read_maps(pid);
@@ -197,6 +196,14 @@ impl Collector {
         }
         if admitted && matches!(self.scope, Scope::Host { .. }) {
             self.attach_images_of(pid, &maps);
+        }
+    }
+
+    /// Looks at the processes that exec'd long enough before `now` for their loader
+    /// to have mapped their libraries.
+    fn observe_execs_due(&mut self, now: Instant) {
+        for pid in self.exec_queue.due(now) {
+            self.observe(pid);
         }
     }
 
@@ -270,7 +277,8 @@ impl Collector {
                         // A new program's first look (~130 ms for cc1) and its first
                         // stack (its unwind tables, ~150 ms) hold up this loop while
                         // it may trap on every call: an early check due meanwhile
-                        // comes between them.
+                        // comes between them (after the stack, the window check at
+                        // the loop's head catches it).
                         if self.window_due() {
                             self.windows_tick();
                         }
@@ -304,10 +312,6 @@ impl Collector {
                         log.write(&sample);
                     }
                     let frames = self.stacks.resolve(&sample);
-                    if self.window_due() {
-                        self.windows_tick();
-                    }
-                    // Not forgotten meanwhile: only a cut forgets processes.
                     let tracked = self.processes.tracked.get_mut(&pid).expect("checked above");
                     tracked.aggregate.add(StackKey { pid, frames }, &allocation);
                     self.stats.samples += 1;
@@ -342,11 +346,8 @@ impl Collector {
                     if let Some(budget) = self.budget.as_mut().filter(|_| host) {
                         budget.exec_seen(pid);
                         let early = budget.early_check_ns();
-                        tracing::trace!("pid {pid} exec'd: early budget check at {early:?}");
-                        self.next_window_change_ns = match (self.next_window_change_ns, early) {
-                            (Some(next), Some(early)) => Some(next.min(early)),
-                            (next, early) => next.or(early),
-                        };
+                        self.next_window_change_ns =
+                            self.next_window_change_ns.into_iter().chain(early).min();
                     }
                 }
                 Event::Exit { pid } => {
@@ -361,9 +362,7 @@ impl Collector {
     /// the interval table, the budget, exited threads, kernel logs.
     pub fn housekeeping(&mut self) {
         let now = Instant::now();
-        for pid in self.exec_queue.due(now) {
-            self.observe(pid);
-        }
+        self.observe_execs_due(now);
         let host = matches!(self.scope, Scope::Host { .. });
         if host && now.duration_since(self.last_scan) >= RESCAN_INTERVAL {
             self.scan_all();
@@ -419,10 +418,7 @@ impl Collector {
             .and_then(|budget| budget.early_check_ns())
             .is_some_and(|due| due <= monotonic_now_ns());
         if early_due && self.sampler.is_some() {
-            tracing::trace!("early budget check");
-            for pid in self.exec_queue.due(Instant::now()) {
-                self.observe(pid);
-            }
+            self.observe_execs_due(Instant::now());
             if let (Some(budget), Some(sampler)) = (self.budget.as_mut(), self.sampler.as_mut()) {
                 budget.check(sampler, &mut self.processes, &self.images, &mut self.stats);
             }
