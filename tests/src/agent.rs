@@ -245,6 +245,9 @@ pub struct Receiver {
     pub received: Arc<Mutex<Vec<Received>>>,
     stop: Arc<Mutex<bool>>,
     status: Arc<std::sync::atomic::AtomicU16>,
+    /// (part of the `name` parameter, status): requests whose name contains the part
+    /// are answered with the status instead.
+    rules: Arc<Mutex<Vec<(String, u16)>>>,
     port: u16,
 }
 
@@ -257,17 +260,37 @@ impl Receiver {
         let received = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(Mutex::new(false));
         let status = Arc::new(std::sync::atomic::AtomicU16::new(200));
+        let rules: Arc<Mutex<Vec<(String, u16)>>> = Arc::default();
         {
             let received = received.clone();
             let stop = stop.clone();
             let status = status.clone();
+            let rules = rules.clone();
             thread::spawn(move || loop {
                 if *stop.lock().unwrap() {
                     return;
                 }
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let code = status.load(std::sync::atomic::Ordering::Relaxed);
+                        let code = |target: &str| {
+                            let name = Received {
+                                target: target.to_string(),
+                                headers: Vec::new(),
+                                body: Vec::new(),
+                                status: 0,
+                            }
+                            .query("name")
+                            .unwrap_or_default();
+                            rules
+                                .lock()
+                                .unwrap()
+                                .iter()
+                                .find(|(part, _)| name.contains(part.as_str()))
+                                .map_or_else(
+                                    || status.load(std::sync::atomic::Ordering::Relaxed),
+                                    |(_, code)| *code,
+                                )
+                        };
                         if let Ok(request) = read_request(stream, code) {
                             received.lock().unwrap().push(request);
                         }
@@ -280,6 +303,7 @@ impl Receiver {
             received,
             stop,
             status,
+            rules,
             port,
         })
     }
@@ -288,6 +312,12 @@ impl Receiver {
     pub fn answer(&self, code: u16) {
         self.status
             .store(code, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Answers the requests whose `name` parameter (the series, `app{k=v,...}`)
+    /// contains `part` with `code` from now on, whatever [`Receiver::answer`] says.
+    pub fn answer_when(&self, part: &str, code: u16) {
+        self.rules.lock().unwrap().push((part.to_string(), code));
     }
 
     /// The port.
@@ -303,7 +333,7 @@ impl Drop for Receiver {
     }
 }
 
-fn read_request(mut stream: TcpStream, status: u16) -> Result<Received> {
+fn read_request(mut stream: TcpStream, status_for: impl Fn(&str) -> u16) -> Result<Received> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut data = Vec::new();
@@ -332,6 +362,7 @@ fn read_request(mut stream: TcpStream, status: u16) -> Result<Received> {
         .find(|(k, _)| k == "content-length")
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0);
+    let status = status_for(&target);
     let mut body = data[header_end + 4..].to_vec();
     while body.len() < length {
         let n = stream.read(&mut buf)?;

@@ -417,3 +417,159 @@ fn a_private_ca_bundle_is_trusted_for_the_push_and_nothing_else_is() {
         "the server saw no ingest"
     );
 }
+
+/// SIGHUP restarts the push while 1 s cuts keep coming: every stored profile reaches
+/// the receiver exactly once. Each reload used to open a second spool on the directory
+/// the writer still wrote through the first, numbering records alike: records were
+/// overwritten (lost) or found gone (counted as rejected).
+#[test]
+fn sighup_during_one_second_cuts_delivers_every_profile_exactly_once() {
+    let (_one, scratch, store) = one_agent_test("agent-sighup-once");
+    let receiver = Receiver::start(0).unwrap();
+    let config = write_config(
+        &scratch,
+        &format!(
+            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19469\"\n[push]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
+            receiver.port()
+        ),
+    );
+    let mut agent = start_filtered(&config, &store, "1s", &["--rate", "64KiB"], &[]);
+    let mut work = Workload::start(&agent_workload(), &["10"]).unwrap();
+    let mut reloads = 0;
+    let reloading_until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < reloading_until {
+        let verdict = agent.reload(Duration::from_secs(10)).unwrap();
+        assert!(verdict.contains("config reloaded"), "{verdict}");
+        reloads += 1;
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    work.wait(Duration::from_secs(30)).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let metrics = scrape_within("127.0.0.1:19469", Duration::from_secs(5)).unwrap();
+    let log = agent.terminate(Duration::from_secs(60)).unwrap();
+    let stored: Vec<Vec<u8>> = allocbpf_e2e::agent::stored_profiles(&store)
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let received: Vec<Vec<u8>> = receiver
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.profile_part().expect("multipart profile part"))
+        .collect();
+    assert!(
+        stored.len() >= 8,
+        "{} profiles stored in 10 s of 1 s cuts",
+        stored.len()
+    );
+    for (i, body) in stored.iter().enumerate() {
+        let times = received.iter().filter(|r| *r == body).count();
+        assert_eq!(
+            times,
+            1,
+            "stored profile {i} of {} received {times} times ({} received, {reloads} reloads); log: {log}",
+            stored.len(),
+            received.len()
+        );
+    }
+    assert_eq!(
+        received.len(),
+        stored.len(),
+        "received a profile never stored"
+    );
+    for name in [
+        "allocbpf_push_rejected_total",
+        "allocbpf_push_dropped_total",
+    ] {
+        assert_eq!(
+            metric(&metrics, name).unwrap_or(0.0),
+            0.0,
+            "{name}: {metrics}"
+        );
+    }
+    let left = std::fs::read_dir(store.join("spool")).unwrap().count();
+    assert_eq!(left, 0, "spool not drained");
+}
+
+/// A receiver that answers 500 for one series (one process's profiles) only: the other
+/// process's profiles are delivered as they come, the failing ones wait in the spool
+/// behind them (retried on their own back-off), nothing is dropped as never
+/// deliverable. Before, the first 500 held every profile behind it.
+#[test]
+fn a_receiver_failing_one_series_does_not_hold_back_the_others() {
+    let (_one, scratch, store) = one_agent_test("agent-one-series");
+    let receiver = Receiver::start(0).unwrap();
+    let binary = agent_workload();
+    let config = write_config(
+        &scratch,
+        &format!(
+            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19470\"\n[push]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
+            receiver.port()
+        ),
+    );
+    let agent = start_filtered(&config, &store, "1s", &["--rate", "64KiB"], &[]);
+    let mut failing = Workload::start(&binary, &["12"]).unwrap();
+    receiver.answer_when(&format!("pid={},", failing.pid), 500);
+    let mut good = Workload::start(&binary, &["12"]).unwrap();
+    failing.wait(Duration::from_secs(30)).unwrap();
+    good.wait(Duration::from_secs(30)).unwrap();
+    // A profile behind a failing one waits a back-off pause of a few seconds at most.
+    std::thread::sleep(Duration::from_secs(8));
+    let metrics = scrape_within("127.0.0.1:19470", Duration::from_secs(5)).unwrap();
+    let received = receiver.received.lock().unwrap().clone();
+    let stored_of = |pid: u32| -> Vec<Vec<u8>> {
+        allocbpf_e2e::agent::stored_profiles(&store)
+            .iter()
+            .filter(|p| allocbpf_e2e::agent::parse_stored_name(p).2 == pid)
+            .map(|p| std::fs::read(p).unwrap())
+            .collect()
+    };
+    let good_stored = stored_of(good.pid);
+    assert!(good_stored.len() >= 8, "{} profiles", good_stored.len());
+    let delivered: Vec<Vec<u8>> = received
+        .iter()
+        .filter(|r| r.status == 200)
+        .filter_map(|r| r.profile_part())
+        .collect();
+    let missing = good_stored
+        .iter()
+        .filter(|body| !delivered.contains(body))
+        .count();
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of the other series' {} profiles held back ({} requests, {} answered 500)",
+        good_stored.len(),
+        received.len(),
+        received.iter().filter(|r| r.status == 500).count()
+    );
+    // The failing series was tried, and retried.
+    let failing_stored = stored_of(failing.pid);
+    let failed: Vec<Vec<u8>> = received
+        .iter()
+        .filter(|r| r.status == 500)
+        .filter_map(|r| r.profile_part())
+        .collect();
+    assert!(
+        failing_stored
+            .iter()
+            .any(|body| failed.iter().filter(|f| *f == body).count() >= 2),
+        "no failing profile retried ({} failures)",
+        failed.len()
+    );
+    assert!(metric(&metrics, "allocbpf_export_errors_total").unwrap_or(0.0) >= 2.0);
+    assert_eq!(
+        metric(&metrics, "allocbpf_push_rejected_total").unwrap_or(0.0),
+        0.0,
+        "a 500 is not a rejection: {metrics}"
+    );
+    let log = agent.terminate(Duration::from_secs(60)).unwrap();
+    // What was not delivered is still spooled (or counted as abandoned), not lost.
+    let spooled = std::fs::read_dir(store.join("spool")).unwrap().count() as f64;
+    let abandoned = metric(&metrics, "allocbpf_push_abandoned_total").unwrap_or(0.0);
+    assert!(
+        spooled + abandoned >= 1.0,
+        "the failing series vanished: {log}"
+    );
+}

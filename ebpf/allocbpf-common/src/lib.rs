@@ -224,7 +224,69 @@ pub enum EventKind {
     Exec = 4,
     /// A [`ProcessEvent`]: a process's main thread exited (system-wide mode).
     Exit = 5,
+    /// A [`LostSample`] (in the `LOST` ring): a sample the full `EVENTS` ring could
+    /// not take, kept without its stack so that its weight still counts.
+    Lost = 6,
 }
+
+/// A sample the `EVENTS` ring buffer had no room for, as written to the small `LOST`
+/// ring: what the estimator needs (size, offset, rate, epoch, time), without a stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LostSample {
+    /// [`EventKind::Lost`].
+    pub kind: u32,
+    /// The epoch the call was counted in (low 32 bits; [`EpochCounts`]).
+    pub epoch: u32,
+    /// As [`SampleEvent::sample_id`].
+    pub sample_id: u64,
+    /// `bpf_ktime_get_ns()` at the probe (CLOCK_MONOTONIC).
+    pub timestamp_ns: u64,
+    /// Requested size in bytes.
+    pub size: u64,
+    /// As [`SampleEvent::offset`].
+    pub offset: u64,
+    /// Mean sampling interval in bytes that was in force.
+    pub rate: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Which [`AllocFn`] was called.
+    pub alloc_fn: u32,
+    /// `SAMPLE_FLAG_*` bits.
+    pub flags: u32,
+}
+
+/// Size of the `LOST` ring buffer: records of [`LostSample`] (64 bytes, 72 with the
+/// kernel's header), so ~3,600 lost samples in flight between two reads.
+pub const LOST_RING_BYTES: u32 = 256 << 10;
+
+/// Highest ring-pressure level: the sampling interval is at most `RATE << 10`.
+pub const MAX_PRESSURE_LEVEL: u32 = 10;
+
+/// The mean sampling interval at pressure `level`: `rate << level`.
+#[inline(always)]
+pub const fn pressure_rate(rate: u64, level: u32) -> u64 {
+    rate << (level & 15)
+}
+
+/// The pressure level rises when more than `1/PRESSURE_RAISE_FRACTION` of the
+/// `EVENTS` ring waits for the reader at a sample...
+pub const PRESSURE_RAISE_FRACTION: u64 = 4;
+/// ...and falls when less than `1/PRESSURE_LOWER_FRACTION` does.
+pub const PRESSURE_LOWER_FRACTION: u64 = 32;
+/// At most one rise per this many nanoseconds: a burst that fills the ring in a few
+/// milliseconds is met within them, and one reading does not jump several levels.
+pub const PRESSURE_RAISE_SPACING_NS: u64 = 200_000;
+/// At most one fall per this many nanoseconds: the level comes down gently once the
+/// reader has caught up, rather than oscillating with each drained read.
+pub const PRESSURE_LOWER_SPACING_NS: u64 = 20_000_000;
+/// Name of the two-entry `PRESSURE` array map (u64): the level in force, and when it
+/// last changed (`bpf_ktime_get_ns`).
+pub const PRESSURE_MAP: &str = "PRESSURE";
+/// Name of the `LOST` ring buffer map.
+pub const LOST_MAP: &str = "LOST";
 
 /// A process starting a new program or ending, as written to the ring buffer.
 #[repr(C)]
@@ -400,8 +462,10 @@ pub struct ThreadState {
     /// Non-zero once the thread has exited: the entry is frozen until userspace has
     /// collected its counts and freed it (`tid` 0, or deleted from `THREADS`).
     pub exited: u32,
-    /// Reserved; keeps the layout free of implicit padding.
-    pub reserved: u32,
+    /// The pressure level `remaining` was drawn at: its mean is `RATE << level`
+    /// ([`pressure_rate`]). A countdown drawn at another level than the one in force
+    /// is drawn again before the next allocation.
+    pub level: u32,
 }
 
 /// Exact calls and bytes counted in one epoch.
@@ -485,10 +549,16 @@ pub enum Counter {
     LiveFrees = 7,
     /// Returns of tracked calls (session or uretprobe) that were handled.
     LiveReturns = 8,
+    /// Samples that neither ring buffer could take: lost without a trace of their
+    /// weight (the report says what they may exclude).
+    LostUnrecorded = 9,
+    /// Times the ring-pressure level rose: the reader fell behind and every sampling
+    /// interval was doubled until it caught up.
+    PressureRaises = 10,
 }
 
 /// Number of [`Counter`] slots.
-pub const COUNTER_COUNT: u32 = 9;
+pub const COUNTER_COUNT: u32 = 11;
 
 /// Length of the `COUNTERS` array: one set of [`Counter`]s per epoch parity, at
 /// `(epoch & 1) * COUNTER_COUNT + counter`, so an interval's sample counter covers
@@ -500,6 +570,9 @@ pub const TARGET_PID_GLOBAL: &str = "TARGET_PID";
 /// Name of the global that makes a single-process sampler count probe hits in
 /// `PROCESS_GATES` too (an overhead budget on one process; nonzero: count).
 pub const COUNT_HITS_GLOBAL: &str = "COUNT_HITS";
+/// `.rodata` global: allocbpf's own tgid, never sampled (system-wide mode). A constant
+/// rather than a gate entry: the gates live in an LRU map that may evict any entry.
+pub const SELF_TGID_GLOBAL: &str = "SELF_TGID";
 /// `.rodata` global: the mean sampling interval in bytes.
 pub const RATE_GLOBAL: &str = "RATE";
 /// `.rodata` global: allocations of at least this many bytes are always recorded.

@@ -4,7 +4,8 @@
 use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
-    sampler::Decision, Counter, EventKind, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
+    pressure_rate, sampler::Decision, Counter, EventKind, SampleEvent, MAX_STACK_DEPTH,
+    SAMPLE_FLAG_CERTAIN,
 };
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
@@ -14,12 +15,16 @@ use aya_ebpf::{
 };
 
 use crate::{
-    bump, bump_in, return_address, stack_copy, wakeup::wakeup_flags, EVENTS, RATE, STACK_COPY_BYTES,
+    bump, bump_in, lost, pressure, return_address, stack_copy, wakeup::wakeup_flags, EVENTS, RATE,
+    STACK_COPY_BYTES,
 };
 
 /// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
-/// was no sample or it was lost (a lost sample is not tracked either).
+/// was no sample or it was lost (a lost sample is not tracked either, but its weight is
+/// kept in the `LOST` ring when that has room). `level`: the pressure level the
+/// countdown ran at, which sets the mean interval the sample carries.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn emit(
     ctx: &ProbeContext,
     kind: u32,
@@ -28,6 +33,7 @@ pub(crate) fn emit(
     decision: Decision,
     sp: u64,
     epoch: u64,
+    level: u32,
 ) -> u64 {
     let (offset, next_interval, flags) = match decision {
         Decision::Skip => return 0,
@@ -54,6 +60,8 @@ pub(crate) fn emit(
         kind,
         flags,
         epoch,
+        // SAFETY: reading a `.rodata` global the loader set.
+        rate: pressure_rate(unsafe { read_volatile(&RATE) }, level),
     };
     // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
     let sent = match unsafe { read_volatile(&STACK_COPY_BYTES) } {
@@ -66,8 +74,12 @@ pub(crate) fn emit(
     // What recording it cost (the budget's price of this process's hits).
     let done_ns = unsafe { bpf_ktime_get_ns() };
     crate::process::add_sample_time((pid_tgid >> 32) as u32, done_ns.wrapping_sub(timestamp_ns));
+    pressure::observe_ring(done_ns);
     if !sent {
         bump_in(epoch, Counter::RingBufferDrops);
+        if !lost::record(&header) {
+            bump_in(epoch, Counter::LostUnrecorded);
+        }
         return 0;
     }
     sample_id
@@ -77,14 +89,16 @@ pub(crate) fn emit(
 pub(crate) struct Header {
     pub(crate) sample_id: u64,
     pub(crate) timestamp_ns: u64,
-    size: u64,
-    offset: u64,
+    pub(crate) size: u64,
+    pub(crate) offset: u64,
     next_interval: u64,
     caller: u64,
-    pid_tgid: u64,
-    kind: u32,
-    flags: u32,
-    epoch: u64,
+    pub(crate) pid_tgid: u64,
+    pub(crate) kind: u32,
+    pub(crate) flags: u32,
+    pub(crate) epoch: u64,
+    /// Mean sampling interval of the countdown the sample ended.
+    pub(crate) rate: u64,
 }
 
 /// Writes `header` into a reserved event (stack fields zeroed).
@@ -100,7 +114,7 @@ pub(crate) unsafe fn write_header(event: *mut SampleEvent, h: &Header) {
         addr_of_mut!((*event).timestamp_ns).write(h.timestamp_ns);
         addr_of_mut!((*event).size).write(h.size);
         addr_of_mut!((*event).offset).write(h.offset);
-        addr_of_mut!((*event).rate).write(read_volatile(&RATE));
+        addr_of_mut!((*event).rate).write(h.rate);
         addr_of_mut!((*event).next_interval).write(h.next_interval);
         addr_of_mut!((*event).caller).write(h.caller);
         addr_of_mut!((*event).pid).write((h.pid_tgid >> 32) as u32);

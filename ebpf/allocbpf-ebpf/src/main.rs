@@ -27,6 +27,8 @@
 
 mod emit;
 mod live;
+mod lost;
+mod pressure;
 mod process;
 mod stack_copy;
 mod wakeup;
@@ -43,10 +45,7 @@ use allocbpf_common::{
 use aya_ebpf::EbpfContext;
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_probe_read_user,
-        generated::bpf_get_attach_cookie,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
@@ -56,6 +55,10 @@ use aya_log_ebpf::warn;
 /// Only this tgid is profiled; 0 means every process. Set by the loader.
 #[no_mangle]
 static TARGET_PID: u32 = 0;
+
+/// allocbpf's own tgid: never sampled system-wide (set by the loader).
+#[no_mangle]
+static SELF_TGID: u32 = 0;
 
 /// Nonzero: count probe hits per process even with a target pid (its overhead budget).
 #[no_mangle]
@@ -122,9 +125,10 @@ static INTERVALS: Array<u64> = Array::with_max_entries(INTERVAL_TABLE_LEN, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
-/// Fallback countdown for threads that found `THREADS` full.
+/// Fallback countdown for threads that found `THREADS` full: `[0]` the bytes left,
+/// `[1]` the pressure level it was drawn at.
 #[map]
-static CPU_COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static CPU_COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 
 /// Sampled allocations.
 #[map]
@@ -180,23 +184,13 @@ pub(crate) fn bump_in(epoch: u64, counter: Counter) {
     }
 }
 
-/// Draws the next interval: a uniformly random entry of the exponential table.
+/// Runs the countdown for one allocation at pressure `level` (the countdown already
+/// follows it: [`pressure::follow`]).
 #[inline(always)]
-fn next_interval() -> u64 {
-    // SAFETY: a plain helper call without arguments.
-    let index = unsafe { bpf_get_prandom_u32() } & (INTERVAL_TABLE_LEN - 1);
-    match INTERVALS.get(index) {
-        Some(interval) => *interval,
-        // Unreachable (the index is masked); the mean keeps the sampler alive.
-        None => unsafe { read_volatile(&RATE) },
-    }
-}
-
-#[inline(always)]
-fn decide(remaining: &mut u64, size: u64) -> Decision {
+fn decide(remaining: &mut u64, size: u64, level: u32) -> Decision {
     // SAFETY: reading a `.rodata` global the loader set.
     let threshold = unsafe { read_volatile(&CERTAIN_THRESHOLD) };
-    sampler::decide(remaining, size, threshold, next_interval)
+    sampler::decide(remaining, size, threshold, || pressure::interval_at(level))
 }
 
 /// The entry's own view of the call, reconstructed at the probed instruction.
@@ -398,9 +392,10 @@ fn slot_of(tid: u32) -> Option<&'static mut ThreadState> {
 /// This thread's state: its slot, claimed if free, else its overflow-map entry, created
 /// if needed. `None` only when the slot is taken and the overflow map is full.
 #[inline(always)]
-fn thread_state(pid: u32, tid: u32) -> Option<&'static mut ThreadState> {
+fn thread_state(pid: u32, tid: u32, level: u32) -> Option<&'static mut ThreadState> {
     let fresh = || ThreadState {
-        remaining: next_interval(),
+        remaining: pressure::interval_at(level),
+        level,
         pid,
         tid,
         ..ThreadState::default()
@@ -478,8 +473,9 @@ fn on_alloc(
     // Read once: the call, its sample and the sample counter share one epoch.
     let epoch = current_epoch();
     let live = unsafe { read_volatile(&LIVE_MODE) } != LiveMode::Off as u32;
+    let level = pressure::level();
 
-    let Some(state) = thread_state(pid, tid) else {
+    let Some(state) = thread_state(pid, tid, level) else {
         // Slot taken and overflow map full. Totals stay exact through the process map,
         // and a per-CPU countdown keeps sampling unbiased (each allocation is still
         // sampled with probability 1 - exp(-size/rate), by memorylessness). Forwarded
@@ -488,10 +484,16 @@ fn on_alloc(
         if !add_process_totals(pid, epoch, size) {
             warn!(ctx, "allocbpf: process totals map full, pid {}", pid);
         }
-        if let Some(remaining) = CPU_COUNTDOWN.get_ptr_mut(0) {
-            // SAFETY: per-CPU slot.
-            let decision = decide(unsafe { &mut *remaining }, size);
-            emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch);
+        if let (Some(remaining), Some(drawn)) =
+            (CPU_COUNTDOWN.get_ptr_mut(0), CPU_COUNTDOWN.get_ptr_mut(1))
+        {
+            // SAFETY: per-CPU slots; programs do not migrate while running.
+            let (remaining, drawn) = unsafe { (&mut *remaining, &mut *drawn) };
+            let mut drawn_level = *drawn as u32;
+            pressure::follow(remaining, &mut drawn_level, level);
+            *drawn = drawn_level as u64;
+            let decision = decide(remaining, size, level);
+            emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, level);
         }
         return skip_return();
     };
@@ -521,8 +523,9 @@ fn on_alloc(
         remember_wrapper(state, cookie, &entry, args.old);
     }
     EpochCounts::add(&mut state.counts, epoch, 1, size);
-    let decision = decide(&mut state.remaining, size);
-    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch);
+    pressure::follow(&mut state.remaining, &mut state.level, level);
+    let decision = decide(&mut state.remaining, size, level);
+    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, level);
     if !live {
         return skip_return();
     }

@@ -17,11 +17,12 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 
-use crate::{wakeup::wakeup_flags, COUNT_HITS, EVENTS, TARGET_PID};
+use crate::{wakeup::wakeup_flags, COUNT_HITS, EVENTS, SELF_TGID, TARGET_PID};
 
 /// Probe hits and sampling state per process (system-wide mode). LRU: on a host with
 /// more processes than entries, the least recently allocating lose their counts (and a
-/// closed gate, which userspace closes again at the next sample it drops).
+/// closed gate, which userspace closes again at the next sample it drops; allocbpf's
+/// own exclusion does not depend on it: `SELF_TGID`).
 #[map]
 static PROCESS_GATES: LruPerCpuHashMap<u32, ProcessGate> =
     LruPerCpuHashMap::with_max_entries(MAX_GATED_PROCESSES, 0);
@@ -59,11 +60,14 @@ pub(crate) fn admit(pid: u32, stepped: bool) -> bool {
         return true;
     };
     // SAFETY: this CPU's copy of a live map value; programs do not migrate while running.
-    unsafe {
+    let open = unsafe {
         (*gate).hits += 1;
         (*gate).stepped_hits += stepped as u64;
         !wide || (*gate).state == GateState::Open as u32
-    }
+    };
+    // allocbpf itself, whatever the LRU map did to its gate.
+    // SAFETY: reading a `.rodata` global the loader set.
+    open && !(wide && pid == unsafe { read_volatile(&SELF_TGID) })
 }
 
 /// Adds `ns` spent recording a sample to `pid`'s gate, where hits are counted (the

@@ -8,9 +8,9 @@
 //! encoding, store and spool writes run on the [`writer`] thread, and pushing on its
 //! own thread.
 //!
-//! Signals: SIGTERM (and Ctrl-C) cut the current, partial interval, store it, try to
-//! deliver the spool for up to the push timeout, and exit; SIGHUP reloads the config
-//! file. docs/operations.md is the operator's guide.
+//! Signals: SIGTERM (and Ctrl-C) cut the current, partial interval, store it, deliver
+//! what can be delivered of the spool now, and exit within [`STOP_DEADLINE`]; SIGHUP
+//! reloads the config file. docs/operations.md is the operator's guide.
 //!
 //! The agent sits above the collection engine ([`allocbpf_collect`]) and the exporters
 //! ([`allocbpf_export`]). What the binary calls has typed errors
@@ -32,7 +32,7 @@ mod writer;
 use std::{
     path::PathBuf,
     sync::{atomic::Ordering, Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
@@ -42,6 +42,7 @@ use self::{
     config::{AgentConfig, AgentOverrides},
     metrics::Metrics,
     push::{PushStats, Pusher},
+    spool::Spool,
     store::ProfileStore,
     watchdog::Notifier,
     writer::Writer,
@@ -58,6 +59,11 @@ use allocbpf_probe::sampler::LiveMechanism;
 
 /// How often metrics are refreshed from the kernel and the collector.
 const METRICS_REFRESH: Duration = Duration::from_secs(1);
+
+/// From SIGTERM to exit at most: stopping the collector, writing what is queued and
+/// delivering the spool share it (the push starts no request later than this minus
+/// its timeout). The unit's `TimeoutStopSec=60` leaves 15 s to spare.
+pub const STOP_DEADLINE: Duration = Duration::from_secs(45);
 
 /// Runs the agent until SIGTERM, with the config file `config_file` (re-read at
 /// SIGHUP) under `overrides`.
@@ -117,6 +123,10 @@ struct Agent {
     source: ConfigSource,
     config: AgentConfig,
     push_stats: Arc<PushStats>,
+    /// The push spool, opened at the first push configured and kept for the agent's
+    /// life: every pusher a reload starts shares it (two spools on one directory
+    /// would number their records alike and overwrite each other's).
+    spool: Option<Arc<Spool>>,
     writer: Writer,
     metrics: Arc<Mutex<Metrics>>,
 }
@@ -124,16 +134,20 @@ struct Agent {
 impl Agent {
     fn new(source: ConfigSource, config: AgentConfig, store: ProfileStore) -> Result<Agent> {
         let push_stats = Arc::new(PushStats::default());
-        let pusher = config
-            .push
-            .clone()
-            .map(|push| Pusher::start(push, &config.store, push_stats.clone()))
-            .transpose()?;
+        let mut spool = None;
+        let pusher = match config.push.clone() {
+            Some(push) => {
+                let shared = open_spool(&mut spool, &config.store, push.spool_max_bytes)?;
+                Some(Pusher::start(push, shared, push_stats.clone())?)
+            }
+            None => None,
+        };
         let writer = Writer::start(store, pusher, hostname())?;
         Ok(Agent {
             source,
             config,
             push_stats,
+            spool,
             writer,
             metrics: Arc::new(Mutex::new(Metrics::new())),
         })
@@ -198,7 +212,8 @@ impl Agent {
                 _ = window_wait(window_at) => collector.windows_tick(),
                 _ = metrics_tick.tick() => self.update_metrics(&mut collector),
                 _ = cut.tick() => {
-                    self.writer.export(collector.cut());
+                    // Dropped (counted, logged) if the writer already holds too many.
+                    let _ = self.writer.export(collector.cut());
                 }
                 _ = sighup.recv() => {
                     if let Some(interval) = self.reload(&mut collector) {
@@ -220,20 +235,28 @@ impl Agent {
         metrics_task: Option<tokio::task::JoinHandle<()>>,
         read_error: Option<std::io::Error>,
     ) -> Result<()> {
+        let deadline = Instant::now() + STOP_DEADLINE;
         tracing::info!("stopping: flushing the current interval");
         if let Some(notifier) = &notifier {
             notifier.stopping();
         }
         let profiles = collector.stop();
         let flushed = profiles.len();
-        self.writer.export(profiles);
+        self.writer.export_last(profiles);
+        // A request started then ends by the deadline.
         let timeout = self
             .config
             .push
             .as_ref()
             .map_or(Duration::ZERO, |p| p.timeout);
+        let push_until = deadline.checked_sub(timeout).unwrap_or_else(Instant::now);
         let stats = self.writer.stats.clone();
-        self.writer.finish(timeout);
+        if !self.writer.finish(push_until, deadline) {
+            tracing::warn!(
+                "stopping: the profile writer had not finished {}s after SIGTERM; exiting without it",
+                STOP_DEADLINE.as_secs()
+            );
+        }
         if let Some(task) = metrics_task {
             task.abort();
         }
@@ -260,6 +283,10 @@ impl Agent {
         );
         metrics.total("store_errors", stats.store_errors.load(Ordering::Relaxed));
         metrics.total("store_deleted", stats.store_deleted.load(Ordering::Relaxed));
+        metrics.total(
+            "profiles_dropped",
+            stats.profiles_dropped.load(Ordering::Relaxed),
+        );
         metrics.gauge("store_bytes", stats.store_bytes.load(Ordering::Relaxed));
     }
 
@@ -282,11 +309,14 @@ impl Agent {
         };
         // Every fallible part before anything changes: a reload applies whole or not
         // at all. The push is restarted on every reload, so a changed credentials file
-        // is read again; its spool is the running store's (a store change waits for a
-        // restart).
+        // is read again; its spool is the agent's one spool, under the running store
+        // (a store change waits for a restart), its new bound applied by the writer.
         let push = match config.push.clone() {
             Some(push) => {
-                match Pusher::prepare(push, &self.config.store, self.push_stats.clone()) {
+                let prepared =
+                    open_spool(&mut self.spool, &self.config.store, push.spool_max_bytes)
+                        .and_then(|spool| Pusher::prepare(push, spool, self.push_stats.clone()));
+                match prepared {
                     Ok(prepared) => Some(prepared),
                     Err(error) => {
                         tracing::error!("SIGHUP: config not reloaded: push: {error:#}");
@@ -336,8 +366,50 @@ impl Agent {
     }
 }
 
+/// The agent's one push spool, `spool/` under the running `store`: opened the first
+/// time (bounded by `max_bytes`), shared after.
+fn open_spool(
+    spool: &mut Option<Arc<Spool>>,
+    store: &std::path::Path,
+    max_bytes: u64,
+) -> Result<Arc<Spool>> {
+    if let Some(spool) = spool {
+        return Ok(spool.clone());
+    }
+    let opened = Arc::new(Spool::open(&store.join("spool"), max_bytes)?);
+    *spool = Some(opened.clone());
+    Ok(opened)
+}
+
 fn new_cut_timer(interval: Duration) -> tokio::time::Interval {
     let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     timer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reload gets the spool the agent opened first: one numbering, one `.tmp`
+    /// clean-up, whatever the reloads.
+    #[test]
+    fn the_spool_is_opened_once() {
+        let store =
+            std::env::temp_dir().join(format!("allocbpf-agent-spool-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&store);
+        let mut spool = None;
+        let first = open_spool(&mut spool, &store, 1 << 20).unwrap();
+        let meta = push::PushMeta {
+            labels: vec![],
+            from: 1,
+            until: 2,
+        };
+        first.push(&meta, b"one").unwrap();
+        let again = open_spool(&mut spool, &store, 1 << 10).unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        again.push(&meta, b"two").unwrap();
+        assert_eq!(first.sizes().0, 2, "a record overwritten");
+        std::fs::remove_dir_all(&store).unwrap();
+    }
 }

@@ -102,6 +102,14 @@ const COUNTERS: &[(&str, &str)] = &[
         "Profiles dropped because they can never be delivered (corrupt spool record, 4xx)",
     ),
     (
+        "push_abandoned",
+        "Profiles dropped after failing on their own (5xx) 5 times while others were delivered",
+    ),
+    (
+        "profiles_dropped",
+        "Profiles of cuts dropped because the writer thread already held 3 cuts (slow store disk)",
+    ),
+    (
         "window_attaches",
         "Probes of an image put back in as an observation window opened (overhead budget)",
     ),
@@ -154,12 +162,24 @@ const COUNTERS: &[(&str, &str)] = &[
         "Exec events left to the periodic rescan because the exec queue was full",
     ),
     (
+        "refused_files",
+        "Mapped files refused unread for a hostile ELF layout (too many sections or bytes)",
+    ),
+    (
+        "skipped_images",
+        "Allocator images not attached because the cap on attached images was reached",
+    ),
+    (
         "malformed_records",
         "Ring-buffer records that could not be decoded",
     ),
     (
         "descriptor_errors",
         "Mapped files that could not be opened for want of file descriptors",
+    ),
+    (
+        "maps_truncated",
+        "Process memory maps read only in part (over the 16 MiB cap)",
     ),
     (
         "metrics_accept_errors",
@@ -332,10 +352,16 @@ impl Metrics {
         self.total("process_map_full", kernel.process_map_full);
         self.total("live_map_full", kernel.live_map_full);
         self.total("exec_queue_overflows", system.exec_queue_overflows);
+        self.total("refused_files", system.files_refused);
+        self.total("skipped_images", system.images_skipped);
         self.total("malformed_records", system.malformed_records);
         self.total(
             "descriptor_errors",
             allocbpf_probe::procfs::DESCRIPTOR_ERRORS.load(Ordering::Relaxed),
+        );
+        self.total(
+            "maps_truncated",
+            allocbpf_probe::procfs::MAPS_TRUNCATED.load(Ordering::Relaxed),
         );
         self.gauge("ring_buffer_peak_bytes", system.ring_peak_bytes);
         self.gauge("event_queue_peak_bytes", system.queue_peak_bytes);
@@ -346,6 +372,7 @@ impl Metrics {
         self.total("export_errors", push.errors.load(Ordering::Relaxed));
         self.total("push_dropped", push.dropped.load(Ordering::Relaxed));
         self.total("push_rejected", push.rejected.load(Ordering::Relaxed));
+        self.total("push_abandoned", push.abandoned.load(Ordering::Relaxed));
         self.gauge("attached_images", system.images_attached);
         self.gauge("tracked_processes", system.processes_tracked);
         self.gauge("budget_windowed_images", system.budget_windowed_images);

@@ -16,10 +16,10 @@ use regex::Regex;
 use super::store::{age, list};
 use allocbpf_collect::error::error_chain;
 use allocbpf_export::pprof::{
-    decode_file, proto::Profile, INTERVAL_INPUT_LABELS, OBSERVED_BYTES_LABEL,
+    decode_file, interval_inputs_from, proto::Profile, INTERVAL_INPUT_LABELS, OBSERVED_BYTES_LABEL,
 };
 use allocbpf_profile::aggregate::{LiveCounts, StackStats};
-use allocbpf_profile::estimate::{Confidence, IntervalInputs};
+use allocbpf_profile::estimate::Confidence;
 use allocbpf_profile::frame::Frame;
 use allocbpf_profile::frame::FunctionFrame;
 use allocbpf_profile::report::{Location, Report, StackReport, Totals};
@@ -167,7 +167,8 @@ impl Merger {
                     .find(|l| s(l.key) == name)
                     .map_or(0, |l| l.num.max(0) as u64)
             };
-            let [counted, untried, sampled, certain] = INTERVAL_INPUT_LABELS.map(label);
+            let inputs =
+                interval_inputs_from(INTERVAL_INPUT_LABELS.map(label), profile.period as u64);
             let estimated_bytes = value(alloc_space);
             let has_observed = sample
                 .label
@@ -183,12 +184,7 @@ impl Merger {
                     estimated_bytes
                 },
                 estimated_objects: value(alloc_objects),
-                interval_inputs: IntervalInputs {
-                    counted_samples: counted,
-                    untried_bytes: untried,
-                    sampled_bytes: sampled,
-                    certain_bytes: certain,
-                },
+                interval_inputs: inputs,
                 inuse_bytes: value(inuse_space),
                 inuse_objects: value(inuse_objects),
             };

@@ -24,10 +24,18 @@
 //!
 //! Profiles reveal other users' binaries, paths and stacks: directories are created
 //! 0700 and files 0600 ([`create_private_dir`], [`write_private`]), whatever the umask.
+//!
+//! Durability: a file is synced before its rename, and every directory a cut touched
+//! (a renamed file, a new day directory, a deletion) is synced once after the cut
+//! ([`ProfileStore::sync_dirs`]): until then a crash could lose the rename.
+//!
+//! Retention ages profiles by a [`RetentionClock`]: the wall clock, except a forward
+//! jump beyond the time elapsed (CLOCK_BOOTTIME) is ignored, so a clock set years
+//! ahead does not empty the store.
 
 use std::{
-    collections::VecDeque,
-    fs::{DirBuilder, OpenOptions, Permissions},
+    collections::{BTreeSet, VecDeque},
+    fs::{DirBuilder, File, OpenOptions, Permissions},
     io::{self, Write},
     os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
@@ -63,6 +71,15 @@ pub(super) fn write_private(temp: &Path, path: &Path, bytes: &[u8]) -> io::Resul
         let _ = std::fs::remove_file(temp);
     }
     written
+}
+
+/// fsyncs the directory `dir`: the renames, creations and deletions in it become durable.
+pub(super) fn sync_directory(dir: &Path) -> io::Result<()> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .and_then(|d: File| d.sync_all())
 }
 
 /// True for the errors of a file system (or quota) that is full.
@@ -105,6 +122,81 @@ pub struct ProfileStore {
     total_bytes: u64,
     /// Profiles deleted so far, by retention or to make room on a full file system.
     pub deleted: u64,
+    /// Directories changed since the last [`ProfileStore::sync_dirs`].
+    dirty: BTreeSet<PathBuf>,
+}
+
+/// How far the wall clock may run ahead of the time elapsed since it was last trusted
+/// before retention stops following it.
+pub const CLOCK_JUMP_TOLERANCE: Duration = Duration::from_secs(600);
+
+/// CLOCK_BOOTTIME: time since boot, suspend included, never set.
+fn boot_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime with a valid pointer to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The "now" retention ages profiles by. It follows the wall clock while the wall clock
+/// agrees (within [`CLOCK_JUMP_TOLERANCE`]) with the time elapsed since it was last
+/// read, and goes back and small steps included; a forward jump beyond the tolerance
+/// (a clock set to a wrong date: every profile would look older than `max_age`) is
+/// ignored, and the time elapsed since the last trusted reading is used instead,
+/// until the wall clock agrees again or the agent restarts. Profiles written meanwhile
+/// carry the jumped clock's times and are only bounded by size and count until then.
+#[derive(Debug)]
+pub struct RetentionClock {
+    /// The last trusted wall-clock reading and CLOCK_BOOTTIME then.
+    wall: SystemTime,
+    boot: Duration,
+    /// A forward jump is being ignored (logged once).
+    jumped: bool,
+}
+
+impl RetentionClock {
+    /// Anchored at the current wall clock.
+    pub fn new() -> RetentionClock {
+        Self::anchored(SystemTime::now(), boot_time())
+    }
+
+    fn anchored(wall: SystemTime, boot: Duration) -> RetentionClock {
+        RetentionClock {
+            wall,
+            boot,
+            jumped: false,
+        }
+    }
+
+    /// Now, for retention.
+    pub fn now(&mut self) -> SystemTime {
+        self.at(SystemTime::now(), boot_time())
+    }
+
+    /// Now for retention when the wall clock reads `wall` and CLOCK_BOOTTIME `boot`.
+    fn at(&mut self, wall: SystemTime, boot: Duration) -> SystemTime {
+        let expected = self.wall + boot.saturating_sub(self.boot);
+        if wall > expected + CLOCK_JUMP_TOLERANCE {
+            if !self.jumped {
+                self.jumped = true;
+                tracing::warn!(
+                    "retention: the wall clock jumped {}s ahead of the time elapsed; profiles are aged by the time elapsed until it agrees again or the agent restarts (size and count bounds still apply)",
+                    wall.duration_since(expected).unwrap_or_default().as_secs()
+                );
+            }
+            return expected;
+        }
+        if self.jumped {
+            self.jumped = false;
+            tracing::info!("retention: the wall clock agrees with the time elapsed again");
+        }
+        self.wall = wall;
+        self.boot = boot;
+        wall
+    }
 }
 
 /// Unix milliseconds of a wall-clock time.
@@ -234,7 +326,22 @@ impl ProfileStore {
             index,
             total_bytes,
             deleted: 0,
+            dirty: BTreeSet::new(),
         })
+    }
+
+    /// fsyncs every directory changed since the last call (once per cut: a renamed
+    /// file survives a crash only once its directory is synced). Directories deleted
+    /// meanwhile are skipped.
+    pub fn sync_dirs(&mut self) -> io::Result<()> {
+        let mut result = Ok(());
+        for dir in std::mem::take(&mut self.dirty) {
+            match sync_directory(&dir) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => result = Err(error),
+                _ => {}
+            }
+        }
+        result
     }
 
     /// Changes the retention (SIGHUP).
@@ -276,6 +383,10 @@ impl ProfileStore {
         let len = gzipped.len() as u64;
         let room_needed = 2 * len + (64 << 10);
         let (mut evicted, mut freed) = (0, 0);
+        if !dir.is_dir() {
+            // A new day directory: an entry of `profiles/`.
+            self.dirty.insert(self.root.join("profiles"));
+        }
         loop {
             let written =
                 create_private_dir(&dir).and_then(|()| write_private(&temp, &path, gzipped));
@@ -304,6 +415,7 @@ impl ProfileStore {
                 "store: the file system is full; {evicted} oldest profile(s) ({freed} bytes) deleted to write {name} (retention.max_bytes is larger than the disk has room for)"
             );
         }
+        self.dirty.insert(dir);
         self.total_bytes += gzipped.len() as u64;
         self.index.push_back(IndexEntry {
             end_ms,
@@ -331,7 +443,11 @@ impl ProfileStore {
         };
         if let Some(day) = path.parent() {
             // Removes the day directory once it is empty (fails harmlessly before).
-            let _ = std::fs::remove_dir(day);
+            if std::fs::remove_dir(day).is_ok() {
+                self.dirty.insert(self.root.join("profiles"));
+            } else {
+                self.dirty.insert(day.to_path_buf());
+            }
         }
         Some(freed)
     }
@@ -371,6 +487,68 @@ mod tests {
         assert_eq!(day_of(0), "1970-01-01");
         assert_eq!(day_of(951_782_400_000), "2000-02-29");
         assert_eq!(day_of(1_795_305_600_000), "2026-11-22");
+    }
+
+    /// A wall clock jumping years ahead does not age the store: retention goes by the
+    /// time elapsed until the clock agrees again; size and count bounds still apply.
+    #[test]
+    fn retention_ignores_a_forward_clock_jump() {
+        let root = std::env::temp_dir().join(format!("allocbpf-store-jump-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let retention = Retention {
+            max_age: Duration::from_secs(3600),
+            max_bytes: 1 << 20,
+            max_files: 1000,
+        };
+        let mut store = ProfileStore::open(&root, retention).unwrap();
+        let now = SystemTime::now();
+        // Ended 50, 40, ... 10 minutes ago: all younger than max_age.
+        for i in 0..5u64 {
+            let end = now - Duration::from_secs(600 * (5 - i));
+            store
+                .write(
+                    end - Duration::from_secs(60),
+                    end,
+                    10 + i as u32,
+                    "w",
+                    &[0u8; 100],
+                )
+                .unwrap();
+        }
+        let boot = Duration::from_secs(1000);
+        let mut clock = RetentionClock::anchored(now, boot);
+        // Small steps, forward and back, are followed.
+        assert_eq!(
+            clock.at(now + Duration::from_secs(60), boot),
+            now + Duration::from_secs(60)
+        );
+        assert_eq!(clock.at(now, boot), now);
+        // A year ahead after a minute: the minute counts, not the year.
+        let year = Duration::from_secs(365 * 86_400);
+        let minute = Duration::from_secs(60);
+        let aged_by = clock.at(now + year, boot + minute);
+        assert_eq!(aged_by, now + minute);
+        assert_eq!(store.enforce_retention(aged_by), 0);
+        assert_eq!(store.len(), 5);
+        // Still ignored 15 minutes on: the oldest reaches max_age by elapsed time.
+        let later = Duration::from_secs(900);
+        let aged_by = clock.at(now + year + later, boot + later);
+        assert_eq!(aged_by, now + later);
+        assert_eq!(store.enforce_retention(aged_by), 1);
+        // The size bound still applies.
+        store.set_retention(Retention {
+            max_bytes: 250,
+            ..retention
+        });
+        assert_eq!(store.enforce_retention(aged_by), 2);
+        // The clock back where elapsed time says: followed again.
+        let back = now + Duration::from_secs(1000);
+        assert_eq!(clock.at(back, boot + Duration::from_secs(1000)), back);
+        // Every directory the writes and deletions touched, synced once.
+        assert!(!store.dirty.is_empty());
+        store.sync_dirs().unwrap();
+        assert!(store.dirty.is_empty());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

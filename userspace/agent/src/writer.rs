@@ -4,15 +4,20 @@
 //! retention, and spooling for push are file work whose time depends on the disk: on
 //! the agent's main thread they held up the ring-buffer reader for as long as they
 //! took. The main thread hands each cut to this thread and goes back to reading;
-//! profiles are written in cut order.
+//! profiles are written in cut order, and the directories a cut touched (store and
+//! spool) are synced once after it.
+//!
+//! At most [`MAX_QUEUED_CUTS`] cuts wait for (or are in) the thread: a disk slower
+//! than the cuts would otherwise grow the queue, and the agent's memory, without
+//! bound. A cut beyond that is dropped, counted (`profiles_dropped`) and logged.
 
 use std::{
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         mpsc, Arc,
     },
     thread::JoinHandle,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result};
@@ -20,8 +25,11 @@ use anyhow::{Context, Result};
 use super::{
     config::Retention,
     push::{PreparedPush, PushMeta, Pusher},
-    store::ProfileStore,
+    store::{ProfileStore, RetentionClock},
 };
+
+/// Cuts the writer may hold (queued or in progress) before it drops new ones.
+pub const MAX_QUEUED_CUTS: usize = 3;
 use allocbpf_collect::engine::ProcessProfile;
 use allocbpf_export::pprof;
 
@@ -36,6 +44,8 @@ pub struct WriterStats {
     pub store_deleted: AtomicU64,
     /// Bytes in the store.
     pub store_bytes: AtomicU64,
+    /// Profiles of cuts dropped because the writer already held [`MAX_QUEUED_CUTS`].
+    pub profiles_dropped: AtomicU64,
     /// CLOCK_MONOTONIC nanoseconds at which the job in progress, or the profile in
     /// progress of an export, started (0: idle): progress, not the length of a cut.
     pub job_started_ns: AtomicU64,
@@ -74,14 +84,21 @@ enum Job {
         // Boxed: a prepared push (with its HTTP client) is large, and rare.
         push: Box<Option<PreparedPush>>,
     },
-    /// Deliver the spool for at most this long, then stop.
-    Finish(Duration),
+    /// Deliver the spool, starting no request after this instant, then stop.
+    Finish(Instant),
+    /// Wait for the sender (tests: a writer held busy).
+    #[cfg(test)]
+    Hold(mpsc::Receiver<()>),
 }
 
 /// The writer thread's handle.
 pub struct Writer {
     jobs: mpsc::Sender<Job>,
     thread: Option<JoinHandle<()>>,
+    /// Export jobs queued or in progress.
+    queued_cuts: Arc<AtomicUsize>,
+    /// Disconnected when the thread ends.
+    done: mpsc::Receiver<()>,
     /// Shared counters.
     pub stats: Arc<WriterStats>,
 }
@@ -94,26 +111,56 @@ impl Writer {
             .store_bytes
             .store(store.total_bytes(), Ordering::Relaxed);
         let (jobs, receiver) = mpsc::channel();
+        let queued_cuts = Arc::new(AtomicUsize::new(0));
+        let (done_sender, done) = mpsc::channel::<()>();
         let state = WriterState {
             store,
             pusher,
             hostname,
             stats: stats.clone(),
+            queued_cuts: queued_cuts.clone(),
+            clock: RetentionClock::new(),
         };
         let thread = std::thread::Builder::new()
             .name("allocbpf-writer".into())
-            .spawn(move || state.run(receiver))
+            .spawn(move || {
+                // Dropped as the thread ends, however it ends: `done` disconnects.
+                let _done = done_sender;
+                state.run(receiver)
+            })
             .context("starting the profile writer thread")?;
         Ok(Writer {
             jobs,
             thread: Some(thread),
+            queued_cuts,
+            done,
             stats,
         })
     }
 
     /// Queues one cut's profiles (retention runs after each cut, even one without
-    /// profiles); returns at once.
-    pub fn export(&self, profiles: Vec<ProcessProfile>) {
+    /// profiles); returns at once. A cut that would be the writer's
+    /// [`MAX_QUEUED_CUTS`]+1st is dropped (counted, logged): returns whether it was
+    /// queued.
+    pub fn export(&self, profiles: Vec<ProcessProfile>) -> bool {
+        let queued = self.queued_cuts.load(Ordering::Relaxed);
+        if queued >= MAX_QUEUED_CUTS {
+            self.stats
+                .profiles_dropped
+                .fetch_add(profiles.len() as u64, Ordering::Relaxed);
+            tracing::warn!(
+                "the profile writer holds {queued} cuts already (a slow store disk?): a cut of {} profile(s) dropped",
+                profiles.len()
+            );
+            return false;
+        }
+        self.export_last(profiles);
+        true
+    }
+
+    /// Queues the last cut (at stop), whatever the writer holds.
+    pub fn export_last(&self, profiles: Vec<ProcessProfile>) {
+        self.queued_cuts.fetch_add(1, Ordering::Relaxed);
         let _ = self.jobs.send(Job::Export(profiles));
     }
 
@@ -126,13 +173,29 @@ impl Writer {
         });
     }
 
-    /// Writes everything queued, delivers the spool for at most `push_timeout`, and
-    /// stops the thread.
-    pub fn finish(mut self, push_timeout: Duration) {
-        let _ = self.jobs.send(Job::Finish(push_timeout));
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+    /// Writes everything queued, delivers the spool starting no request after
+    /// `push_until`, and stops the thread, waiting for it until `deadline` at most.
+    /// False if it had not finished by then (it ends with the process).
+    pub fn finish(mut self, push_until: Instant, deadline: Instant) -> bool {
+        let _ = self.jobs.send(Job::Finish(push_until));
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match self.done.recv_timeout(wait) {
+            Err(mpsc::RecvTimeoutError::Timeout) => false,
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                if let Some(thread) = self.thread.take() {
+                    let _ = thread.join();
+                }
+                true
+            }
         }
+    }
+
+    /// Keeps the thread busy until the returned sender sends or drops (tests).
+    #[cfg(test)]
+    fn hold(&self) -> mpsc::Sender<()> {
+        let (release, held) = mpsc::channel();
+        let _ = self.jobs.send(Job::Hold(held));
+        release
     }
 }
 
@@ -141,6 +204,8 @@ struct WriterState {
     pusher: Option<Pusher>,
     hostname: String,
     stats: Arc<WriterStats>,
+    queued_cuts: Arc<AtomicUsize>,
+    clock: RetentionClock,
 }
 
 impl WriterState {
@@ -149,12 +214,19 @@ impl WriterState {
             self.stats.busy();
             let finish = matches!(job, Job::Finish(_));
             match job {
-                Job::Export(profiles) => self.export(profiles),
+                Job::Export(profiles) => {
+                    self.export(profiles);
+                    self.queued_cuts.fetch_sub(1, Ordering::Relaxed);
+                }
                 Job::Reconfigure { retention, push } => self.reconfigure(retention, *push),
-                Job::Finish(timeout) => {
+                Job::Finish(push_until) => {
                     if let Some(pusher) = self.pusher.take() {
-                        pusher.flush(timeout);
+                        pusher.flush(push_until);
                     }
+                }
+                #[cfg(test)]
+                Job::Hold(held) => {
+                    let _ = held.recv();
                 }
             }
             self.stats.idle();
@@ -178,6 +250,7 @@ impl WriterState {
             None => None,
         };
         self.enforce_retention();
+        self.sync_directories();
     }
 
     /// Stores (and spools for push) one profile per process.
@@ -212,7 +285,7 @@ impl WriterState {
                 profile.started,
                 profile.ended,
                 profile.info.pid,
-                &profile.info.comm,
+                &profile.info.comm_text(),
                 &gzipped,
             ) {
                 Ok(_) => {
@@ -239,10 +312,26 @@ impl WriterState {
             }
         }
         self.enforce_retention();
+        self.sync_directories();
+    }
+
+    /// Makes the cut's renames and deletions durable: one fsync per directory touched.
+    fn sync_directories(&mut self) {
+        if let Err(error) = self.store.sync_dirs() {
+            tracing::warn!("store: cannot sync a directory: {error}");
+        }
+        if let Some(pusher) = &self.pusher {
+            match pusher.sync_spool() {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!("push spool: cannot sync its directory: {error}");
+                }
+                _ => {}
+            }
+        }
     }
 
     fn enforce_retention(&mut self) {
-        let deleted = self.store.enforce_retention(SystemTime::now());
+        let deleted = self.store.enforce_retention(self.clock.now());
         if deleted > 0 {
             tracing::info!("retention: {deleted} old profile(s) deleted");
         }
@@ -252,5 +341,57 @@ impl WriterState {
         self.stats
             .store_bytes
             .store(self.store.total_bytes(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writer(name: &str) -> (Writer, std::path::PathBuf) {
+        let root = std::env::temp_dir().join(format!("allocbpf-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let retention = Retention {
+            max_age: Duration::from_secs(3600),
+            max_bytes: 1 << 30,
+            max_files: 1000,
+        };
+        let store = ProfileStore::open(&root, retention).unwrap();
+        (Writer::start(store, None, "host".into()).unwrap(), root)
+    }
+
+    /// A writer held up (a slow disk) takes MAX_QUEUED_CUTS cuts, drops the next ones,
+    /// and takes new cuts again once it caught up; the last cut is never dropped.
+    #[test]
+    fn the_writer_queue_is_bounded() {
+        let (writer, root) = writer("writer-queue");
+        let release = writer.hold();
+        for _ in 0..MAX_QUEUED_CUTS {
+            assert!(writer.export(Vec::new()));
+        }
+        assert!(!writer.export(Vec::new()), "one cut too many was queued");
+        writer.export_last(Vec::new());
+        drop(release);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while writer.queued_cuts.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(writer.queued_cuts.load(Ordering::Relaxed), 0);
+        assert!(writer.export(Vec::new()));
+        let now = Instant::now();
+        assert!(writer.finish(now, now + Duration::from_secs(10)));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Stopping waits for the writer until the deadline, not longer.
+    #[test]
+    fn finish_keeps_its_deadline() {
+        let (writer, root) = writer("writer-deadline");
+        let release = writer.hold();
+        let started = Instant::now();
+        assert!(!writer.finish(started, started + Duration::from_millis(200)));
+        assert!(started.elapsed() < Duration::from_secs(2));
+        drop(release);
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -66,6 +66,8 @@ pub struct Cli {
     pub budget: Option<f64>,
 
     /// Write the profile here instead of stdout (checked before anything is attached).
+    /// A new file is created 0600; an existing one must be yours; a symbolic link is
+    /// followed only to a device or FIFO.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
 
@@ -329,7 +331,8 @@ pub struct ReportArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = FormatArg::Text)]
     pub format: FormatArg,
-    /// Write the report here instead of stdout.
+    /// Write the report here instead of stdout (as --output of a profile: created
+    /// 0600, no symbolic link to a file followed).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
 }

@@ -1,6 +1,13 @@
 //! Which processes system-wide mode profiles: by command name and by cgroup.
+//!
+//! Names are bytes and need not be UTF-8. A command name regex is matched against the
+//! name's bytes (`(?-u:\xff)` matches the byte 0xff) and, if they are not UTF-8,
+//! against the name as shown (each invalid sequence made U+FFFD, as in labels and
+//! logs): either is a match. A cgroup is compared byte for byte.
 
-use regex::Regex;
+use std::{ffi::OsStr, os::unix::ffi::OsStrExt};
+
+use regex::bytes::Regex;
 
 use super::process::ProcessInfo;
 
@@ -89,14 +96,14 @@ impl ProcessFilter {
         if self
             .comm
             .as_ref()
-            .is_some_and(|re| !re.is_match(&process.comm))
+            .is_some_and(|re| !name_matches(re, &process.comm))
         {
             return false;
         }
         if self
             .exclude_comm
             .as_ref()
-            .is_some_and(|re| re.is_match(&process.comm))
+            .is_some_and(|re| name_matches(re, &process.comm))
         {
             return false;
         }
@@ -104,14 +111,22 @@ impl ProcessFilter {
             None => true,
             Some(root) if root == "/" || root.is_empty() => true,
             Some(root) => {
-                process.cgroup == *root
-                    || process
-                        .cgroup
-                        .strip_prefix(root.as_str())
-                        .is_some_and(|rest| rest.starts_with('/'))
+                let cgroup = process.cgroup.as_bytes();
+                cgroup == root.as_bytes()
+                    || cgroup
+                        .strip_prefix(root.as_bytes())
+                        .is_some_and(|rest| rest.starts_with(b"/"))
             }
         }
     }
+}
+
+/// Whether `re` matches `name`'s bytes or, if they are not UTF-8, the name as shown.
+fn name_matches(re: &Regex, name: &OsStr) -> bool {
+    let bytes = name.as_bytes();
+    re.is_match(bytes)
+        || (std::str::from_utf8(bytes).is_err()
+            && re.is_match(String::from_utf8_lossy(bytes).as_bytes()))
 }
 
 #[cfg(test)]
@@ -146,6 +161,52 @@ mod tests {
         assert!(filter.admits(&process("a", "/system.slice/x.service")));
         assert!(filter.admits(&process("a", "/system.slice/x.service/child")));
         assert!(!filter.admits(&process("a", "/system.slice/x.services")));
+    }
+
+    fn process_bytes(comm: &[u8], cgroup: &[u8]) -> ProcessInfo {
+        use std::os::unix::ffi::OsStringExt;
+        ProcessInfo {
+            comm: std::ffi::OsString::from_vec(comm.to_vec()),
+            cgroup: std::ffi::OsString::from_vec(cgroup.to_vec()),
+            ..ProcessInfo::default()
+        }
+    }
+
+    /// Names that are not UTF-8 match by their bytes or as shown, and cgroups by bytes.
+    #[test]
+    fn names_that_are_not_utf8_are_filtered_like_others() {
+        let hostile = process_bytes(b"x\xff\xfe\xc3bad", b"/a/\xff/b");
+        let admits = |comm: &str| {
+            ProcessFilter::new(&FilterOptions {
+                comm: Some(comm.into()),
+                ..FilterOptions::default()
+            })
+            .unwrap()
+            .admits(&hostile)
+        };
+        // Literal parts, the name as shown (U+FFFD), raw bytes; `.` on either.
+        assert!(admits("bad$"));
+        assert!(admits("^x\u{fffd}+bad$"));
+        assert!(admits("^x(?-u:\\xff\\xfe)"));
+        assert!(admits("^x.*bad$"));
+        assert!(!admits("^y"));
+        assert!(!admits("^x(?-u:\\xfe)"));
+        let exclude = ProcessFilter::new(&FilterOptions {
+            exclude_comm: Some("^x.{3}bad$".into()),
+            ..FilterOptions::default()
+        })
+        .unwrap();
+        assert!(!exclude.admits(&hostile));
+        assert!(exclude.admits(&process("nginx", "/a")));
+
+        let in_cgroup = |root: &str| ProcessFilter {
+            cgroup: Some(root.into()),
+            ..ProcessFilter::default()
+        };
+        assert!(!in_cgroup("/a/b").admits(&hostile));
+        assert!(in_cgroup("/a").admits(&hostile));
+        assert!(!in_cgroup("/a/\u{fffd}/b").admits(&hostile));
+        assert!(in_cgroup("/a").admits(&process_bytes(b"x", b"/a")));
     }
 
     #[test]

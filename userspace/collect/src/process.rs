@@ -1,56 +1,81 @@
 //! What a profile says about its process: the labels every profile carries.
 
-use std::{collections::HashMap, path::Path};
+use std::{
+    borrow::Cow,
+    collections::HashMap,
+    ffi::OsString,
+    os::unix::ffi::{OsStrExt, OsStringExt},
+    path::{Path, PathBuf},
+};
 
 use allocbpf_probe::procfs::{self, MapsEntry};
 
-/// A process as seen in `/proc` when it was first sampled (or last exec'd).
+/// A process as seen in `/proc` when it was first sampled (or last exec'd). Its names
+/// are bytes, as the kernel gives them: they need not be UTF-8, and are made text
+/// (lossily) only where text is needed ([`ProcessInfo::labels`], logs, metrics).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessInfo {
     /// Process id.
     pub pid: u32,
     /// Command name (`/proc/PID/comm`).
-    pub comm: String,
-    /// Executable path as the process sees it (`/proc/PID/exe`).
-    pub exe: String,
+    pub comm: OsString,
+    /// Executable path as the process sees it (`/proc/PID/exe`); empty if it cannot be
+    /// read.
+    pub exe: PathBuf,
     /// GNU build id of the executable, hex (empty if none).
     pub exe_build_id: String,
     /// cgroup v2 path (`0::PATH` in `/proc/PID/cgroup`).
-    pub cgroup: String,
+    pub cgroup: OsString,
     /// Container id found in the cgroup path (docker, containerd, CRI-O, podman).
     pub container_id: Option<String>,
 }
 
 impl ProcessInfo {
-    /// Reads `pid`'s identity; `None` if it is gone (or a kernel thread). `maps`: its
-    /// memory map, read by the caller.
+    /// Reads `pid`'s identity; `None` if it is gone (or a kernel thread: no
+    /// executable). `maps`: its memory map, read by the caller. No name has to be
+    /// UTF-8, and an executable link that cannot be read for another reason than its
+    /// absence (`EACCES` without `CAP_SYS_PTRACE`) leaves `exe` empty: neither is a
+    /// reason not to profile a process.
     pub fn read(pid: u32, maps: &[MapsEntry], build_ids: &mut BuildIdCache) -> Option<ProcessInfo> {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        let exe_link = format!("/proc/{pid}/exe");
-        let exe = std::fs::read_link(&exe_link).ok()?;
-        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        let comm = procfs::comm(pid)?;
+        let exe = match std::fs::read_link(format!("/proc/{pid}/exe")) {
+            Ok(exe) => exe,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(_) => PathBuf::new(),
+        };
+        let cgroup = std::fs::read(format!("/proc/{pid}/cgroup"))
             .ok()
             .and_then(|text| cgroup_v2_path(&text))
             .unwrap_or_default();
+        let exe_build_id = match exe.as_os_str().is_empty() {
+            true => String::new(),
+            false => build_ids.of(pid, maps, &exe),
+        };
         Some(ProcessInfo {
             pid,
-            comm: comm.trim_end().to_string(),
-            exe: exe.display().to_string(),
-            exe_build_id: build_ids.of(pid, maps, &exe),
-            container_id: container_id(&cgroup),
+            comm,
+            exe,
+            exe_build_id,
+            container_id: container_id(&cgroup.to_string_lossy()),
             cgroup,
         })
     }
 
-    /// The labels of this process's profiles, in a fixed order.
+    /// The command name as text (lossily: bytes that are not UTF-8 become U+FFFD).
+    pub fn comm_text(&self) -> Cow<'_, str> {
+        self.comm.to_string_lossy()
+    }
+
+    /// The labels of this process's profiles, in a fixed order (names made text
+    /// lossily).
     pub fn labels(&self, hostname: &str) -> Vec<(&'static str, String)> {
         let mut labels = vec![
             ("hostname", hostname.to_string()),
             ("pid", self.pid.to_string()),
-            ("comm", self.comm.clone()),
-            ("exe", self.exe.clone()),
+            ("comm", self.comm_text().into_owned()),
+            ("exe", self.exe.to_string_lossy().into_owned()),
             ("exe_build_id", self.exe_build_id.clone()),
-            ("cgroup", self.cgroup.clone()),
+            ("cgroup", self.cgroup.to_string_lossy().into_owned()),
         ];
         if let Some(id) = &self.container_id {
             labels.push(("container_id", id.clone()));
@@ -59,11 +84,13 @@ impl ProcessInfo {
     }
 }
 
-/// The unified hierarchy's path in a `/proc/PID/cgroup` text.
-pub fn cgroup_v2_path(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|line| line.strip_prefix("0::"))
-        .map(str::to_string)
+/// The unified hierarchy's path in a `/proc/PID/cgroup` text (bytes: a cgroup's name
+/// need not be UTF-8; a `&str` does too).
+pub fn cgroup_v2_path(text: impl AsRef<[u8]>) -> Option<OsString> {
+    text.as_ref()
+        .split(|&b| b == b'\n')
+        .find_map(|line| line.strip_prefix(b"0::"))
+        .map(|path| OsString::from_vec(path.to_vec()))
 }
 
 /// A 64-hex-digit container id in a cgroup path (`/docker/ID`,
@@ -102,8 +129,9 @@ impl BuildIdCache {
     /// stall the read), and keyed by the mapping's device and inode: nothing is looked
     /// up by path.
     pub fn of(&mut self, pid: u32, maps: &[MapsEntry], exe: &Path) -> String {
-        let exe = exe.to_string_lossy();
-        let Some(mapping) = maps.iter().find(|m| m.name == exe) else {
+        // Compared as bytes: neither name need be UTF-8.
+        let exe = exe.as_os_str().as_bytes();
+        let Some(mapping) = maps.iter().find(|m| m.name.as_bytes() == exe) else {
             return String::new();
         };
         let key = (mapping.device, mapping.inode);
@@ -144,9 +172,36 @@ mod tests {
             None
         );
         assert_eq!(
-            cgroup_v2_path("0::/system.slice/ssh.service\n").as_deref(),
-            Some("/system.slice/ssh.service")
+            cgroup_v2_path("0::/system.slice/ssh.service\n").unwrap(),
+            "/system.slice/ssh.service"
         );
+        assert_eq!(
+            cgroup_v2_path(b"1:name=x:/\n0::/a/\xff\xfe.scope\n")
+                .unwrap()
+                .as_bytes(),
+            b"/a/\xff\xfe.scope"
+        );
+        assert_eq!(cgroup_v2_path("1:cpu:/a\n"), None);
+    }
+
+    /// Names that are not UTF-8 are kept as bytes, and made text lossily for labels.
+    #[test]
+    fn labels_of_names_that_are_not_utf8() {
+        let info = ProcessInfo {
+            pid: 7,
+            comm: OsString::from_vec(b"x\xff\xfe\xc3bad".to_vec()),
+            exe: PathBuf::from(OsString::from_vec(b"/tmp/x\xff\xfe\xc3bad".to_vec())),
+            cgroup: OsString::from_vec(b"/a/\xff".to_vec()),
+            ..ProcessInfo::default()
+        };
+        let labels = info.labels("host");
+        assert_eq!(
+            labels[2],
+            ("comm", "x\u{fffd}\u{fffd}\u{fffd}bad".to_string())
+        );
+        assert_eq!(labels[3].1, "/tmp/x\u{fffd}\u{fffd}\u{fffd}bad");
+        assert_eq!(labels[5].1, "/a/\u{fffd}");
+        assert_eq!(info.comm.as_bytes(), b"x\xff\xfe\xc3bad");
     }
 
     #[test]
@@ -154,7 +209,8 @@ mod tests {
         let mut cache = BuildIdCache::default();
         let pid = std::process::id();
         let me = ProcessInfo::read(pid, &procfs::read_maps(pid), &mut cache).unwrap();
-        assert!(!me.exe.is_empty());
+        assert!(!me.exe.as_os_str().is_empty());
+        assert_eq!(Some(me.comm.clone()), procfs::comm(pid));
         // This test binary has a build id (the linker's default), read through its
         // mapping.
         assert_eq!(me.exe_build_id.len(), 40, "{me:?}");

@@ -47,7 +47,9 @@ impl RawSampleLog {
             "size": sample.size,
             "offset": sample.offset,
             "next_interval": sample.next_interval,
+            "rate": sample.rate,
             "certain": sample.certain,
+            "lost": sample.lost,
         });
         if let Err(error) = writeln!(out, "{line}") {
             self.fail(error);

@@ -150,7 +150,7 @@ fn announce(collector: &Collector, rate: u64) {
     eprintln!(
         "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {} bytes",
         target.pid,
-        target.comm,
+        target.comm.to_string_lossy(),
         target
             .images
             .iter()

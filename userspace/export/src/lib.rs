@@ -80,6 +80,7 @@ pub(crate) fn test_report() -> Report {
                 untried_bytes: samples * 32,
                 sampled_bytes: samples * 64,
                 certain_bytes: 0,
+                ..IntervalInputs::default()
             },
             inuse_bytes: 0.0,
             inuse_objects: 0.0,
@@ -103,6 +104,7 @@ pub(crate) fn test_report() -> Report {
                 untried_bytes: 7 * 32,
                 sampled_bytes: 7 * 64,
                 certain_bytes: 0,
+                ..IntervalInputs::default()
             },
         },
         counters: Default::default(),

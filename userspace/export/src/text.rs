@@ -10,6 +10,39 @@ pub const TOP_STACKS: usize = 20;
 /// Frames shown per stack (innermost first, the allocation site on top).
 const FRAMES_SHOWN: usize = 8;
 
+/// What overload did to the profile, if anything: raised intervals, samples that kept
+/// their weight without a stack, samples lost outright.
+pub fn overload_note(report: &Report) -> Option<String> {
+    let c = &report.counters;
+    let drops = report.totals.drops;
+    if c.pressure_raises == 0 && drops == 0 {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if c.pressure_raises > 0 {
+        parts.push(format!(
+            "the reader fell behind and the sampling interval was doubled {} time(s) until it caught up (each sample is weighed at the interval it was drawn at)",
+            c.pressure_raises
+        ));
+    }
+    let kept = drops.saturating_sub(c.lost_unrecorded);
+    if kept > 0 {
+        parts.push(format!(
+            "{kept} sample(s) found the ring full and are counted with their weight under \"{}\", without their stacks",
+            allocbpf_profile::frame::LOST_SAMPLES_NAME
+        ));
+    }
+    if c.lost_unrecorded > 0 {
+        let share = c.lost_unrecorded as f64 / (report.totals.samples + c.lost_unrecorded) as f64;
+        parts.push(format!(
+            "{} sample(s) were lost outright: the estimates miss them, about {:.2}% of the samples",
+            c.lost_unrecorded,
+            share * 100.0
+        ));
+    }
+    Some(parts.join("; "))
+}
+
 /// Writes the summary and the top stacks by estimated bytes.
 pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     let t = &report.totals;
@@ -33,6 +66,9 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         report.counters.stack_errors,
     )?;
     if let Some(note) = &report.note {
+        writeln!(out, "note: {note}")?;
+    }
+    if let Some(note) = overload_note(report) {
         writeln!(out, "note: {note}")?;
     }
     if let Some(time) = &report.time_sampling {

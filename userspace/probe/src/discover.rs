@@ -4,17 +4,26 @@
 //! inode, both the images found and the files that turned out to define no allocator
 //! (most executables), so rescanning a process costs one read of its maps.
 
-use std::collections::{hash_map::Entry, HashMap};
+use std::collections::{hash_map::Entry, HashMap, HashSet};
 
 use crate::image::{examine, AllocatorImage, FileFacts, ImageKey, Lookup};
 use crate::procfs::MapsEntry;
 
 /// Files already examined, by identity.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ImageCache {
     /// `None`: the file could not be read.
     known: HashMap<ImageKey, Option<FileFacts>>,
+    /// Files refused unread for a hostile layout ([`crate::elf_ranges::Refusal`]), kept
+    /// past [`ImageCache::retain`] so that each is counted and logged once.
+    refused: HashSet<ImageKey>,
+    /// Distinct files refused so far (the collector's `files_refused`).
+    refused_total: u64,
 }
+
+/// Refused files remembered at most (keys only); past it the set starts over, and a
+/// file refused again is counted and logged again.
+const MAX_REFUSED_KEPT: usize = 4096;
 
 /// Why a process made no call to a probed entry, as far as its files tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +60,9 @@ impl ImageCache {
     /// The allocator images among `pid`'s mappings: every executable file it maps that
     /// defines allocation entries ([`crate::allocators`]), found as `lookup` says. Files that
     /// cannot be read are skipped and logged (the process may have exited while we
-    /// looked).
+    /// looked); a file refused for a hostile layout is counted ([`ImageCache::refused`])
+    /// and logged as a warning once, and the process's other files are examined as
+    /// usual.
     pub fn discover(
         &mut self,
         pid: u32,
@@ -66,6 +77,16 @@ impl ImageCache {
                     Ok(facts) => Some(facts),
                     // The process (or its mapping) is gone: no verdict worth caching.
                     Err(error) if error.gone => continue,
+                    Err(error) if error.refusal.is_some() => {
+                        if self.refused.len() >= MAX_REFUSED_KEPT {
+                            self.refused.clear();
+                        }
+                        if self.refused.insert(key) {
+                            self.refused_total += 1;
+                            tracing::warn!("pid {pid}: {error} ({key})");
+                        }
+                        None
+                    }
                     Err(error) => {
                         tracing::debug!("pid {pid}: {error}");
                         None
@@ -78,6 +99,11 @@ impl ImageCache {
             }
         }
         images
+    }
+
+    /// Files refused unread for a hostile layout so far, each counted once.
+    pub fn refused(&self) -> u64 {
+        self.refused_total
     }
 
     /// Keeps the facts (and open files) of the files `keep` accepts only.

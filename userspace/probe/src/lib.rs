@@ -23,4 +23,5 @@ pub mod image;
 pub mod preflight;
 pub mod procfs;
 pub mod sampler;
+pub mod sealed_copy;
 pub mod target;

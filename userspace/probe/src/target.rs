@@ -4,12 +4,12 @@
 //! `/proc/PID/map_files`, so a process in a container (its own mount namespace and libc) is
 //! probed in the libc it really uses. Nothing is hard-coded about its path.
 
-use std::fs;
+use std::ffi::OsString;
 
 use crate::discover::{ImageCache, Silence};
 use crate::image::AllocatorImage;
 use crate::image::Lookup;
-use crate::procfs::{self, parse_maps};
+use crate::procfs;
 
 /// Errors about the target process or its libc.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +30,7 @@ pub enum TargetError {
     KernelThread {
         /// The target pid.
         pid: u32,
-        /// Its command name.
+        /// Its command name (made text lossily).
         comm: String,
     },
     /// No mapped file defines an allocation entry of the catalogue.
@@ -43,7 +43,7 @@ pub enum TargetError {
     NoAllocator {
         /// The target pid.
         pid: u32,
-        /// Its command name.
+        /// Its command name (made text lossily).
         comm: String,
     },
 }
@@ -53,20 +53,21 @@ pub enum TargetError {
 pub struct Target {
     /// Its pid (tgid).
     pub pid: u32,
-    /// Its command name.
-    pub comm: String,
+    /// Its command name (bytes, not necessarily UTF-8).
+    pub comm: OsString,
     /// The allocator images it may allocate through: every file it maps that defines
     /// allocation entries (libc, jemalloc, its own executable...).
     pub images: Vec<AllocatorImage>,
     /// What to say if it makes no probed call while profiled.
     pub silence: Silence,
+    /// The facts found examining the files it maps (allocator or not): kept, so that
+    /// a later look at its maps examines only the files it mapped since (dlopen).
+    pub cache: ImageCache,
 }
 
-/// Reads `/proc/PID/comm`.
-pub fn comm_of(pid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim_end().to_string())
+/// Reads `/proc/PID/comm` ([`procfs::comm`]: bytes, not necessarily UTF-8).
+pub fn comm_of(pid: u32) -> Option<OsString> {
+    procfs::comm(pid)
 }
 
 impl Target {
@@ -77,27 +78,34 @@ impl Target {
             return Err(TargetError::NoSuchProcess(pid));
         }
         let comm = comm_of(pid).ok_or(TargetError::NoSuchProcess(pid))?;
-        let maps = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|source| {
+        let maps = procfs::try_read_maps(pid).map_err(|source| {
             if source.kind() == std::io::ErrorKind::NotFound {
                 TargetError::NoSuchProcess(pid)
             } else {
                 TargetError::Maps { pid, source }
             }
         })?;
-        if maps.trim().is_empty() {
-            return Err(TargetError::KernelThread { pid, comm });
+        let text = |comm: &OsString| comm.to_string_lossy().into_owned();
+        if maps.is_empty() {
+            return Err(TargetError::KernelThread {
+                pid,
+                comm: text(&comm),
+            });
         }
-        let maps = parse_maps(&maps);
         let mut cache = ImageCache::default();
         let images = cache.discover(pid, &maps, lookup);
         if images.is_empty() {
-            return Err(TargetError::NoAllocator { pid, comm });
+            return Err(TargetError::NoAllocator {
+                pid,
+                comm: text(&comm),
+            });
         }
         Ok(Target {
             pid,
             comm,
             images,
             silence: cache.silence(&maps),
+            cache,
         })
     }
 }

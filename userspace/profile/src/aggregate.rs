@@ -92,7 +92,7 @@ impl StackStats {
         self.estimated_bytes += w.bytes * time_weight;
         self.estimated_objects += w.objects * time_weight;
         self.observed_bytes += w.bytes;
-        self.interval_inputs.add(size, offset, certain);
+        self.interval_inputs.add(size, offset, rate, certain);
     }
 
     /// The confidence interval on `estimated_bytes` for byte sampling. Under time

@@ -48,7 +48,13 @@ pub enum Frame {
     },
     /// An address no module covered (JIT code, unmapped, or a garbage frame pointer).
     Unknown(u64),
+    /// The only frame of samples the kernel's sample ring had no room for: they kept
+    /// their weight but not their stack ([`LOST_SAMPLES_NAME`]).
+    Lost,
 }
+
+/// How a [`Frame::Lost`] reads in reports.
+pub const LOST_SAMPLES_NAME: &str = "[stack lost: sample ring buffer full]";
 
 /// One function in a symbolized location.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

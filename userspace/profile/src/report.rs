@@ -30,6 +30,12 @@ pub struct Counters {
     pub live_frees: u64,
     /// Returns of awaited calls handled.
     pub live_returns: u64,
+    /// Of `ring_buffer_drops`, samples the ring of lost samples could not take either:
+    /// their weight is missing from the estimates.
+    pub lost_unrecorded: u64,
+    /// Times the sampling interval was doubled because the reader fell behind (each
+    /// sample carries the interval it was drawn at, so estimates stay unbiased).
+    pub pressure_raises: u64,
 }
 
 /// A symbolized frame.

@@ -11,6 +11,7 @@
 //! nothing of aggregation, reports or the command line.
 #![deny(missing_docs)]
 
+mod copies;
 pub mod normalize;
 pub mod resolve;
 pub mod symbolize;

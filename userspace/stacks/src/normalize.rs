@@ -15,12 +15,18 @@ use std::{
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 
 use allocbpf_probe::procfs::{self, MapsEntry};
+use allocbpf_probe::sealed_copy::FileIdentity;
 use allocbpf_profile::frame::{Frame, Module};
 
 /// Interned modules, shared by all samples.
 ///
-/// A module is identified by its build id when it has one (so one library seen through
-/// several processes or containers is one module, symbolized once), else by its path.
+/// A module is the file we opened: identified by our own descriptor's device, inode,
+/// size and times ([`FileIdentity`]), so one library mapped by several processes is one
+/// module, symbolized once, and two files are two modules whatever they say. Never by
+/// build id: that is bytes in the file, and a stub library carrying libc's build id,
+/// seen first, would otherwise symbolize every process's libc from the stub. The build
+/// id stays the module's metadata (pprof mappings). A module whose file could not be
+/// opened is keyed by its mapping's device, inode and path, and never symbolized.
 /// While the process that maps it lives, its file is opened through
 /// `/proc/PID/map_files/` and kept open, so it can be symbolized after the process
 /// exits, and even if the file was deleted or replaced.
@@ -28,31 +34,33 @@ use allocbpf_profile::frame::{Frame, Module};
 pub struct ModuleTable {
     modules: Vec<Module>,
     files: Vec<Option<Arc<File>>>,
+    /// Each module's key in `index` (`None` once released).
+    keys: Vec<Option<ModuleKey>>,
     /// Ids of modules released ([`ModuleTable::release_files`]), reused by the next
     /// modules interned: the table holds what current stacks refer to, not every file
     /// the host has run since the agent started.
     free: Vec<u32>,
     index: HashMap<ModuleKey, u32>,
     /// Modules by the device and inode of a mapping they were seen through: after the
-    /// process exits its build id can no longer be read (map_files is gone), but the
-    /// cached maps still say which file an address is in.
+    /// process exits its file can no longer be opened (map_files is gone), but the
+    /// cached maps still say which file an address is in. The module's file, held
+    /// open, keeps its inode from being reused.
     by_inode: HashMap<(u64, u64), u32>,
 }
 
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// What makes two modules one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum ModuleKey {
-    BuildId(Vec<u8>),
+    /// The file we opened, as our descriptor's `fstat` says.
+    File(FileIdentity),
+    /// Not opened: the mapping's device and inode (as the maps print them) and path.
+    Unopened {
+        device: u64,
+        inode: u64,
+        path: PathBuf,
+    },
+    /// Not opened and no mapping known: its path (display only).
     Path(PathBuf),
-}
-
-impl ModuleKey {
-    /// A module's identity: its build id if it has one, else its path.
-    fn of(module: &Module) -> ModuleKey {
-        match &module.build_id {
-            Some(id) => ModuleKey::BuildId(id.clone()),
-            None => ModuleKey::Path(module.path.clone()),
-        }
-    }
 }
 
 impl ModuleTable {
@@ -65,31 +73,40 @@ impl ModuleTable {
         file: Option<Arc<File>>,
     ) -> u32 {
         let inode = mapping.map(|m| (m.device, m.inode));
-        if module.build_id.is_none() {
-            // No build id: the process may have exited since it was read.
+        let identity = file.as_deref().and_then(|f| FileIdentity::of(f).ok());
+        let file = file.filter(|_| identity.is_some());
+        if identity.is_none() {
+            // Not opened: the process may have exited since its maps were read. The
+            // module of that very inode, if one was opened, is its file.
             if let Some(&id) = inode.and_then(|i| self.by_inode.get(&i)) {
                 return id;
             }
         }
-        let key = ModuleKey::of(&module);
+        let key = match (identity, mapping) {
+            (Some(identity), _) => ModuleKey::File(identity),
+            (None, Some(mapping)) => ModuleKey::Unopened {
+                device: mapping.device,
+                inode: mapping.inode,
+                path: module.path.clone(),
+            },
+            (None, None) => ModuleKey::Path(module.path.clone()),
+        };
+        // A module keeps the file it was interned with: a later file is another module
+        // unless it is the same file (same key).
         let id = match self.index.get(&key) {
-            Some(&id) => {
-                // Its file could not be opened when first seen: taken now if it can.
-                if self.files[id as usize].is_none() {
-                    self.files[id as usize] = file;
-                }
-                id
-            }
+            Some(&id) => id,
             None => {
                 let id = match self.free.pop() {
                     Some(id) => {
                         self.files[id as usize] = file;
                         self.modules[id as usize] = module;
+                        self.keys[id as usize] = Some(key.clone());
                         id
                     }
                     None => {
                         self.files.push(file);
                         self.modules.push(module);
+                        self.keys.push(Some(key.clone()));
                         self.modules.len() as u32 - 1
                     }
                 };
@@ -103,12 +120,16 @@ impl ModuleTable {
         id
     }
 
-    /// A path blazesym can open for module `id`: the file kept open at intern time
-    /// (`/proc/self/fd/N`). `None` if it could not be opened then: the module's path
-    /// is another process's to point anywhere, and is never opened.
-    pub fn symbolization_path(&self, id: u32) -> Option<PathBuf> {
-        let file = self.files.get(id as usize)?.as_ref()?;
-        Some(procfs::descriptor_path(file))
+    /// The file kept open at intern time for module `id`, and its identity: what the
+    /// symbolizer copies ([`allocbpf_probe::sealed_copy`]) for blazesym to read. `None`
+    /// if it could not be opened then: the module's path is another process's to point
+    /// anywhere, and is never opened.
+    pub fn file(&self, id: u32) -> Option<(&File, FileIdentity)> {
+        let file = self.files.get(id as usize)?.as_deref()?;
+        match self.keys.get(id as usize)? {
+            Some(ModuleKey::File(identity)) => Some((file, *identity)),
+            _ => None,
+        }
     }
 
     /// Releases the modules `keep` rejects (no profile, live block or running process
@@ -130,7 +151,9 @@ impl ModuleTable {
             if self.files[id].take().is_some() {
                 closed += 1;
             }
-            self.index.remove(&ModuleKey::of(&self.modules[id]));
+            if let Some(key) = self.keys[id].take() {
+                self.index.remove(&key);
+            }
             self.modules[id] = Module {
                 path: PathBuf::new(),
                 build_id: None,
@@ -457,49 +480,90 @@ mod tests {
         assert!(!normalizer.resolved.contains_key(&pid));
     }
 
+    /// File `n` of a scratch directory of `test`'s (content `n`, written once), opened
+    /// anew at each call.
+    fn own_file(test: &str, n: u8) -> Option<Arc<File>> {
+        let dir = std::env::temp_dir().join(format!("module-table-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{n}.so"));
+        if !path.exists() {
+            std::fs::write(&path, [n]).unwrap();
+        }
+        Some(Arc::new(File::open(path).unwrap()))
+    }
+
     #[test]
-    fn modules_are_interned_once() {
+    fn modules_are_interned_once_per_file_whatever_their_build_id() {
+        let file = |n| own_file("interned", n);
+        let identity = |n| FileIdentity::of(&file(n).unwrap()).unwrap();
+        let libc_id = vec![0xab, 0x01];
+        let libc = Module {
+            path: "/lib/libc.so.6".into(),
+            build_id: Some(libc_id.clone()),
+        };
+        // A stub library carrying libc's build id.
+        let stub = Module {
+            path: "/home/eve/stub.so".into(),
+            build_id: Some(libc_id),
+        };
         let mut table = ModuleTable::default();
-        let m = Module {
-            path: "/lib/a.so".into(),
-            build_id: Some(vec![0xab, 0x01]),
-        };
-        assert_eq!(table.intern(m.clone(), None, None), 0);
-        assert_eq!(table.intern(m.clone(), None, None), 0);
-        // Same build id under another path (another container): the same module.
+        let a = table.intern(libc.clone(), None, file(1));
+        // The same file through another descriptor, under another path (another
+        // process, another container's root): the same module.
+        assert_eq!(table.intern(libc.clone(), None, file(1)), a);
         let moved = Module {
-            path: "/other/root/lib/a.so".into(),
-            ..m.clone()
+            path: "/other/root/lib/libc.so.6".into(),
+            ..libc.clone()
         };
-        assert_eq!(table.intern(moved, None, None), 0);
-        assert_eq!(m.build_id_hex(), "ab01");
-        assert_eq!(table.all().len(), 1);
+        assert_eq!(table.intern(moved, None, file(1)), a);
+        // The stub is a module of its own, read from its own file.
+        let s = table.intern(stub.clone(), None, file(2));
+        assert_ne!(s, a);
+        assert_eq!(table.file(a).unwrap().1, identity(1));
+        assert_eq!(table.file(s).unwrap().1, identity(2));
+        assert_eq!(
+            table.get(s).unwrap().path,
+            PathBuf::from("/home/eve/stub.so")
+        );
+        // Seen first, the stub does not become libc either.
+        let mut table = ModuleTable::default();
+        let s = table.intern(stub, None, file(2));
+        let a = table.intern(libc.clone(), None, file(1));
+        assert_ne!(s, a);
+        assert_eq!(table.file(a).unwrap().1, identity(1));
+        // A module whose file could not be opened adopts no other file, and no other
+        // module adopts it: never symbolized.
+        let unopened = table.intern(libc.clone(), None, None);
+        assert!(unopened != a && unopened != s);
+        assert!(table.file(unopened).is_none());
+        assert_eq!(table.intern(libc.clone(), None, file(1)), a);
+        assert_eq!(libc.build_id_hex(), "ab01");
+        assert_eq!(table.all().len(), 3);
     }
 
     #[test]
     fn released_modules_are_closed_forgotten_and_their_ids_reused() {
         let mut table = ModuleTable::default();
-        let file = || Some(Arc::new(File::open("/proc/self/exe").unwrap()));
         let module = |n: u8| Module {
             path: format!("/lib/{n}.so").into(),
             build_id: Some(vec![n]),
         };
         let (a, b) = (
-            table.intern(module(1), None, file()),
-            table.intern(module(2), None, file()),
+            table.intern(module(1), None, own_file("released", 1)),
+            table.intern(module(2), None, own_file("released", 2)),
         );
         assert_eq!(table.open_files(), 2);
         assert_eq!(table.release_files(|id| id == a), 1);
         assert_eq!(table.open_files(), 1);
         assert_eq!(table.len(), 1, "the released module left the table");
-        assert!(table.symbolization_path(b).is_none());
+        assert!(table.file(b).is_none());
         // A new module takes the free id; the released one seen again is interned
         // anew, with a file; the kept one is untouched.
-        assert_eq!(table.intern(module(3), None, file()), b);
+        assert_eq!(table.intern(module(3), None, own_file("released", 3)), b);
         assert_eq!(table.get(b).unwrap().path, PathBuf::from("/lib/3.so"));
-        let again = table.intern(module(2), None, file());
+        let again = table.intern(module(2), None, own_file("released", 2));
         assert!(again != a && again != b);
-        assert!(table.symbolization_path(again).is_some());
+        assert!(table.file(again).is_some());
         assert_eq!(table.get(a).unwrap().path, PathBuf::from("/lib/1.so"));
         assert_eq!(table.len(), 3);
     }

@@ -3,16 +3,22 @@
 //! Each distinct frame is symbolized once (results are cached by frame), and blazesym
 //! keeps one parsed resolver per module file, so the cost is per module and per unique
 //! address, not per sample.
+//!
+//! blazesym reads no module's file: only a sealed in-memory copy of it, without debug
+//! links or compressed sections ([`allocbpf_probe::sealed_copy`], kept within a byte
+//! budget by [`crate::copies`]), and it is told of no debug directory: it opens
+//! nothing by name. Detached debug files in root's `/usr/lib/debug/.build-id` are
+//! opened by [`crate::copies`] itself, checked, and copied the same way.
 
 use std::{collections::HashMap, sync::Arc};
 
-use blazesym::symbolize::{
-    source::{Elf, Source},
-    Input, Symbolized, Symbolizer,
+use blazesym::symbolize::{Symbolized, Symbolizer};
+
+use allocbpf_profile::frame::{
+    Frame, FunctionFrame, Functions, Module, Symbolize, LOST_SAMPLES_NAME,
 };
 
-use allocbpf_profile::frame::{Frame, FunctionFrame, Functions, Module, Symbolize};
-
+use crate::copies::{Copies, COPY_BUDGET_BYTES};
 use crate::normalize::ModuleTable;
 
 /// Cached symbolizer for [`Frame`]s.
@@ -20,6 +26,8 @@ pub struct FrameSymbolizer {
     /// `None` when not symbolizing: frames are named `[file+0xoffset]` only.
     symbolizer: Option<Symbolizer>,
     cache: HashMap<Frame, Functions>,
+    /// The sealed copies blazesym reads modules from.
+    copies: Copies,
 }
 
 impl Default for FrameSymbolizer {
@@ -44,10 +52,16 @@ impl FrameSymbolizer {
             .enable_code_info(true)
             .enable_inlined_fns(true)
             .enable_demangling(true)
+            // No directory to look for debug files in (copies carry no debug link
+            // anyway). Auto-reload stays on: a sealed copy never changes, and its
+            // inode check keeps a descriptor number reused by a later copy from ever
+            // finding a dropped copy's entry.
+            .set_debug_dirs(Some::<[&std::path::Path; 0]>([]))
             .build();
         Self {
             symbolizer: Some(symbolizer),
             cache: HashMap::new(),
+            copies: Copies::new(COPY_BUDGET_BYTES),
         }
     }
 
@@ -57,6 +71,7 @@ impl FrameSymbolizer {
         Self {
             symbolizer: None,
             cache: HashMap::new(),
+            copies: Copies::new(0),
         }
     }
 
@@ -80,24 +95,30 @@ impl FrameSymbolizer {
                     let name = format!("[unknown 0x{addr:x}]");
                     self.cache.insert(*frame, unresolved(name));
                 }
+                Frame::Lost => {
+                    self.cache
+                        .insert(*frame, unresolved(LOST_SAMPLES_NAME.to_string()));
+                }
             }
         }
         for (module_id, mut offsets) in by_module {
             offsets.sort_unstable();
             offsets.dedup();
-            let (Some(module), Some(path)) = (
-                modules.get(module_id),
-                modules.symbolization_path(module_id),
-            ) else {
+            let (Some(module), Some((file, identity))) =
+                (modules.get(module_id), modules.file(module_id))
+            else {
                 continue;
             };
             // Return addresses point after the call; the call itself is one byte earlier.
             let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
-            let source = Source::Elf(Elf::new(&path));
-            let results = match &self.symbolizer {
-                Some(symbolizer) => symbolizer
-                    .symbolize(&source, Input::FileOffset(&lookups))
-                    .unwrap_or_default(),
+            let results = match self.symbolizer.as_mut() {
+                Some(symbolizer) => crate::copies::symbolize_module(
+                    &mut self.copies,
+                    symbolizer,
+                    (file, identity),
+                    module.build_id.as_deref(),
+                    &lookups,
+                ),
                 None => Vec::new(),
             };
             for (i, &offset) in offsets.iter().enumerate() {

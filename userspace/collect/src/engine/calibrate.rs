@@ -198,8 +198,8 @@ impl Collector {
 
 /// The file offset, in our own executable, of the code at `address` in this process.
 fn own_file_offset(address: u64) -> Option<u64> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    allocbpf_probe::procfs::parse_maps(&maps)
+    allocbpf_probe::procfs::try_read_maps(std::process::id())
+        .ok()?
         .into_iter()
         .find(|entry| entry.range.contains(&address))
         .map(|entry| address - entry.range.start + entry.offset)

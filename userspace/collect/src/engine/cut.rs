@@ -241,7 +241,7 @@ impl Collector {
             tracing::debug!(
                 "pid {} ({}): observed {:.2}% of the interval; ~{:.2}% of a CPU in probes now, ~{:.0}% were it probed full time{pace}",
                 profile.info.pid,
-                profile.info.comm,
+                profile.info.comm_text(),
                 time.observed_fraction * 100.0,
                 cost.overhead_cpu * 100.0,
                 cost.full_time_cpu * 100.0

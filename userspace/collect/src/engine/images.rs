@@ -95,6 +95,16 @@ impl ImageSet {
 /// Links closing at once on other threads; beyond this, detaching waits in place.
 const MAX_BACKGROUND_DETACHES: usize = 64;
 
+/// Allocator images known at once (attached, or whose attach failed); a new one beyond
+/// is skipped and counted (`images_skipped`), and attached at a later look at a process
+/// mapping it (a new process, or new mappings) if images were released meanwhile. A host has one per distinct allocator file: its libc, each container's
+/// own, jemalloc or tcmalloc where linked, static programs' own malloc. Each costs a
+/// probe set (8 uprobes for glibc, each attach a trip through the kernel's uprobe
+/// registration) and a place in every budget plan; a user who copies a file defining
+/// `malloc` thousands of times and runs the copies must not make the agent attach
+/// thousands of probe sets.
+pub(crate) const MAX_IMAGES: usize = 256;
+
 impl ImageSet {
     /// Attaches the images `pid` maps (`maps`) that are not attached yet; returns the
     /// allocator images it maps and every executable file it maps.
@@ -107,13 +117,30 @@ impl ImageSet {
         lookup: &Lookup,
     ) -> (Vec<ImageKey>, Vec<ImageKey>) {
         let found = self.cache.discover(pid, maps, lookup);
-        let keys: Vec<ImageKey> = found.iter().map(|i| i.key).collect();
+        stats.files_refused = self.cache.refused();
+        let mut keys: Vec<ImageKey> = found.iter().map(|i| i.key).collect();
         let mapped: Vec<ImageKey> = allocbpf_probe::image::candidate_mappings(maps)
             .into_iter()
             .map(ImageKey::of)
             .collect();
         for image in found {
             if self.images.contains_key(&image.key) {
+                continue;
+            }
+            if self.images.len() >= MAX_IMAGES {
+                stats.images_skipped += 1;
+                let message = format!(
+                    "not attaching {} ({}) for pid {pid}: {MAX_IMAGES} allocator images \
+                     are known already (the process is profiled through its other images)",
+                    image.path_in_target.display(),
+                    image.key
+                );
+                // A warning the first time only: at the cap, every look would log it.
+                if stats.images_skipped == 1 {
+                    tracing::warn!("{message}");
+                } else {
+                    tracing::debug!("{message}");
+                }
                 continue;
             }
             let links = match sampler.attach(&image) {
@@ -141,6 +168,8 @@ impl ImageSet {
             };
             self.insert(image, links);
         }
+        // Skipped images are no part of the process's observation (budget windows).
+        keys.retain(|key| self.images.contains_key(key));
         (keys, mapped)
     }
 

@@ -15,10 +15,12 @@
 //! kernel filters on its pid. With [`Scope::Host`], new images are found from exec
 //! events (a BTF raw tracepoint on `sched_process_exec`) a moment after the exec, when
 //! the dynamic loader has mapped the libraries, plus a full `/proc` scan at start and
-//! every [`RESCAN_INTERVAL`] as a safety net for libraries loaded later (dlopen) and for
-//! events lost to a full ring buffer. Scanning only is simpler but either misses
-//! short-lived processes in new images or costs a full `/proc` walk every few hundred
-//! milliseconds; exec events cost nothing between execs.
+//! every [`RESCAN_INTERVAL`] for processes whose exec event was lost (a full ring
+//! buffer or exec queue). Scanning only is simpler but either misses short-lived
+//! processes in new images or costs a full `/proc` walk every few hundred
+//! milliseconds; exec events cost nothing between execs. In both scopes, libraries
+//! mapped after a process was examined (dlopen) are found by re-reading each admitted
+//! process's maps every [`MAPS_RESCAN_INTERVAL`], round-robin (`maps_rescan.rs`).
 
 use std::{
     sync::atomic::Ordering,
@@ -34,7 +36,7 @@ use allocbpf_probe::{
     sampler::{monotonic_now_ns, Sampler, COLLECT_EXITED_EVERY},
 };
 use allocbpf_profile::{
-    aggregate::StackKey, estimate::interval_table::REFRESH_INTERVAL, report::Counters,
+    aggregate::StackKey, estimate::interval_table::REFRESH_INTERVAL, frame::Frame, report::Counters,
 };
 use allocbpf_stacks::resolve::StackResolver;
 
@@ -43,13 +45,14 @@ mod cut;
 mod cutter;
 mod exec_queue;
 mod images;
+mod maps_rescan;
 mod processes;
 mod release;
 mod start;
 mod stats;
 
-use self::cutter::IntervalCutter;
-pub use self::{cutter::ProcessProfile, stats::CollectorStats};
+use self::{cutter::IntervalCutter, maps_rescan::MapsRescan};
+pub use self::{cutter::ProcessProfile, maps_rescan::MAPS_RESCAN_INTERVAL, stats::CollectorStats};
 pub(crate) use self::{
     exec_queue::ExecQueue,
     images::ImageSet,
@@ -64,7 +67,9 @@ use crate::{
     raw_samples::RawSampleLog,
 };
 
-/// How often all of `/proc` is rescanned for new images ([`Scope::Host`]).
+/// How often all of `/proc` is rescanned for processes not followed yet
+/// ([`Scope::Host`]); those followed have their maps re-read every
+/// [`MAPS_RESCAN_INTERVAL`].
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 
 /// How often [`Collector::housekeeping`] should run.
@@ -81,8 +86,8 @@ const LOST_FREE_MIN_AGE: Duration = Duration::from_secs(10);
 pub struct AttachedTarget {
     /// Its pid.
     pub pid: u32,
-    /// Its command name.
-    pub comm: String,
+    /// Its command name (bytes, not necessarily UTF-8).
+    pub comm: std::ffi::OsString,
     /// Its allocator images, in the order they were found.
     pub images: Vec<AllocatorImage>,
     /// Probes attached, over all images.
@@ -111,6 +116,8 @@ pub struct Collector {
     target: Option<AttachedTarget>,
     batch: Vec<Event>,
     last_scan: Instant,
+    /// Whose maps are re-read next ([`MAPS_RESCAN_INTERVAL`]).
+    maps_rescan: MapsRescan,
     last_refresh: Instant,
     last_collect: Instant,
     /// Under a budget: when windows next open or close (CLOCK_MONOTONIC ns).
@@ -170,7 +177,7 @@ impl Collector {
         }
     }
 
-    /// (Re)reads `pid`'s identity, applies the scope and (host) attaches its images.
+    /// (Re)reads `pid`'s identity, applies the scope and, if admitted, attaches its images.
     fn observe(&mut self, pid: u32) {
         if self.processes.ignored.contains(&pid) {
             return;
@@ -179,8 +186,11 @@ impl Collector {
         // the images to attach.
         let maps = procfs::read_maps(pid);
         let Some(info) = ProcessInfo::read(pid, &maps, &mut self.processes.build_ids) else {
+            // Gone, or hidden from us: not read again for each of its samples.
+            self.processes.set_readable(pid, false);
             return;
         };
+        self.processes.set_readable(pid, true);
         let admitted = match &self.scope {
             Scope::Process(target) => pid == *target,
             Scope::Host { filter, .. } => {
@@ -194,7 +204,11 @@ impl Collector {
         if self.processes.update(info, admitted, live) {
             self.stats.processes_seen += 1;
         }
-        if admitted && matches!(self.scope, Scope::Host { .. }) {
+        // Records the files it maps (what a rescan of its maps compares with) and
+        // attaches the images not attached yet. One process: its images were attached
+        // at start and the facts about its files are cached (the target's), so only
+        // an image it mapped since it was resolved is examined and attached here.
+        if admitted {
             self.attach_images_of(pid, &maps);
         }
     }
@@ -272,7 +286,10 @@ impl Collector {
                         continue;
                     }
                     // After stop (no sampler) only processes already known count.
-                    if !self.processes.tracked.contains_key(&pid) && self.sampler.is_some() {
+                    if !self.processes.tracked.contains_key(&pid)
+                        && !self.processes.unreadable(pid)
+                        && self.sampler.is_some()
+                    {
                         self.observe(pid);
                         // A new program's first look (~130 ms for cc1) and its first
                         // stack (its unwind tables, ~150 ms) hold up this loop while
@@ -311,7 +328,14 @@ impl Collector {
                     if let Some(log) = self.raw_samples.as_mut() {
                         log.write(&sample);
                     }
-                    let frames = self.stacks.resolve(&sample);
+                    // A lost sample has its weight but no stack: it stands under one
+                    // frame that says so, and still counts in every total.
+                    let frames = if sample.lost {
+                        self.stats.lost_samples += 1;
+                        vec![Frame::Lost]
+                    } else {
+                        self.stacks.resolve(&sample)
+                    };
                     let tracked = self.processes.tracked.get_mut(&pid).expect("checked above");
                     tracked.aggregate.add(StackKey { pid, frames }, &allocation);
                     self.stats.samples += 1;
@@ -329,6 +353,7 @@ impl Collector {
                 Event::Exec { pid } => {
                     self.stats.exec_events += 1;
                     self.stacks.forget(pid);
+                    self.processes.set_readable(pid, true);
                     let host = matches!(self.scope, Scope::Host { .. });
                     // Its images are the new program's, known once it is examined:
                     // until then its samples cannot be placed in a budget's windows.
@@ -358,11 +383,13 @@ impl Collector {
         }
     }
 
-    /// Periodic work, to call every [`HOUSEKEEPING_TICK`]: exec'd processes, rescans,
-    /// the interval table, the budget, exited threads, kernel logs.
+    /// Periodic work, to call every [`HOUSEKEEPING_TICK`]: exec'd processes, rescans
+    /// (maps of followed processes, `/proc` for new ones), the interval table, the
+    /// budget, exited threads, kernel logs.
     pub fn housekeeping(&mut self) {
         let now = Instant::now();
         self.observe_execs_due(now);
+        self.rescan_maps_due(now);
         let host = matches!(self.scope, Scope::Host { .. });
         if host && now.duration_since(self.last_scan) >= RESCAN_INTERVAL {
             self.scan_all();
@@ -391,6 +418,9 @@ impl Collector {
             sampler.collect_exited_threads();
         }
         sampler.flush_logs();
+        let level = u64::from(sampler.pressure_level());
+        self.stats.pressure_level = level;
+        self.stats.pressure_peak_level = self.stats.pressure_peak_level.max(level);
     }
 
     /// Under an overhead budget: when observation windows next open or close, or a
@@ -464,7 +494,7 @@ impl Collector {
                 let tracked = self.processes.tracked.get(pid)?;
                 Some((
                     *pid,
-                    tracked.info.comm.clone(),
+                    tracked.info.comm_text().into_owned(),
                     tracked.observed.fraction(),
                     ProcessCostFigures {
                         pace: tracked.pace.tally.ratio(),

@@ -1,7 +1,10 @@
 //! The process table: every process the engine follows, with its identity, whether the
 //! scope admits it, its aggregate for the current interval and the files it maps.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
 
 use allocbpf_probe::image::ImageKey;
 use allocbpf_profile::aggregate::Aggregate;
@@ -65,6 +68,14 @@ impl ObservedTime {
     }
 }
 
+/// How long the samples of a process whose identity could not be read are dropped
+/// before it is looked at again (a sample at a time: not once per sample).
+pub(crate) const UNREADABLE_RETRY: Duration = Duration::from_secs(1);
+
+/// Processes whose identity could not be read, remembered at most (older ones are
+/// forgotten past it).
+const MAX_UNREADABLE: usize = 65_536;
+
 /// Followed processes, and the pids to leave alone or to clean up after.
 #[derive(Default)]
 pub(crate) struct ProcessTable {
@@ -77,6 +88,10 @@ pub(crate) struct ProcessTable {
     pub untracked_exits: HashSet<u32>,
     /// Never profiled: allocbpf itself and its calibration children.
     pub ignored: HashSet<u32>,
+    /// Processes whose identity could not be read (gone, or hidden from us), and
+    /// when: their samples are dropped without reading `/proc` again for each, for
+    /// [`UNREADABLE_RETRY`] or until they exec or exit ([`ProcessTable::unreadable`]).
+    pub unreadable_at: HashMap<u32, Instant>,
     /// Build ids of the executables seen.
     pub build_ids: BuildIdCache,
 }
@@ -123,14 +138,60 @@ impl ProcessTable {
         }
     }
 
+    /// Whether `pid`'s identity could not be read less than [`UNREADABLE_RETRY`] ago
+    /// (and it has not exec'd or exited since).
+    pub fn unreadable(&self, pid: u32) -> bool {
+        self.unreadable_at
+            .get(&pid)
+            .is_some_and(|at| at.elapsed() < UNREADABLE_RETRY)
+    }
+
+    /// `pid`'s identity could not be read now (`readable` false), or could.
+    pub fn set_readable(&mut self, pid: u32, readable: bool) {
+        if readable {
+            self.unreadable_at.remove(&pid);
+            return;
+        }
+        let now = Instant::now();
+        if self.unreadable_at.len() >= MAX_UNREADABLE {
+            self.unreadable_at
+                .retain(|_, at| now.duration_since(*at) < UNREADABLE_RETRY);
+        }
+        self.unreadable_at.insert(pid, now);
+    }
+
     /// `pid` exited: its next profile is its last, or (never followed) its kernel
     /// entries go at the next cut.
     pub fn exited(&mut self, pid: u32) {
+        self.unreadable_at.remove(&pid);
         match self.tracked.get_mut(&pid) {
             Some(tracked) => tracked.exited = true,
             None => {
                 self.untracked_exits.insert(pid);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process whose identity cannot be read is not read again for each sample, but
+    /// again after a while, or at once after its exec or exit.
+    #[test]
+    fn unreadable_processes_are_not_read_for_every_sample() {
+        let mut table = ProcessTable::ignoring(1);
+        assert!(!table.unreadable(42));
+        table.set_readable(42, false);
+        assert!(table.unreadable(42));
+        table.set_readable(42, true);
+        assert!(!table.unreadable(42));
+        table.set_readable(42, false);
+        table.exited(42);
+        assert!(!table.unreadable(42));
+        table.set_readable(42, false);
+        *table.unreadable_at.get_mut(&42).unwrap() -= UNREADABLE_RETRY;
+        assert!(!table.unreadable(42));
     }
 }

@@ -58,11 +58,7 @@ impl Collector {
             );
             options.budget = None;
         }
-        let reader = {
-            let (ring, ring_bytes) = sampler.take_events()?;
-            EventReader::new(ring, ring_bytes)
-        }
-        .map_err(CollectError::RingBuffer)?;
+        let reader = EventReader::new(sampler.take_events()?).map_err(CollectError::RingBuffer)?;
         let now = Instant::now();
         let mut collector = Collector {
             stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
@@ -83,6 +79,7 @@ impl Collector {
             target: None,
             batch: Vec::new(),
             last_scan: now,
+            maps_rescan: Default::default(),
             last_refresh: now,
             last_collect: now,
             next_window_change_ns: None,
@@ -115,6 +112,9 @@ impl Collector {
             frees: 0,
             silence: target.silence,
         };
+        // What resolving it found about its files: a rescan of its maps examines only
+        // files mapped since (dlopen).
+        self.images.cache = target.cache;
         for image in target.images {
             let links = self.sampler().attach(&image)?;
             attached.probes += links.links.len();

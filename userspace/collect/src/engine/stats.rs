@@ -11,6 +11,12 @@ pub struct CollectorStats {
     pub images_attached: u64,
     /// Images that could not be attached.
     pub attach_failures: u64,
+    /// Allocator images found but not attached because [`super::images::MAX_IMAGES`]
+    /// were attached already (total; counted at each look at a process mapping one).
+    pub images_skipped: u64,
+    /// Mapped files refused unread for a hostile ELF layout (too many section headers,
+    /// too many bytes to read), each counted once (total).
+    pub files_refused: u64,
     /// Processes seen so far.
     pub processes_seen: u64,
     /// Processes followed now.
@@ -46,6 +52,14 @@ pub struct CollectorStats {
     /// Exec events not followed up because the queue of processes to examine was full
     /// (the periodic rescan finds them later).
     pub exec_queue_overflows: u64,
+    /// Samples the kernel's sample ring had no room for, aggregated with their weight
+    /// under a stack that says so (total).
+    pub lost_samples: u64,
+    /// The ring-pressure level at the last look: sampling intervals are `rate << level`
+    /// while the reader falls behind (0 when it keeps up).
+    pub pressure_level: u64,
+    /// The highest ring-pressure level seen.
+    pub pressure_peak_level: u64,
     /// Ring-buffer records that could not be decoded.
     pub malformed_records: u64,
     /// The most ring-buffer bytes found waiting at one read.

@@ -65,11 +65,13 @@ impl Strings {
 
 /// Numeric labels carrying each stack's confidence-interval inputs, so profiles read
 /// back from the agent's store (`allocbpf report`) merge with exact intervals.
-pub const INTERVAL_INPUT_LABELS: [&str; 4] = [
+pub const INTERVAL_INPUT_LABELS: [&str; 6] = [
     "ci_counted_samples",
     "ci_untried_bytes",
     "ci_sampled_bytes",
     "ci_certain_bytes",
+    "ci_rate_sum",
+    "ci_rate_scale",
 ];
 
 /// Numeric label of a time-sampled profile's samples: the stack's byte estimate before
@@ -77,14 +79,42 @@ pub const INTERVAL_INPUT_LABELS: [&str; 4] = [
 /// `StackStats::observed_bytes`). Absent when the profile was observed full time.
 pub const OBSERVED_BYTES_LABEL: &str = "observed_bytes";
 
-/// The values of [`INTERVAL_INPUT_LABELS`], in order.
-pub fn interval_input_values(inputs: &IntervalInputs) -> [u64; 4] {
+/// The values of [`INTERVAL_INPUT_LABELS`], in order. The mean intervals' sums go as
+/// their sum `Σ R_i` and the scale `Σ R_i² / Σ R_i` (a mean interval, so that neither
+/// overflows a label): [`interval_inputs_from`] undoes it.
+pub fn interval_input_values(inputs: &IntervalInputs) -> [u64; 6] {
+    let scale = if inputs.rate_sum > 0.0 {
+        inputs.rate_square_sum / inputs.rate_sum
+    } else {
+        0.0
+    };
     [
         inputs.counted_samples,
         inputs.untried_bytes,
         inputs.sampled_bytes,
         inputs.certain_bytes,
+        inputs.rate_sum.round() as u64,
+        scale.round() as u64,
     ]
+}
+
+/// The inverse of [`interval_input_values`]; a profile written before the rates were
+/// labelled (both 0) has its samples counted at `rate`.
+pub fn interval_inputs_from(values: [u64; 6], rate: u64) -> IntervalInputs {
+    let [counted, untried, sampled, certain, rate_sum, scale] = values;
+    let (rate_sum, scale) = if rate_sum == 0 || scale == 0 {
+        (counted as f64 * rate as f64, rate as f64)
+    } else {
+        (rate_sum as f64, scale as f64)
+    };
+    IntervalInputs {
+        counted_samples: counted,
+        untried_bytes: untried,
+        sampled_bytes: sampled,
+        certain_bytes: certain,
+        rate_sum,
+        rate_square_sum: rate_sum * scale,
+    }
 }
 
 /// Converts a report to a `Profile` message.
@@ -153,7 +183,7 @@ fn mappings(report: &Report, strings: &mut Strings) -> Vec<Mapping> {
         .flat_map(|stack| &stack.locations)
         .filter_map(|location| match location.frame {
             Frame::Module { module, .. } => Some(module),
-            Frame::Unknown(_) => None,
+            Frame::Unknown(_) | Frame::Lost => None,
         })
         .collect();
     report
@@ -232,7 +262,7 @@ struct SampleBuilder<'a> {
     ci_low_key: i64,
     ci_high_key: i64,
     bytes_unit: i64,
-    input_keys: [i64; 4],
+    input_keys: [i64; 6],
     /// Time-sampled profiles only.
     observed_key: Option<i64>,
 }
@@ -338,6 +368,7 @@ impl<'a> SampleBuilder<'a> {
                 (module as u64 + 1) * MODULE_SPAN + offset,
             ),
             Frame::Unknown(addr) => (0, addr),
+            Frame::Lost => (0, 0),
         };
         let id = self.location_list.len() as u64 + 1;
         self.location_list.push(Location {

@@ -3,7 +3,8 @@
 //! kernel ring drained whatever the consumer is busy with.
 
 use allocbpf_common::{
-    AllocFn, EventKind, LiveEvent, ProcessEvent, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
+    AllocFn, EventKind, LiveEvent, LostSample, ProcessEvent, SampleEvent, MAX_STACK_DEPTH,
+    SAMPLE_FLAG_CERTAIN,
 };
 use allocbpf_profile::aggregate::SampledAllocation;
 
@@ -79,6 +80,9 @@ pub struct RawSample {
     pub regs: [u64; 3],
     /// Userspace unwinding: the user stack copied from `sp` up (empty otherwise).
     pub user_stack: Vec<u8>,
+    /// The sample ring was full: this came through the ring of lost samples, with
+    /// its weight but without a stack.
+    pub lost: bool,
 }
 
 impl RawSample {
@@ -102,6 +106,9 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
     let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
     if kind == EventKind::Sample as u32 {
         return decode_sample(bytes).map(Event::Sample);
+    }
+    if kind == EventKind::Lost as u32 {
+        return decode_lost(bytes).map(Event::Sample);
     }
     if kind == EventKind::Exec as u32 || kind == EventKind::Exit as u32 {
         if bytes.len() < std::mem::size_of::<ProcessEvent>() {
@@ -175,6 +182,33 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
             let len = (event.user_stack_len as usize).min(bytes.len() - header);
             bytes[header..header + len].to_vec()
         },
+        lost: false,
+    })
+}
+
+fn decode_lost(bytes: &[u8]) -> Option<RawSample> {
+    if bytes.len() < std::mem::size_of::<LostSample>() {
+        return None;
+    }
+    // SAFETY: as in `decode_sample`, for the plain-integer LostSample.
+    let event: LostSample = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    Some(RawSample {
+        sample_id: event.sample_id,
+        pid: event.pid,
+        tid: event.tid,
+        epoch: event.epoch,
+        timestamp_ns: event.timestamp_ns,
+        size: event.size,
+        offset: event.offset,
+        rate: event.rate,
+        next_interval: 0,
+        certain: event.flags & SAMPLE_FLAG_CERTAIN != 0,
+        function: AllocFn::from_u32(event.alloc_fn),
+        stack: Vec::new(),
+        stack_error: 0,
+        regs: [0; 3],
+        user_stack: Vec::new(),
+        lost: true,
     })
 }
 
@@ -241,6 +275,41 @@ mod tests {
         assert_eq!(sample.stack, vec![0x1500]);
         assert_eq!(sample.stack_error, -14);
         assert!(sample.certain);
+    }
+
+    #[test]
+    fn lost_samples_decode_without_a_stack() {
+        let lost = LostSample {
+            kind: EventKind::Lost as u32,
+            epoch: 3,
+            sample_id: 11,
+            timestamp_ns: 12,
+            size: 100_000,
+            offset: 7,
+            rate: 1 << 21,
+            pid: 5,
+            tid: 6,
+            alloc_fn: AllocFn::Malloc as u32,
+            flags: 0,
+        };
+        // SAFETY: LostSample is repr(C) plain data without padding.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&lost as *const LostSample).cast::<u8>(),
+                std::mem::size_of::<LostSample>(),
+            )
+        };
+        let Some(Event::Sample(sample)) = decode(bytes) else {
+            panic!("not a sample")
+        };
+        assert!(sample.lost);
+        assert!(sample.stack.is_empty() && sample.user_stack.is_empty());
+        assert_eq!(
+            (sample.size, sample.offset, sample.rate),
+            (100_000, 7, 1 << 21)
+        );
+        assert_eq!((sample.pid, sample.epoch), (5, 3));
+        assert!(decode(&bytes[..40]).is_none());
     }
 
     #[test]

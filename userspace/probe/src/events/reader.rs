@@ -29,6 +29,7 @@ use aya::maps::{MapData, RingBuf};
 use tokio::sync::Notify;
 
 use super::{decode, Event};
+use crate::sampler::EventRings;
 
 /// The reader looks at the ring at least this often. The kernel side wakes it at most
 /// once per [`allocbpf_common::RING_WAKEUP_INTERVAL_NS`] per CPU (a wakeup costs the
@@ -103,8 +104,8 @@ pub struct EventReader {
 }
 
 impl EventReader {
-    /// Starts the reader thread on `ring`, a ring buffer of `ring_bytes`.
-    pub fn new(ring: RingBuf<MapData>, ring_bytes: u32) -> io::Result<Self> {
+    /// Starts the reader thread on a sampler's rings.
+    pub fn new(rings: EventRings) -> io::Result<Self> {
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if raw < 0 {
@@ -118,8 +119,9 @@ impl EventReader {
         let stats = Arc::new(ReaderStats::default());
         let thread = {
             let pump = Pump {
-                ring,
-                ring_bytes: u64::from(ring_bytes),
+                ring: rings.events,
+                lost: rings.lost,
+                ring_bytes: u64::from(rings.events_bytes),
                 pending: Vec::new(),
                 wake: wake.as_raw_fd(),
                 sender,
@@ -267,9 +269,19 @@ fn unpack(stats: &ReaderStats, malformed: &mut u64, chunk: &[u8], out: &mut Vec<
     }
 }
 
+/// Appends one record (length, then bytes) to `pending`; false once `pending` holds a
+/// chunk's worth, to be sent.
+fn append(pending: &mut Vec<u8>, record: &[u8]) -> bool {
+    pending.extend_from_slice(&(record.len() as u32).to_ne_bytes());
+    pending.extend_from_slice(record);
+    pending.len() < CHUNK_BYTES
+}
+
 /// The reader thread's side.
 struct Pump {
     ring: RingBuf<MapData>,
+    /// Samples `ring` had no room for: small records, read after `ring` at each pass.
+    lost: RingBuf<MapData>,
     /// The ring's size: one pass takes at most this much, so a pass measures what was
     /// waiting (not what producers added while it ran) and the consumer gets chunks
     /// during a flood.
@@ -334,9 +346,14 @@ impl Pump {
                 events: libc::POLLIN,
                 revents: 0,
             },
+            libc::pollfd {
+                fd: self.lost.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
-        // SAFETY: `fds` is a live array of two pollfd structs.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, RING_POLL_EVERY.as_millis() as i32) };
+        // SAFETY: `fds` is a live array of three pollfd structs.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 3, RING_POLL_EVERY.as_millis() as i32) };
         if ready < 0 {
             let error = io::Error::last_os_error();
             return match error.kind() {
@@ -344,7 +361,7 @@ impl Pump {
                 _ => Err(error),
             };
         }
-        if fds[0].revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+        if (fds[0].revents | fds[2].revents) & (libc::POLLERR | libc::POLLNVAL) != 0 {
             return Err(io::Error::other("the ring buffer's descriptor failed"));
         }
         if fds[1].revents & libc::POLLIN == 0 {
@@ -356,20 +373,17 @@ impl Pump {
         Ok(true)
     }
 
-    /// Moves the records in the ring (up to its size) into `pending`, sending it each
-    /// time it reaches [`CHUNK_BYTES`]; false once the consumer is gone.
+    /// Moves the records in the ring (up to its size), then those of the lost ring,
+    /// into `pending`, sending it each time it reaches [`CHUNK_BYTES`]; false once the
+    /// consumer is gone.
     fn move_records(&mut self) -> bool {
         let mut ring_bytes = 0;
         while ring_bytes < self.ring_bytes {
             let Some(item) = self.ring.next() else { break };
             ring_bytes += (item.len() as u64).next_multiple_of(8) + RECORD_HEADER;
-            self.pending
-                .extend_from_slice(&(item.len() as u32).to_ne_bytes());
-            self.pending.extend_from_slice(&item);
-            drop(item);
-            if self.pending.len() >= CHUNK_BYTES {
-                let chunk = std::mem::take(&mut self.pending);
-                if !self.send(chunk) {
+            if !append(&mut self.pending, &item) {
+                drop(item);
+                if !self.send_pending() {
                     return false;
                 }
             }
@@ -377,10 +391,29 @@ impl Pump {
         self.stats
             .ring_peak_bytes
             .fetch_max(ring_bytes, Ordering::Relaxed);
+        // The lost ring is small (its records are a few dozen bytes): read it whole.
+        loop {
+            let Some(item) = self.lost.next() else { break };
+            if !append(&mut self.pending, &item) {
+                drop(item);
+                if !self.send_pending() {
+                    return false;
+                }
+            }
+        }
         true
     }
 
+    /// Sends `pending` as a chunk; false once the consumer is gone.
+    fn send_pending(&mut self) -> bool {
+        let chunk = std::mem::take(&mut self.pending);
+        self.send(chunk)
+    }
+
     fn send(&self, chunk: Vec<u8>) -> bool {
+        if chunk.is_empty() {
+            return true;
+        }
         let len = chunk.len() as u64;
         // Bounded in bytes, not chunks: a pass that found little sends a small chunk.
         while self.stats.queued_bytes.load(Ordering::Relaxed) + len > QUEUE_BYTES

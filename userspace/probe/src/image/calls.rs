@@ -8,7 +8,10 @@
 //! names. A target that is an allocation symbol (the catalogue's, under any prefix)
 //! makes the entry a forwarder.
 
-use std::collections::HashMap;
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+};
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind};
 use object::{
@@ -52,15 +55,111 @@ pub enum Branch {
     Unknown,
 }
 
+/// Sections by virtual address, looked up by binary search.
+///
+/// Code is looked up once per decoded instruction (every branch target, every
+/// instruction a purity walk reaches): a scan of the section table for each made a file
+/// with thousands of sections cost sections x instructions. The map is built once, as
+/// sorted disjoint spans, each naming the section a scan in header order would have
+/// found first (sections may overlap in a hostile file).
+#[derive(Debug, Default)]
+struct SectionMap<'data> {
+    /// Sorted by start, disjoint.
+    spans: Vec<Span<'data>>,
+}
+
+/// Addresses `[start, end)`, all in one section.
+#[derive(Clone, Copy, Debug)]
+struct Span<'data> {
+    start: u64,
+    end: u64,
+    /// Which section (its place in the input).
+    index: usize,
+    /// The section's address and bytes (empty when the file holds none).
+    address: u64,
+    data: &'data [u8],
+}
+
+impl<'data> SectionMap<'data> {
+    /// The map of `sections` (address, size, bytes), in header order; empty sections and
+    /// those whose end overflows cover nothing.
+    fn new(sections: impl IntoIterator<Item = (u64, u64, &'data [u8])>) -> Self {
+        // (start, end, bytes, place in the input)
+        let sections: Vec<(u64, u64, &[u8], usize)> = sections
+            .into_iter()
+            .enumerate()
+            .filter_map(|(index, (address, size, data))| {
+                let end = address.checked_add(size).filter(|&end| end > address)?;
+                Some((address, end, data, index))
+            })
+            .collect();
+        let mut bounds: Vec<u64> = sections.iter().flat_map(|s| [s.0, s.1]).collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut by_start: Vec<usize> = (0..sections.len()).collect();
+        by_start.sort_unstable_by_key(|&i| sections[i].0);
+        // Sweep: between two consecutive bounds the same sections cover every address;
+        // the first of them in header order is the smallest index still open (indices
+        // into `sections` keep the input's order).
+        let mut open = BinaryHeap::new();
+        let mut next = 0;
+        let mut spans: Vec<Span> = Vec::new();
+        for pair in bounds.windows(2) {
+            let (start, end) = (pair[0], pair[1]);
+            while next < by_start.len() && sections[by_start[next]].0 <= start {
+                open.push(Reverse(by_start[next]));
+                next += 1;
+            }
+            while open
+                .peek()
+                .is_some_and(|&Reverse(i)| sections[i].1 <= start)
+            {
+                open.pop();
+            }
+            let Some(&Reverse(first)) = open.peek() else {
+                continue;
+            };
+            let (address, _, data, index) = sections[first];
+            match spans.last_mut() {
+                Some(last) if last.index == index && last.end == start => last.end = end,
+                _ => spans.push(Span {
+                    start,
+                    end,
+                    index,
+                    address,
+                    data,
+                }),
+            }
+        }
+        SectionMap { spans }
+    }
+
+    /// The span holding `address`, if a section covers it.
+    fn find(&self, address: u64) -> Option<&Span<'data>> {
+        let at = self.spans.partition_point(|s| s.end <= address);
+        self.spans.get(at).filter(|s| s.start <= address)
+    }
+
+    /// Up to `len` bytes of the covering section's data from `address`.
+    fn bytes_at(&self, address: u64, len: usize) -> Option<&'data [u8]> {
+        let span = self.find(address)?;
+        let start = usize::try_from(address - span.address).ok()?;
+        span.data
+            .get(start..span.data.len().min(start.saturating_add(len)))
+    }
+}
+
 /// Resolves branch targets of one parsed file.
 pub struct CallResolver<'data, 'file> {
-    file: &'file object::File<'data>,
     /// GOT slot address -> the symbol its relocation binds.
     got: HashMap<u64, String>,
-    /// `[start, end)` of the PLT sections.
-    plt: Vec<(u64, u64)>,
+    /// The PLT sections.
+    plt: SectionMap<'data>,
+    /// The code sections.
+    text: SectionMap<'data>,
     /// Function symbols by address.
     names: HashMap<u64, String>,
+    file: std::marker::PhantomData<&'file object::File<'data>>,
 }
 
 impl<'data, 'file> CallResolver<'data, 'file> {
@@ -88,11 +187,15 @@ impl<'data, 'file> CallResolver<'data, 'file> {
                 }
             }
         }
-        let plt = file
-            .sections()
-            .filter(|s| s.name().is_ok_and(|n| n.starts_with(".plt")))
-            .map(|s| (s.address(), s.address() + s.size()))
-            .collect();
+        let map = |keep: &dyn Fn(&object::Section<'data, 'file>) -> bool| {
+            SectionMap::new(
+                file.sections()
+                    .filter(|s| keep(s))
+                    .map(|s| (s.address(), s.size(), s.data().unwrap_or(&[]))),
+            )
+        };
+        let plt = map(&|s| s.name().is_ok_and(|n| n.starts_with(".plt")));
+        let text = map(&|s| s.kind() == object::SectionKind::Text);
         let names = file
             .dynamic_symbols()
             .chain(file.symbols())
@@ -100,10 +203,11 @@ impl<'data, 'file> CallResolver<'data, 'file> {
             .filter_map(|s| Some((s.address(), s.name().ok()?.to_string())))
             .collect();
         CallResolver {
-            file,
             got,
             plt,
+            text,
             names,
+            file: std::marker::PhantomData,
         }
     }
 
@@ -154,30 +258,16 @@ impl<'data, 'file> CallResolver<'data, 'file> {
 
     /// Up to 16 bytes of the file's code at virtual address `address`.
     pub fn code_at(&self, address: u64) -> Option<&'data [u8]> {
-        let section = self.file.sections().find(|s| {
-            s.kind() == object::SectionKind::Text
-                && (s.address()..s.address() + s.size()).contains(&address)
-        })?;
-        let data = section.data().ok()?;
-        let start = (address - section.address()) as usize;
-        data.get(start..data.len().min(start + 16))
+        self.text.bytes_at(address, 16)
     }
 
     fn in_plt(&self, address: u64) -> bool {
-        self.plt
-            .iter()
-            .any(|(lo, hi)| (*lo..*hi).contains(&address))
+        self.plt.find(address).is_some()
     }
 
     /// The symbol a PLT stub at `address` jumps to through its GOT slot.
     fn plt_symbol(&self, address: u64) -> Option<&str> {
-        let section = self
-            .file
-            .sections()
-            .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;
-        let data = section.data().ok()?;
-        let start = (address - section.address()) as usize;
-        let code = data.get(start..data.len().min(start + 32))?;
+        let code = self.plt.bytes_at(address, 32)?;
         let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
         // .plt.sec: endbr64; bnd jmp *GOT(%rip). Classic .plt: jmp *GOT(%rip).
         for _ in 0..3 {
@@ -258,6 +348,45 @@ mod tests {
             .find(|p| p.file_name().is_some_and(|n| n == "libc.so.6"))
             .expect("tests run on glibc");
         std::fs::read(path).unwrap()
+    }
+
+    /// The section map finds what a scan of the sections in header order finds, however
+    /// they overlap.
+    #[test]
+    fn the_section_map_agrees_with_a_scan_in_header_order() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        // (address, size): nested, overlapping, adjacent, empty, duplicated, overflowing.
+        let sections = [
+            (100u64, 50u64),
+            (120, 10),
+            (90, 20),
+            (150, 30),
+            (0, 500),
+            (140, 0),
+            (120, 10),
+            (400, 20),
+            (u64::MAX - 4, 10),
+            (600, 5),
+        ];
+        let map = SectionMap::new(sections.iter().map(|&(a, n)| (a, n, &bytes[..])));
+        for address in 0..700 {
+            let scan = sections.iter().position(|&(a, n)| {
+                a.checked_add(n)
+                    .is_some_and(|end| (a..end).contains(&address))
+            });
+            assert_eq!(map.find(address).map(|s| s.index), scan, "at {address}");
+            let expected = scan.and_then(|i| {
+                let start = (address - sections[i].0) as usize;
+                bytes.get(start..bytes.len().min(start + 16))
+            });
+            assert_eq!(map.bytes_at(address, 16), expected, "at {address}");
+        }
+        // Every section covering every address still makes one span each lookup finds.
+        let whole: Vec<(u64, u64, &[u8])> = vec![(0, 1 << 28, &bytes[..]); 4096];
+        let map = SectionMap::new(whole);
+        assert_eq!(map.spans.len(), 1);
+        assert_eq!(map.find((1 << 28) - 1).map(|s| s.index), Some(0));
+        assert!(map.find(1 << 28).is_none());
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub use entries::{resolve_entries, ResolvedEntries};
 pub use frame::CallFrame;
 
 use std::{
+    collections::HashSet,
     fs::File,
     path::{Path, PathBuf},
     sync::Arc,
@@ -38,6 +39,7 @@ use allocbpf_common::{
 use object::{Object, ObjectSymbol};
 
 use crate::allocators;
+use crate::elf_ranges::Refusal;
 use crate::image::point::ProbePoint;
 use crate::procfs::{self, MapsEntry};
 
@@ -83,6 +85,9 @@ pub struct ImageError {
     /// The mapping could not be opened (the process exited or unmapped it): no verdict
     /// about the file itself.
     pub gone: bool,
+    /// The file was refused unread for a hostile layout ([`crate::elf_ranges`]): worth
+    /// counting and telling, unlike a file that is simply no allocator.
+    pub refusal: Option<Refusal>,
 }
 
 /// One entry of an image, ready to attach.
@@ -209,13 +214,25 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
         path: path_in_target.to_path_buf(),
         reason,
         gone,
+        refusal: None,
     };
     let opened = procfs::open_mapped(pid, mapping).map_err(|e| {
-        let gone = matches!(e, procfs::MappedFileError::Open { .. });
+        // No verdict about the file itself: the process is gone, or its own mount
+        // table could not tell where the file is.
+        let gone = matches!(
+            e,
+            procfs::MappedFileError::Open { .. }
+                | procfs::MappedFileError::UnknownFileSystem { .. }
+        );
         bad(e.to_string(), gone)
     })?;
-    let data =
-        procfs::read_mapped(&opened, path_in_target).map_err(|e| bad(e.to_string(), false))?;
+    let data = procfs::read_mapped(&opened, path_in_target).map_err(|e| ImageError {
+        refusal: match e {
+            procfs::MappedFileError::Refused { refusal, .. } => Some(refusal),
+            _ => None,
+        },
+        ..bad(e.to_string(), false)
+    })?;
     let key = ImageKey::of(mapping);
     let file = object::File::parse(&*data).map_err(|e| bad(e.to_string(), false))?;
     let imports_allocation = file.dynamic_symbols().any(|symbol| {
@@ -318,12 +335,15 @@ impl AllocatorImage {
 
 /// The executable, file-backed mappings of a process, once per file: every one may
 /// define allocation entries.
+///
+/// Files seen are a set: any process can map tens of thousands of distinct files
+/// executable (the kernel allows 65,530 mappings by default), and looking each up in a
+/// list made every look at its maps quadratic.
 pub fn candidate_mappings(maps: &[MapsEntry]) -> Vec<&MapsEntry> {
-    let mut seen = Vec::new();
+    let mut seen = HashSet::new();
     let mut out = Vec::new();
     for entry in maps.iter().filter(|e| e.executable && e.inode != 0) {
-        if entry.file_path().is_some() && !seen.contains(&(entry.device, entry.inode)) {
-            seen.push((entry.device, entry.inode));
+        if entry.file_path().is_some() && seen.insert((entry.device, entry.inode)) {
             out.push(entry);
         }
     }

@@ -12,8 +12,8 @@ use std::os::fd::OwnedFd;
 
 use allocbpf_common::{
     Counter, LiveMode, Totals, CERTAIN_THRESHOLD_GLOBAL, COUNTER_COUNT, COUNT_HITS_GLOBAL,
-    LIVE_MODE_GLOBAL, RATE_GLOBAL, STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL,
-    THREAD_SLOT_MASK_GLOBAL,
+    LIVE_MODE_GLOBAL, LOST_MAP, PRESSURE_MAP, RATE_GLOBAL, SELF_TGID_GLOBAL,
+    STACK_COPY_BYTES_GLOBAL, TARGET_PID_GLOBAL, THREAD_SLOT_MASK_GLOBAL,
 };
 use aya::{
     maps::{Array, MapData, RingBuf},
@@ -285,6 +285,7 @@ impl Sampler {
             .btf(btf.as_ref())
             .override_global(TARGET_PID_GLOBAL, &target_pid, true)
             .override_global(COUNT_HITS_GLOBAL, &count_hits, true)
+            .override_global(SELF_TGID_GLOBAL, &std::process::id(), true)
             .override_global(RATE_GLOBAL, &config.rate, true)
             .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
             .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
@@ -523,15 +524,31 @@ impl Sampler {
             && self.session_programs.is_some() == self.config.live.is_some()
     }
 
-    /// Takes the sample ring buffer (once).
-    /// The ring buffer and its size ([`SamplerConfig::ring_bytes`]), for its reader.
-    pub fn take_events(&mut self) -> Result<(RingBuf<MapData>, u32), ProbeError> {
-        let map = self
-            .ebpf
-            .take_map("EVENTS")
-            .ok_or_else(|| load_error(missing("EVENTS")))?;
-        let ring = RingBuf::try_from(map).map_err(map_error("EVENTS"))?;
-        Ok((ring, self.config.ring_bytes()))
+    /// Takes the ring buffers (once), for their reader: the sample ring and its size
+    /// ([`SamplerConfig::ring_bytes`]), and the ring of samples it had no room for.
+    pub fn take_events(&mut self) -> Result<EventRings, ProbeError> {
+        let mut take = |name: &'static str| {
+            let map = self
+                .ebpf
+                .take_map(name)
+                .ok_or_else(|| load_error(missing(name)))?;
+            RingBuf::try_from(map).map_err(map_error(name))
+        };
+        Ok(EventRings {
+            events: take("EVENTS")?,
+            lost: take(LOST_MAP)?,
+            events_bytes: self.config.ring_bytes(),
+        })
+    }
+
+    /// The ring-pressure level in force: sampling intervals are `rate << level`
+    /// (0 while the reader keeps up).
+    pub fn pressure_level(&self) -> u32 {
+        self.ebpf
+            .map(PRESSURE_MAP)
+            .and_then(|map| Array::<_, u64>::try_from(map).ok())
+            .and_then(|array| array.get(&0, 0).ok())
+            .map_or(0, |level| level as u32)
     }
 
     /// Forwards pending eBPF log records to the `log` facade.
@@ -598,7 +615,19 @@ fn counters_from(values: [u64; COUNTER_COUNT as usize]) -> Counters {
         live_map_full: at(Counter::LiveMapFull),
         live_frees: at(Counter::LiveFrees),
         live_returns: at(Counter::LiveReturns),
+        lost_unrecorded: at(Counter::LostUnrecorded),
+        pressure_raises: at(Counter::PressureRaises),
     }
+}
+
+/// The ring buffers of a sampler, for [`crate::events::EventReader::new`].
+pub struct EventRings {
+    /// Sampled allocations and process events.
+    pub events: RingBuf<MapData>,
+    /// Samples `events` had no room for ([`allocbpf_common::LostSample`]).
+    pub lost: RingBuf<MapData>,
+    /// The size of `events` in bytes.
+    pub events_bytes: u32,
 }
 
 /// Returns once every eBPF program run that started before the call has finished.

@@ -76,10 +76,16 @@ impl<K: Clone + Eq + Hash, V: ByteSize> LruCache<K, V> {
         self.by_inode.insert(inode, key);
     }
 
-    /// Adds `value` under `key`, evicting the least recently used until it fits (a
-    /// value larger than the whole budget is kept alone).
-    pub fn insert(&mut self, key: K, value: Arc<V>) {
+    /// Adds `value` under `key`, evicting the least recently used until it fits; false,
+    /// with nothing added or evicted, if it is larger than the whole budget. Such a value
+    /// used to be kept alone, over the budget: one hostile file then held any amount of
+    /// memory, and emptied the cache of every other file.
+    #[must_use]
+    pub fn insert(&mut self, key: K, value: Arc<V>) -> bool {
         let size = value.bytes();
+        if size > self.budget {
+            return false;
+        }
         while self.bytes + size > self.budget {
             let Some(oldest) = self
                 .entries
@@ -99,6 +105,7 @@ impl<K: Clone + Eq + Hash, V: ByteSize> LruCache<K, V> {
             self.bytes -= old.bytes();
         }
         self.bytes += size;
+        true
     }
 
     /// Bytes held.
@@ -122,19 +129,25 @@ mod tests {
     #[test]
     fn the_least_recently_used_goes_first_and_the_budget_holds() {
         let mut cache = LruCache::new(100);
-        cache.insert("a", Arc::new(Blob(40)));
-        cache.insert("b", Arc::new(Blob(40)));
+        assert!(cache.insert("a", Arc::new(Blob(40))));
+        assert!(cache.insert("b", Arc::new(Blob(40))));
         cache.index((1, 1), "a");
         // "a" used since "b" was inserted: "b" is the one evicted.
         assert!(cache.by_inode((1, 1)).is_some());
-        cache.insert("c", Arc::new(Blob(40)));
+        assert!(cache.insert("c", Arc::new(Blob(40))));
         assert!(cache.get(&"b").is_none());
         assert!(cache.get(&"a").is_some() && cache.get(&"c").is_some());
         assert_eq!(cache.bytes(), 80);
         assert_eq!(cache.evicted, 1);
-        // Larger than the budget: kept alone.
-        cache.insert("d", Arc::new(Blob(500)));
-        assert_eq!(cache.bytes(), 500);
+        // Larger than the whole budget: refused, and nothing else evicted for it.
+        assert!(!cache.insert("d", Arc::new(Blob(101))));
+        assert!(cache.get(&"d").is_none());
+        assert_eq!(cache.bytes(), 80);
+        assert_eq!(cache.evicted, 1);
+        assert!(cache.by_inode((1, 1)).is_some());
+        // Exactly the budget fits, alone.
+        assert!(cache.insert("e", Arc::new(Blob(100))));
+        assert_eq!(cache.bytes(), 100);
         assert!(cache.get(&"a").is_none());
         // An evicted file's inode entry no longer finds anything.
         assert!(cache.by_inode((1, 1)).is_none());

@@ -20,9 +20,9 @@
 //! sampled in `malloc` steps through `calloc` by that rule.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     ops::Range,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -34,7 +34,7 @@ use framehop::{
 use object::{Object, ObjectSection, ObjectSegment};
 
 use allocbpf_probe::image::{self, CallFrame, Lookup};
-use allocbpf_probe::procfs::{self, MapsEntry};
+use allocbpf_probe::procfs::{self, MappedFileError, MapsEntry};
 
 mod cache;
 
@@ -44,6 +44,19 @@ use cache::{LruCache, MAX_CACHED_BYTES};
 const MAX_FRAMES: usize = 127;
 /// Module lists re-read at most this often per process.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// Bytes of unwind sections (`.eh_frame`, `.eh_frame_hdr`, `.debug_frame`, sizes as
+/// their headers say) a file may have copied; a file with more keeps its module but not
+/// its tables, and its code is unwound as code without them (frame pointers in `auto`,
+/// the stack ends there in `dwarf`). The largest real ones: librustc_driver 11.0 MB
+/// (9.6 MB of `.eh_frame`), libLLVM.so.22.1 7.6 MB, gcc's cc1 2.8 MB, Debian's libc
+/// 183 KB. More than the cache's whole budget could never be kept
+/// ([`LruCache::insert`]): it would be copied again at every refresh, and one file
+/// would evict every other.
+const MAX_UNWIND_BYTES: u64 = MAX_CACHED_BYTES;
+
+/// Files remembered as unusable at most (keys only); past it the set starts over.
+const MAX_UNUSABLE_FILES: usize = 4096;
 
 /// How `dwarf`/`auto` treat code without unwind information.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,8 +95,29 @@ impl cache::ByteSize for FileSections {
 }
 
 impl FileSections {
-    fn read(data: &[u8], lookup: &Lookup) -> Option<FileSections> {
+    /// The unwind data of the file whose bytes are `data` (`what`: its path, for logs),
+    /// its tables left out if they hold over `max_unwind_bytes`; `None` if it does not
+    /// parse.
+    fn read(
+        data: &[u8],
+        lookup: &Lookup,
+        max_unwind_bytes: u64,
+        what: &Path,
+    ) -> Option<FileSections> {
         let file = object::File::parse(data).ok()?;
+        // Sizes from the headers, before anything is copied.
+        let unwind_bytes = [".eh_frame", ".eh_frame_hdr", ".debug_frame"]
+            .iter()
+            .filter_map(|name| file.section_by_name(name))
+            .fold(0u64, |sum, s| sum.saturating_add(s.size()));
+        let tables = unwind_bytes <= max_unwind_bytes;
+        if !tables {
+            tracing::warn!(
+                "{}: {unwind_bytes} bytes of unwind tables, over the {max_unwind_bytes}-byte \
+                 cap: not used, its code is unwound as code without tables (frame pointers)",
+                what.display()
+            );
+        }
         let call_frames = image::resolve_entries(&file, data, lookup)
             .map(|entries| entries.call_frames)
             .unwrap_or_default()
@@ -91,7 +125,7 @@ impl FileSections {
             .map(|frame| (frame.return_address, frame))
             .collect();
         let section = |name: &str| {
-            let s = file.section_by_name(name)?;
+            let s = file.section_by_name(name).filter(|_| tables)?;
             let bytes: Arc<[u8]> = Arc::from(s.data().ok()?);
             Some((s.address()..s.address() + s.size(), bytes))
         };
@@ -177,6 +211,11 @@ pub struct StackUnwinder {
     /// Sections by file, and which file a device and inode is (a file seen before is
     /// not read again).
     files: LruCache<FileKey, FileSections>,
+    /// Files that could not be read or parsed (refused for a hostile layout, not ELF,
+    /// too large), by device and inode: left out of every process's modules (framehop
+    /// follows frame pointers through code of no module) without being read again at
+    /// each refresh, which could read up to a file-size cap once a second.
+    unusable: HashSet<(u64, u64)>,
     processes: HashMap<u32, ProcessModules>,
     /// Stacks unwound, and time spent (for `-v` logs and the benchmark figures).
     pub unwound: u64,
@@ -209,6 +248,7 @@ impl StackUnwinder {
             },
             cache: CacheX86_64::new(),
             files: LruCache::new(MAX_CACHED_BYTES),
+            unusable: HashSet::new(),
             processes: HashMap::new(),
             unwound: 0,
             elapsed: Duration::ZERO,
@@ -235,12 +275,28 @@ impl StackUnwinder {
         if let Some(sections) = self.files.by_inode(inode) {
             return Some(sections);
         }
+        if self.unusable.contains(&inode) {
+            return None;
+        }
         // The process's own view: works for deleted/replaced files and containers.
         let path = mapping.file_path()?;
-        let data = procfs::open_mapped(pid, mapping)
+        let data = match procfs::open_mapped(pid, mapping)
             .and_then(|file| procfs::read_mapped(&file, path))
-            .map_err(|error| tracing::debug!("pid {pid}: {error}"))
-            .ok()?;
+        {
+            Ok(data) => data,
+            Err(error) => {
+                tracing::debug!("pid {pid}: {error}");
+                // Gone, or not the mapping's file: no verdict about the file itself.
+                let transient = matches!(
+                    error,
+                    MappedFileError::Open { .. } | MappedFileError::NotTheMapping { .. }
+                );
+                if !transient {
+                    self.remember_unusable(inode);
+                }
+                return None;
+            }
+        };
         let key = match build_id(&data) {
             Some(id) => FileKey::BuildId(id),
             None => FileKey::Path(path.to_path_buf()),
@@ -248,13 +304,32 @@ impl StackUnwinder {
         let sections = match self.files.get(&key) {
             Some(sections) => sections,
             None => {
-                let sections = Arc::new(FileSections::read(&data, &self.lookup)?);
-                self.files.insert(key.clone(), sections.clone());
+                let Some(sections) =
+                    FileSections::read(&data, &self.lookup, MAX_UNWIND_BYTES, path)
+                else {
+                    tracing::debug!("pid {pid}: {} does not parse", path.display());
+                    self.remember_unusable(inode);
+                    return None;
+                };
+                let sections = Arc::new(sections);
+                if !self.files.insert(key.clone(), sections.clone()) {
+                    // Over the whole budget (not within MAX_UNWIND_BYTES): used for this
+                    // process, read again for the next.
+                    tracing::debug!("pid {pid}: {} not cached: too large", path.display());
+                }
                 sections
             }
         };
         self.files.index(inode, key);
         Some(sections)
+    }
+
+    /// Remembers that the file with this device and inode cannot be used.
+    fn remember_unusable(&mut self, inode: (u64, u64)) {
+        if self.unusable.len() >= MAX_UNUSABLE_FILES {
+            self.unusable.clear();
+        }
+        self.unusable.insert(inode);
     }
 
     /// Drops `pid`'s modules (it exited or exec'd).
@@ -296,7 +371,8 @@ impl StackUnwinder {
                 ..Default::default()
             };
             unwinder.add_module(Module::new(
-                mapping.name.clone(),
+                // framehop's name is for its messages only: text, lossily.
+                mapping.name.to_string_lossy().into_owned(),
                 mapping.range.clone(),
                 bias,
                 info,
@@ -382,5 +458,98 @@ impl StackUnwinder {
         self.unwound += 1;
         self.elapsed += started.elapsed();
         addresses
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{fs::File, os::fd::AsRawFd};
+
+    use super::*;
+
+    /// This process's mapping of the C library.
+    fn libc_mapping() -> MapsEntry {
+        procfs::read_maps(std::process::id())
+            .into_iter()
+            .find(|e| {
+                e.executable
+                    && e.file_path()
+                        .and_then(Path::file_name)
+                        .is_some_and(|n| n == "libc.so.6")
+            })
+            .expect("tests run on glibc")
+    }
+
+    /// Tables over the cap are left out, the module kept: its code is unwound as code
+    /// without tables, at the same load bias.
+    #[test]
+    fn unwind_tables_over_the_cap_are_left_out_and_the_module_kept() {
+        let mapping = libc_mapping();
+        let path = mapping.file_path().unwrap();
+        let data = std::fs::read(path).unwrap();
+        let lookup = Lookup::default();
+        let whole = FileSections::read(&data, &lookup, MAX_UNWIND_BYTES, path).unwrap();
+        assert!(whole.has_unwind_info());
+        let capped = FileSections::read(&data, &lookup, 1000, path).unwrap();
+        assert!(!capped.has_unwind_info());
+        assert!(capped.eh_frame_hdr.is_none());
+        assert_eq!(cache::ByteSize::bytes(&capped), 0);
+        let bias = |f: &FileSections| f.bias(mapping.range.start, mapping.offset);
+        assert!(bias(&capped).is_some());
+        assert_eq!(bias(&capped), bias(&whole));
+    }
+
+    /// A mapped file refused unread (60,000 section headers) is remembered by device and
+    /// inode: the next refresh does not read it again, and the process's other modules
+    /// are still read.
+    #[test]
+    fn a_refused_file_is_remembered_and_not_read_again() {
+        let dir = std::env::temp_dir().join(format!("unwind-refused-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hostile.so");
+        let sections: u64 = 60_000;
+        let size: u64 = 8 << 20;
+        let mut head = vec![0u8; 64];
+        head[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
+        head[0x28..0x30].copy_from_slice(&0x1000u64.to_le_bytes()); // e_shoff
+        head[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
+        head[0x3c..0x3e].copy_from_slice(&(sections as u16).to_le_bytes()); // e_shnum
+        head[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes()); // e_shstrndx
+        let file = File::create(&path).unwrap();
+        std::io::Write::write_all(&mut &file, &head).unwrap();
+        file.set_len(size).unwrap();
+        drop(file);
+        let file = File::open(&path).unwrap();
+        // SAFETY: a new private read-only mapping of a file we own, unmapped below.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(address, libc::MAP_FAILED);
+        let pid = std::process::id();
+        let mapping = procfs::read_maps(pid)
+            .into_iter()
+            .find(|e| e.range.start == address as u64)
+            .unwrap();
+        let mut unwinder = StackUnwinder::new(Fallback::FramePointers, Vec::new());
+        assert!(unwinder.file(pid, &mapping).is_none());
+        assert!(unwinder.unusable.contains(&(mapping.device, mapping.inode)));
+        // Not read again: the same answer even once the file could no longer be read.
+        std::fs::remove_file(&path).unwrap();
+        assert!(unwinder.file(pid, &mapping).is_none());
+        assert!(unwinder.file(pid, &libc_mapping()).is_some());
+        unwinder.refresh(pid);
+        let process = &unwinder.processes[&pid];
+        assert!(process.range_of(address as u64).is_none());
+        assert!(!process.ranges.is_empty());
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(address, size as usize) };
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,0 +1,97 @@
+//! Sampling under ring pressure: when the reader falls behind, every thread's mean
+//! sampling interval is doubled, level by level, and halved again once it has caught
+//! up (docs/statistics.md, "Overload").
+//!
+//! Why this stays unbiased: a sample carries the mean interval of the countdown it
+//! ended, and a countdown drawn at one level is drawn again, fresh, at the first
+//! allocation after the level changed. The level depends on the ring, never on the
+//! countdown being replaced, so by memorylessness every allocation is sampled with
+//! probability `1 - exp(-S/R)` for the `R` in force when it is made, and its sample's
+//! weight `S / (1 - exp(-S/R))` uses that `R`.
+
+use allocbpf_common::{
+    MAX_PRESSURE_LEVEL, PRESSURE_LOWER_FRACTION, PRESSURE_LOWER_SPACING_NS,
+    PRESSURE_RAISE_FRACTION, PRESSURE_RAISE_SPACING_NS,
+};
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_RING_SIZE},
+    helpers::bpf_get_prandom_u32,
+    macros::map,
+    maps::Array,
+};
+
+use crate::{bump, EVENTS, INTERVALS, RATE};
+use allocbpf_common::{Counter, INTERVAL_TABLE_LEN};
+use core::ptr::read_volatile;
+
+/// `[0]`: the pressure level in force; `[1]`: when it last changed (ns).
+#[map]
+static PRESSURE: Array<u64> = Array::with_max_entries(2, 0);
+
+/// The pressure level in force (0 when the reader keeps up).
+#[inline(always)]
+pub(crate) fn level() -> u32 {
+    PRESSURE
+        .get(0)
+        .map(|level| (*level as u32).min(MAX_PRESSURE_LEVEL))
+        .unwrap_or(0)
+}
+
+/// Draws a countdown with mean `RATE << level`: a random entry of the exponential table
+/// (mean `RATE`), scaled, with random low bits so that the scaled countdown is not
+/// confined to multiples of `2^level` (a 1-byte allocation must stay `2^level` times
+/// less likely to be sampled, not as likely).
+#[inline(always)]
+pub(crate) fn interval_at(level: u32) -> u64 {
+    // SAFETY: a plain helper call without arguments.
+    let random = unsafe { bpf_get_prandom_u32() };
+    let index = random & (INTERVAL_TABLE_LEN - 1);
+    let base = match INTERVALS.get(index) {
+        Some(interval) => *interval,
+        // Unreachable (the index is masked); the mean keeps the sampler alive.
+        None => unsafe { read_volatile(&RATE) },
+    };
+    let shift = level & 15;
+    let low = ((random >> 16) as u64) & ((1u64 << shift) - 1);
+    (base << shift) | low
+}
+
+/// Makes a countdown follow the level in force: one drawn at another level is drawn
+/// again (see the module docs for why that keeps sampling unbiased).
+#[inline(always)]
+pub(crate) fn follow(remaining: &mut u64, drawn_level: &mut u32, level: u32) {
+    if *drawn_level != level {
+        *remaining = interval_at(level);
+        *drawn_level = level;
+    }
+}
+
+/// After a sample: raises the level if the reader has fallen behind (more than
+/// `1/PRESSURE_RAISE_FRACTION` of the ring waiting), lowers it once it has caught up
+/// (less than `1/PRESSURE_LOWER_FRACTION`), each at most once per its spacing.
+/// Racing updates from several CPUs can only move the level by one step more.
+#[inline(always)]
+pub(crate) fn observe_ring(now_ns: u64) {
+    let waiting = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+    let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
+    let (Some(level), Some(changed)) = (PRESSURE.get_ptr_mut(0), PRESSURE.get_ptr_mut(1)) else {
+        return;
+    };
+    // SAFETY: live map values; a racing writer can only make the level off by a step.
+    unsafe {
+        let since = now_ns.wrapping_sub(*changed);
+        if waiting > size / PRESSURE_RAISE_FRACTION {
+            if *level < MAX_PRESSURE_LEVEL as u64 && since >= PRESSURE_RAISE_SPACING_NS {
+                *level += 1;
+                *changed = now_ns;
+                bump(Counter::PressureRaises);
+            }
+        } else if waiting < size / PRESSURE_LOWER_FRACTION
+            && *level > 0
+            && since >= PRESSURE_LOWER_SPACING_NS
+        {
+            *level -= 1;
+            *changed = now_ns;
+        }
+    }
+}
