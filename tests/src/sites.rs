@@ -144,11 +144,16 @@ pub fn check_site_list(json: &Value, sites: &[Site]) {
             "{}: estimated {estimated}, truth {truth}, sd {sd}",
             site.function
         );
-        assert!(
-            (samples as f64 - mean_samples).abs() <= 5.0 * sd_samples + 0.5,
-            "{}: {samples} samples, expected {mean_samples} +- {sd_samples}",
-            site.function
-        );
+        // The count's law assumes the fixed rate: a run whose reader fell behind had
+        // its intervals raised for a while (each sample weighed at its own, so the
+        // estimate above still holds), and fewer samples.
+        if json["counters"]["pressure_raises"].as_u64() == Some(0) {
+            assert!(
+                (samples as f64 - mean_samples).abs() <= 5.0 * sd_samples + 0.5,
+                "{}: {samples} samples, expected {mean_samples} +- {sd_samples}",
+                site.function
+            );
+        }
         // Every stack carries an ordered 95% interval; a site of certain allocations
         // only (site_large) has its exact bytes as the lower end.
         for stack in &stacks {

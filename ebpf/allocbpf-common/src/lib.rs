@@ -271,11 +271,12 @@ pub const fn pressure_rate(rate: u64, level: u32) -> u64 {
     rate << (level & 15)
 }
 
-/// The pressure level rises when more than `1/PRESSURE_RAISE_FRACTION` of the
-/// `EVENTS` ring waits for the reader at a sample...
-pub const PRESSURE_RAISE_FRACTION: u64 = 4;
+/// The pressure level rises when more than `PRESSURE_RAISE_QUARTERS` quarters of the
+/// `EVENTS` ring wait for the reader at a sample: only near an overflow, so that a
+/// reader that merely lags (a cold start, a cut) changes no interval...
+pub const PRESSURE_RAISE_QUARTERS: u64 = 3;
 /// ...and falls when less than `1/PRESSURE_LOWER_FRACTION` does.
-pub const PRESSURE_LOWER_FRACTION: u64 = 32;
+pub const PRESSURE_LOWER_FRACTION: u64 = 8;
 /// At most one rise per this many nanoseconds: a burst that fills the ring in a few
 /// milliseconds is met within them, and one reading does not jump several levels.
 pub const PRESSURE_RAISE_SPACING_NS: u64 = 200_000;

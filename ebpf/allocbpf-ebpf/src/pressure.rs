@@ -11,7 +11,7 @@
 
 use allocbpf_common::{
     MAX_PRESSURE_LEVEL, PRESSURE_LOWER_FRACTION, PRESSURE_LOWER_SPACING_NS,
-    PRESSURE_RAISE_FRACTION, PRESSURE_RAISE_SPACING_NS,
+    PRESSURE_RAISE_QUARTERS, PRESSURE_RAISE_SPACING_NS,
 };
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_RING_SIZE},
@@ -67,7 +67,7 @@ pub(crate) fn follow(remaining: &mut u64, drawn_level: &mut u32, level: u32) {
 }
 
 /// After a sample: raises the level if the reader has fallen behind (more than
-/// `1/PRESSURE_RAISE_FRACTION` of the ring waiting), lowers it once it has caught up
+/// `PRESSURE_RAISE_QUARTERS` quarters of the ring waiting), lowers it once it has caught up
 /// (less than `1/PRESSURE_LOWER_FRACTION`), each at most once per its spacing.
 /// Racing updates from several CPUs can only move the level by one step more.
 #[inline(always)]
@@ -80,7 +80,7 @@ pub(crate) fn observe_ring(now_ns: u64) {
     // SAFETY: live map values; a racing writer can only make the level off by a step.
     unsafe {
         let since = now_ns.wrapping_sub(*changed);
-        if waiting > size / PRESSURE_RAISE_FRACTION {
+        if waiting > size / 4 * PRESSURE_RAISE_QUARTERS {
             if *level < MAX_PRESSURE_LEVEL as u64 && since >= PRESSURE_RAISE_SPACING_NS {
                 *level += 1;
                 *changed = now_ns;

@@ -22,7 +22,7 @@
 use std::{
     collections::{HashMap, HashSet},
     ops::Range,
-    path::{Path, PathBuf},
+    path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -35,6 +35,7 @@ use object::{Object, ObjectSection, ObjectSegment};
 
 use allocbpf_probe::image::{self, CallFrame, Lookup};
 use allocbpf_probe::procfs::{self, MappedFileError, MapsEntry};
+use allocbpf_probe::sealed_copy::FileIdentity;
 
 mod cache;
 
@@ -223,18 +224,10 @@ pub struct StackUnwinder {
     pub elapsed: Duration,
 }
 
-/// Identity of a file: its GNU build id, or its path when it has none.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum FileKey {
-    BuildId(Vec<u8>),
-    Path(PathBuf),
-}
-
-/// The GNU build id note of an ELF file, if any.
-fn build_id(data: &[u8]) -> Option<Vec<u8>> {
-    let file = object::File::parse(data).ok()?;
-    file.build_id().ok().flatten().map(<[u8]>::to_vec)
-}
+/// Identity of a file: the `fstat` of our own descriptor to it (device, inode, size,
+/// times). Not its build id: that is bytes in the file, which a stub library seen first
+/// could carry to have its unwind tables used for every process's libc.
+type FileKey = FileIdentity;
 
 impl StackUnwinder {
     /// An unwinder for `auto` (frame-pointer fallback) or `dwarf` (stop) mode, for a
@@ -280,10 +273,15 @@ impl StackUnwinder {
         }
         // The process's own view: works for deleted/replaced files and containers.
         let path = mapping.file_path()?;
-        let data = match procfs::open_mapped(pid, mapping)
-            .and_then(|file| procfs::read_mapped(&file, path))
-        {
-            Ok(data) => data,
+        let read = procfs::open_mapped(pid, mapping).and_then(|file| {
+            let identity = FileIdentity::of(&file).map_err(|source| MappedFileError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+            Ok((identity, procfs::read_mapped(&file, path)?))
+        });
+        let (key, data) = match read {
+            Ok(read) => read,
             Err(error) => {
                 tracing::debug!("pid {pid}: {error}");
                 // Gone, or not the mapping's file: no verdict about the file itself.
@@ -297,10 +295,6 @@ impl StackUnwinder {
                 return None;
             }
         };
-        let key = match build_id(&data) {
-            Some(id) => FileKey::BuildId(id),
-            None => FileKey::Path(path.to_path_buf()),
-        };
         let sections = match self.files.get(&key) {
             Some(sections) => sections,
             None => {
@@ -312,7 +306,7 @@ impl StackUnwinder {
                     return None;
                 };
                 let sections = Arc::new(sections);
-                if !self.files.insert(key.clone(), sections.clone()) {
+                if !self.files.insert(key, sections.clone()) {
                     // Over the whole budget (not within MAX_UNWIND_BYTES): used for this
                     // process, read again for the next.
                     tracing::debug!("pid {pid}: {} not cached: too large", path.display());
