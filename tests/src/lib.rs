@@ -426,6 +426,10 @@ pub fn estimated_bytes(stacks: &[&Value]) -> f64 {
 
 /// Runs `go tool pprof ARGS PROFILE` and returns its stdout; fails on a non-zero exit.
 pub fn go_pprof(args: &[&str], profile: &Path, scratch: &Path) -> String {
+    // One build cache for every call: a Go toolchain that builds `pprof` on demand
+    // (Go 1.24+) takes ~25 s to build it into an empty cache, which a fresh HOME per
+    // call would otherwise give it each time.
+    let cache = workspace_root().join("target/e2e/gocache");
     let output = Command::new("go")
         .arg("tool")
         .arg("pprof")
@@ -433,6 +437,7 @@ pub fn go_pprof(args: &[&str], profile: &Path, scratch: &Path) -> String {
         .arg(profile)
         .env("PPROF_TMPDIR", scratch)
         .env("HOME", scratch)
+        .env("GOCACHE", &cache)
         .output()
         .expect("go tool pprof (apt-get install golang-go)");
     assert!(
