@@ -426,11 +426,16 @@ pub fn estimated_bytes(stacks: &[&Value]) -> f64 {
 
 /// Runs `go tool pprof ARGS PROFILE` and returns its stdout; fails on a non-zero exit.
 pub fn go_pprof(args: &[&str], profile: &Path, scratch: &Path) -> String {
-    // One build cache for every call: a Go toolchain that builds `pprof` on demand
-    // (Go 1.24+) takes ~25 s to build it into an empty cache, which a fresh HOME per
-    // call would otherwise give it each time.
+    // Debian's Go (what `cargo xtask setup` installs) ships `pprof` built. A newer Go
+    // found first on PATH (Go 1.24+) builds it on demand: ~25 s into an empty cache,
+    // long enough to outlive the workload of the test that asked. So Debian's go when
+    // it is there, and one build cache for every call otherwise.
+    let go = ["/usr/bin/go"]
+        .into_iter()
+        .find(|path| Path::new(path).exists())
+        .unwrap_or("go");
     let cache = workspace_root().join("target/e2e/gocache");
-    let output = Command::new("go")
+    let output = Command::new(go)
         .arg("tool")
         .arg("pprof")
         .args(args)

@@ -11,11 +11,14 @@
 //!
 //! | bits | field |
 //! |---|---|
-//! | 0..24 | code size of the entry (the range a forwarded call returns into) |
+//! | 0..20 | code size of the entry (the range a forwarded call returns into) |
+//! | 20..24 | window shift: inside an observation window the mean sampling interval is divided by `2^shift` |
 //! | 24..32 | bytes from the entry's first byte to the probed instruction |
 //! | 32 | the inputs are in their argument registers (the program reads them directly) |
 //! | 33 | the entry may forward by a tail jump (its return address must be kept) |
-//! | 34..38 | reserved (0) |
+//! | 34 | the entry's tail jumps happen only for a null block |
+//! | 35 | the probed instruction is single-stepped |
+//! | 36..38 | reserved (0) |
 //! | 38..50 | three 4-bit [`Reg`] codes: where input 0, 1 and 2 are |
 //! | 50 | the inputs' product overflowed if the CPU's overflow flag is set |
 //! | 51 | the entry may call another probed entry (its nested call is not counted) |
@@ -30,7 +33,10 @@ pub const MAX_INPUTS: usize = 3;
 
 /// Largest code size a cookie can carry; larger entries are clamped (the code range
 /// is only used to recognise calls that return into the entry, which lie near it).
-pub const MAX_CODE_SIZE: u64 = (1 << 24) - 1;
+pub const MAX_CODE_SIZE: u64 = (1 << 20) - 1;
+
+/// Largest [`ProbeCookie::window_shift`] a cookie can carry.
+pub const MAX_WINDOW_SHIFT: u8 = 15;
 
 /// A general-purpose register, or the constant 1, as a 4-bit cookie code. The order is
 /// the program's `match`, not the hardware encoding.
@@ -111,6 +117,9 @@ pub struct ProbeCookie {
     /// call is recognised by its stack pointer alone (0: not known; see
     /// [`forward_call_slots`]).
     pub forward_call_slots: u8,
+    /// Under time sampling, how much denser the probe samples than the configured rate:
+    /// its countdowns have mean `rate >> window_shift` (0 when probed full time).
+    pub window_shift: u8,
 }
 
 /// Largest [`ProbeCookie::forward_call_slots`].
@@ -128,6 +137,7 @@ pub const fn forward_call_slots(depth: u32) -> u8 {
 }
 
 const OFFSET_SHIFT: u32 = 24;
+const WINDOW_SHIFT: u32 = 20;
 const INPUT_SHIFT: u32 = 38;
 const ABI_BIT: u32 = 32;
 const TAIL_BIT: u32 = 33;
@@ -146,7 +156,13 @@ impl ProbeCookie {
         } else {
             self.code_size
         };
-        size | (self.probe_offset as u64) << OFFSET_SHIFT
+        let window = if self.window_shift > MAX_WINDOW_SHIFT {
+            MAX_WINDOW_SHIFT
+        } else {
+            self.window_shift
+        };
+        size | (window as u64) << WINDOW_SHIFT
+            | (self.probe_offset as u64) << OFFSET_SHIFT
             | ((self.inputs[0] & 0xf) as u64) << INPUT_SHIFT
             | ((self.inputs[1] & 0xf) as u64) << (INPUT_SHIFT + 4)
             | ((self.inputs[2] & 0xf) as u64) << (INPUT_SHIFT + 8)
@@ -179,6 +195,7 @@ impl ProbeCookie {
             stepped: (cookie >> STEPPED_BIT) & 1 == 1,
             function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
             forward_call_slots: ((cookie >> FORWARD_CALL_SHIFT) & 0x3f) as u8,
+            window_shift: ((cookie >> WINDOW_SHIFT) & 0xf) as u8,
         }
     }
 }
@@ -190,7 +207,7 @@ mod tests {
     #[test]
     fn every_field_survives_a_round_trip() {
         let cookie = ProbeCookie {
-            code_size: 0x12_3456,
+            code_size: 0x9_3456,
             probe_offset: 200,
             inputs: [Reg::Rdi as u8, Reg::R15 as u8, Reg::One as u8],
             overflow_check: true,
@@ -201,6 +218,7 @@ mod tests {
             stepped: true,
             function: 16,
             forward_call_slots: 63,
+            window_shift: 9,
         };
         assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
         let plain = ProbeCookie {
@@ -215,6 +233,7 @@ mod tests {
             stepped: false,
             function: 0,
             forward_call_slots: 0,
+            window_shift: 0,
         };
         assert_eq!(plain.encode(), 10);
         assert_eq!(ProbeCookie::decode(plain.encode()), plain);
@@ -234,6 +253,7 @@ mod tests {
             stepped: false,
             function: 0,
             forward_call_slots: 0,
+            window_shift: 0,
         };
         let back = ProbeCookie::decode(cookie.encode());
         assert_eq!(back.code_size, MAX_CODE_SIZE);

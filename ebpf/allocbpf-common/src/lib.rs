@@ -265,10 +265,18 @@ pub const LOST_RING_BYTES: u32 = 256 << 10;
 /// Highest ring-pressure level: the sampling interval is at most `RATE << 10`.
 pub const MAX_PRESSURE_LEVEL: u32 = 10;
 
-/// The mean sampling interval at pressure `level`: `rate << level`.
+/// The mean sampling interval at pressure `level` through a probe of window shift
+/// `window` ([`cookie::ProbeCookie::window_shift`]): `rate << level >> window`.
 #[inline(always)]
-pub const fn pressure_rate(rate: u64, level: u32) -> u64 {
-    rate << (level & 15)
+pub const fn sampling_rate(rate: u64, level: u32, window: u32) -> u64 {
+    (rate << (level & 15)) >> (window & 15)
+}
+
+/// What a countdown was drawn at, as [`ThreadState::level`] keeps it: the pressure
+/// level and the probe's window shift.
+#[inline(always)]
+pub const fn drawn_scale(level: u32, window: u32) -> u32 {
+    (level & 0xff) | (window & 0xff) << 8
 }
 
 /// The pressure level rises when more than `PRESSURE_RAISE_QUARTERS` quarters of the
@@ -463,9 +471,9 @@ pub struct ThreadState {
     /// Non-zero once the thread has exited: the entry is frozen until userspace has
     /// collected its counts and freed it (`tid` 0, or deleted from `THREADS`).
     pub exited: u32,
-    /// The pressure level `remaining` was drawn at: its mean is `RATE << level`
-    /// ([`pressure_rate`]). A countdown drawn at another level than the one in force
-    /// is drawn again before the next allocation.
+    /// What `remaining` was drawn at ([`drawn_scale`]: the pressure level and the
+    /// window shift): its mean is [`sampling_rate`]. A countdown drawn at another scale
+    /// than the one in force is drawn again before the next allocation.
     pub level: u32,
 }
 

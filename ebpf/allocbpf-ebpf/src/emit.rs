@@ -4,8 +4,7 @@
 use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
-    pressure_rate, sampler::Decision, Counter, EventKind, SampleEvent, MAX_STACK_DEPTH,
-    SAMPLE_FLAG_CERTAIN,
+    sampler::Decision, Counter, EventKind, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
 };
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
@@ -15,14 +14,14 @@ use aya_ebpf::{
 };
 
 use crate::{
-    bump, bump_in, lost, pressure, return_address, stack_copy, wakeup::wakeup_flags, EVENTS, RATE,
+    bump, bump_in, lost, pressure, return_address, stack_copy, wakeup::wakeup_flags, EVENTS,
     STACK_COPY_BYTES,
 };
 
 /// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
 /// was no sample or it was lost (a lost sample is not tracked either, but its weight is
-/// kept in the `LOST` ring when that has room). `level`: the pressure level the
-/// countdown ran at, which sets the mean interval the sample carries.
+/// kept in the `LOST` ring when that has room). `rate`: the mean interval of the
+/// countdown, which the sample carries.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit(
@@ -33,7 +32,7 @@ pub(crate) fn emit(
     decision: Decision,
     sp: u64,
     epoch: u64,
-    level: u32,
+    rate: u64,
 ) -> u64 {
     let (offset, next_interval, flags) = match decision {
         Decision::Skip => return 0,
@@ -60,8 +59,7 @@ pub(crate) fn emit(
         kind,
         flags,
         epoch,
-        // SAFETY: reading a `.rodata` global the loader set.
-        rate: pressure_rate(unsafe { read_volatile(&RATE) }, level),
+        rate,
     };
     // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
     let sent = match unsafe { read_volatile(&STACK_COPY_BYTES) } {

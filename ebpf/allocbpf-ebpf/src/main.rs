@@ -37,10 +37,11 @@ use core::ptr::read_volatile;
 
 use allocbpf_common::{
     cookie::ProbeCookie,
+    drawn_scale,
     sampler::{self, array_bytes, pvalloc_bytes, Decision},
-    Counter, EpochCounts, LiveKey, LiveMode, ProcessCounts, Shape, ThreadState, COUNTER_COUNT,
-    COUNTER_SLOTS, INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS, MAX_PROCESSES,
-    RING_BUFFER_BYTES, THREAD_SLOTS_LEN,
+    sampling_rate, Counter, EpochCounts, LiveKey, LiveMode, ProcessCounts, Shape, ThreadState,
+    COUNTER_COUNT, COUNTER_SLOTS, INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS,
+    MAX_PROCESSES, RING_BUFFER_BYTES, THREAD_SLOTS_LEN,
 };
 use aya_ebpf::EbpfContext;
 use aya_ebpf::{
@@ -184,13 +185,15 @@ pub(crate) fn bump_in(epoch: u64, counter: Counter) {
     }
 }
 
-/// Runs the countdown for one allocation at pressure `level` (the countdown already
-/// follows it: [`pressure::follow`]).
+/// Runs the countdown for one allocation at pressure `level` through a probe of window
+/// shift `window` (the countdown already follows both: [`pressure::follow`]).
 #[inline(always)]
-fn decide(remaining: &mut u64, size: u64, level: u32) -> Decision {
+fn decide(remaining: &mut u64, size: u64, level: u32, window: u32) -> Decision {
     // SAFETY: reading a `.rodata` global the loader set.
     let threshold = unsafe { read_volatile(&CERTAIN_THRESHOLD) };
-    sampler::decide(remaining, size, threshold, || pressure::interval_at(level))
+    sampler::decide(remaining, size, threshold, || {
+        pressure::interval_at(level, window)
+    })
 }
 
 /// The entry's own view of the call, reconstructed at the probed instruction.
@@ -392,10 +395,10 @@ fn slot_of(tid: u32) -> Option<&'static mut ThreadState> {
 /// This thread's state: its slot, claimed if free, else its overflow-map entry, created
 /// if needed. `None` only when the slot is taken and the overflow map is full.
 #[inline(always)]
-fn thread_state(pid: u32, tid: u32, level: u32) -> Option<&'static mut ThreadState> {
+fn thread_state(pid: u32, tid: u32, level: u32, window: u32) -> Option<&'static mut ThreadState> {
     let fresh = || ThreadState {
-        remaining: pressure::interval_at(level),
-        level,
+        remaining: pressure::interval_at(level, window),
+        level: drawn_scale(level, window),
         pid,
         tid,
         ..ThreadState::default()
@@ -474,8 +477,11 @@ fn on_alloc(
     let epoch = current_epoch();
     let live = unsafe { read_volatile(&LIVE_MODE) } != LiveMode::Off as u32;
     let level = pressure::level();
+    let window = cookie.window_shift as u32;
+    // SAFETY: reading a `.rodata` global the loader set.
+    let rate = sampling_rate(unsafe { read_volatile(&RATE) }, level, window);
 
-    let Some(state) = thread_state(pid, tid, level) else {
+    let Some(state) = thread_state(pid, tid, level, window) else {
         // Slot taken and overflow map full. Totals stay exact through the process map,
         // and a per-CPU countdown keeps sampling unbiased (each allocation is still
         // sampled with probability 1 - exp(-size/rate), by memorylessness). Forwarded
@@ -489,11 +495,11 @@ fn on_alloc(
         {
             // SAFETY: per-CPU slots; programs do not migrate while running.
             let (remaining, drawn) = unsafe { (&mut *remaining, &mut *drawn) };
-            let mut drawn_level = *drawn as u32;
-            pressure::follow(remaining, &mut drawn_level, level);
-            *drawn = drawn_level as u64;
-            let decision = decide(remaining, size, level);
-            emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, level);
+            let mut drawn_scale = *drawn as u32;
+            pressure::follow(remaining, &mut drawn_scale, level, window);
+            *drawn = drawn_scale as u64;
+            let decision = decide(remaining, size, level, window);
+            emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, rate);
         }
         return skip_return();
     };
@@ -523,9 +529,9 @@ fn on_alloc(
         remember_wrapper(state, cookie, &entry, args.old);
     }
     EpochCounts::add(&mut state.counts, epoch, 1, size);
-    pressure::follow(&mut state.remaining, &mut state.level, level);
-    let decision = decide(&mut state.remaining, size, level);
-    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, level);
+    pressure::follow(&mut state.remaining, &mut state.level, level, window);
+    let decision = decide(&mut state.remaining, size, level, window);
+    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, rate);
     if !live {
         return skip_return();
     }

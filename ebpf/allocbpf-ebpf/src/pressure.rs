@@ -2,6 +2,11 @@
 //! sampling interval is doubled, level by level, and halved again once it has caught
 //! up (docs/statistics.md, "Overload").
 //!
+//! The same mechanism serves time sampling: a probe whose image is observed in
+//! windows only carries a window shift in its cookie, and its countdowns have mean
+//! `RATE << level >> shift`, so that a process observed a small fraction of the time
+//! still gets about the samples it would get probed full time.
+//!
 //! Why this stays unbiased: a sample carries the mean interval of the countdown it
 //! ended, and a countdown drawn at one level is drawn again, fresh, at the first
 //! allocation after the level changed. The level depends on the ring, never on the
@@ -10,7 +15,7 @@
 //! weight `S / (1 - exp(-S/R))` uses that `R`.
 
 use allocbpf_common::{
-    MAX_PRESSURE_LEVEL, PRESSURE_LOWER_FRACTION, PRESSURE_LOWER_SPACING_NS,
+    drawn_scale, MAX_PRESSURE_LEVEL, PRESSURE_LOWER_FRACTION, PRESSURE_LOWER_SPACING_NS,
     PRESSURE_RAISE_QUARTERS, PRESSURE_RAISE_SPACING_NS,
 };
 use aya_ebpf::{
@@ -37,12 +42,13 @@ pub(crate) fn level() -> u32 {
         .unwrap_or(0)
 }
 
-/// Draws a countdown with mean `RATE << level`: a random entry of the exponential table
-/// (mean `RATE`), scaled, with random low bits so that the scaled countdown is not
-/// confined to multiples of `2^level` (a 1-byte allocation must stay `2^level` times
-/// less likely to be sampled, not as likely).
+/// Draws a countdown with mean `RATE << level >> window`: a random entry of the
+/// exponential table (mean `RATE`), scaled up with random low bits so that the scaled
+/// countdown is not confined to multiples of `2^level` (a 1-byte allocation must stay
+/// `2^level` times less likely to be sampled, not as likely), then down by the
+/// probe's window shift (`floor(floor(E)/2^w) = floor(E/2^w)`: exact).
 #[inline(always)]
-pub(crate) fn interval_at(level: u32) -> u64 {
+pub(crate) fn interval_at(level: u32, window: u32) -> u64 {
     // SAFETY: a plain helper call without arguments.
     let random = unsafe { bpf_get_prandom_u32() };
     let index = random & (INTERVAL_TABLE_LEN - 1);
@@ -53,16 +59,18 @@ pub(crate) fn interval_at(level: u32) -> u64 {
     };
     let shift = level & 15;
     let low = ((random >> 16) as u64) & ((1u64 << shift) - 1);
-    (base << shift) | low
+    ((base << shift) | low) >> (window & 15)
 }
 
-/// Makes a countdown follow the level in force: one drawn at another level is drawn
-/// again (see the module docs for why that keeps sampling unbiased).
+/// Makes a countdown follow the level in force and the probe's window shift: one
+/// drawn at another scale is drawn again (see the module docs for why that keeps
+/// sampling unbiased).
 #[inline(always)]
-pub(crate) fn follow(remaining: &mut u64, drawn_level: &mut u32, level: u32) {
-    if *drawn_level != level {
-        *remaining = interval_at(level);
-        *drawn_level = level;
+pub(crate) fn follow(remaining: &mut u64, drawn: &mut u32, level: u32, window: u32) {
+    let scale = drawn_scale(level, window);
+    if *drawn != scale {
+        *remaining = interval_at(level, window);
+        *drawn = scale;
     }
 }
 

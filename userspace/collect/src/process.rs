@@ -17,6 +17,10 @@ use allocbpf_probe::procfs::{self, MapsEntry};
 pub struct ProcessInfo {
     /// Process id.
     pub pid: u32,
+    /// When it started, in clock ticks after boot (`/proc/PID/stat` field 22; `None`
+    /// if unknown). With the pid it names one process: exec keeps it, and a process
+    /// that reuses the pid later has another ([`is_alive`]).
+    pub start_time: Option<u64>,
     /// Command name (`/proc/PID/comm`).
     pub comm: OsString,
     /// Executable path as the process sees it (`/proc/PID/exe`); empty if it cannot be
@@ -37,6 +41,9 @@ impl ProcessInfo {
     /// absence (`EACCES` without `CAP_SYS_PTRACE`) leaves `exe` empty: neither is a
     /// reason not to profile a process.
     pub fn read(pid: u32, maps: &[MapsEntry], build_ids: &mut BuildIdCache) -> Option<ProcessInfo> {
+        // First: the names read after it are this process's or a later one's, which a
+        // start time read after them could not tell.
+        let start_time = start_time(pid)?;
         let comm = procfs::comm(pid)?;
         let exe = match std::fs::read_link(format!("/proc/{pid}/exe")) {
             Ok(exe) => exe,
@@ -53,6 +60,7 @@ impl ProcessInfo {
         };
         Some(ProcessInfo {
             pid,
+            start_time: Some(start_time),
             comm,
             exe,
             exe_build_id,
@@ -81,6 +89,37 @@ impl ProcessInfo {
             labels.push(("container_id", id.clone()));
         }
         labels
+    }
+}
+
+/// `pid`'s start time, in clock ticks after boot (`/proc/PID/stat` field 22); `None`
+/// if it is gone.
+pub fn start_time(pid: u32) -> Option<u64> {
+    // Bytes: the command name in that line need not be UTF-8.
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// The start time of a `/proc/PID/stat` line. The command name (field 2, in
+/// parentheses) is the process's own choice and may hold spaces, parentheses and bytes
+/// that are not UTF-8: the fields are counted after the line's last `)`.
+pub fn parse_start_time(stat: &[u8]) -> Option<u64> {
+    let after_name = stat.iter().rposition(|&b| b == b')')? + 1;
+    // After the name: state (field 3) first, so starttime (field 22) is the 20th.
+    let field = stat[after_name..]
+        .split(u8::is_ascii_whitespace)
+        .filter(|field| !field.is_empty())
+        .nth(19)?;
+    std::str::from_utf8(field).ok()?.parse().ok()
+}
+
+/// Whether the process with pid `pid` that started at `start_time` still exists: the
+/// pid does, and a process that reused it since is not taken for it. Without a start
+/// time, whether the pid exists.
+pub fn is_alive(pid: u32, start_time: Option<u64>) -> bool {
+    match start_time {
+        Some(started) => self::start_time(pid) == Some(started),
+        None => procfs::is_alive(pid),
     }
 }
 
@@ -204,6 +243,42 @@ mod tests {
         assert_eq!(info.comm.as_bytes(), b"x\xff\xfe\xc3bad");
     }
 
+    /// The start time is counted after the last `)`: a command name with spaces,
+    /// parentheses and bytes that are not UTF-8 does not shift it.
+    #[test]
+    fn start_times_after_hostile_names() {
+        let rest = b" S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 98765 \
+12345678 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
+        let line = |name: &[u8]| [b"1234 (".as_slice(), name, b")", rest].concat();
+        for name in [
+            b"a".as_slice(),
+            b"a b",
+            b") (",
+            b"x) (y\xff) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21",
+            b"\xff\xfe)",
+            b"",
+        ] {
+            assert_eq!(parse_start_time(&line(name)), Some(98765), "{name:?}");
+        }
+        assert_eq!(parse_start_time(b"1234 (a) S 1 2 3"), None);
+        assert_eq!(parse_start_time(b"1234 a S"), None);
+        assert_eq!(parse_start_time(b""), None);
+    }
+
+    /// A pid and a start time name one process: ours is alive, a process with our pid
+    /// that started at another time is not.
+    #[test]
+    fn a_process_is_its_pid_and_start_time() {
+        let pid = std::process::id();
+        let started = start_time(pid).unwrap();
+        assert_eq!(start_time(pid), Some(started));
+        assert!(is_alive(pid, Some(started)));
+        assert!(is_alive(pid, None));
+        assert!(!is_alive(pid, Some(started + 1)));
+        assert_eq!(start_time(u32::MAX), None);
+        assert!(!is_alive(u32::MAX, None));
+    }
+
     #[test]
     fn this_process_has_labels() {
         let mut cache = BuildIdCache::default();
@@ -214,6 +289,8 @@ mod tests {
         // This test binary has a build id (the linker's default), read through its
         // mapping.
         assert_eq!(me.exe_build_id.len(), 40, "{me:?}");
+        assert_eq!(me.start_time, start_time(pid));
+        assert!(me.start_time.is_some());
         let labels = me.labels("host");
         assert_eq!(labels[0], ("hostname", "host".to_string()));
         assert_eq!(labels[1].1, std::process::id().to_string());

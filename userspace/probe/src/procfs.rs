@@ -11,10 +11,14 @@
 //! The file opened is still checked: a regular file with the mapping's device and
 //! inode, read with a size cap ([`MAX_MAPPED_FILE_BYTES`]).
 //!
-//! Files on FUSE file systems are not opened at all: every open and read of such a file
-//! is a request answered by a user-space daemon, which any user may run (fusermount is
-//! setuid) and which may never answer. The file system is found in the process's own
-//! `/proc/PID/mountinfo` by the mapping's device, without touching the file.
+//! Files on FUSE and network file systems are not opened at all: every open and read of
+//! such a file is a request answered by a user-space daemon (which any user may run:
+//! fusermount is setuid) or a server, either of which may never answer
+//! ([`may_stall`]). Nor are files whose mount is in no mount table (lazily unmounted):
+//! their file system cannot be told. The mapping is pinned with an `O_PATH` descriptor
+//! (no request to its file system), its mount looked up by id in the process's own
+//! `/proc/PID/mountinfo` (or ours), and only then is that very file opened
+//! ([`open_mapped`]).
 
 use std::{
     ffi::{OsStr, OsString},
@@ -230,21 +234,27 @@ pub enum MappedFileError {
         /// Its size.
         size: u64,
     },
-    /// On a file system whose reads a user-space daemon answers.
-    #[error("{path} is on a {fstype} file system, whose daemon could stall any read: not opened")]
+    /// On a file system whose opens and reads a user-space daemon or a server answers
+    /// ([`may_stall`]).
+    #[error(
+        "{path} is on a {fstype} file system, whose daemon or server could stall any open \
+         or read: not opened"
+    )]
     Unbounded {
         /// The map_files path.
         path: String,
-        /// The file system type (`fuse.sshfs`...).
+        /// The file system type (`fuse.sshfs`, `nfs4`...).
         fstype: String,
     },
-    /// The process's mount table cannot say which file system the file is on: it
-    /// could be FUSE, so it is not opened (no verdict about the file itself).
+    /// No mount table can say which file system the file is on: it could be FUSE or
+    /// NFS, so it is not opened (no verdict about the file itself: another process may
+    /// map it through a mount that is listed).
     #[error("{path}: its file system is not known ({reason}): not opened")]
     UnknownFileSystem {
         /// The map_files path.
         path: String,
-        /// Why (`/proc/PID/mountinfo` unreadable, or cut before the device).
+        /// Why (`/proc/PID/mountinfo` unreadable, or cut before the mount; the mount
+        /// in no table: detached by `umount -l`).
         reason: String,
     },
     /// Not a 64-bit little-endian ELF file with section headers: nothing to examine.
@@ -284,31 +294,47 @@ fn maps_device(st_dev: u64) -> u64 {
 pub static DESCRIPTOR_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Opens the file of mapping `entry` of `pid` through `/proc/PID/map_files/` only,
-/// without blocking on special files, and checks that it is a regular file with the
-/// mapping's device and inode.
+/// without blocking on special files or on a file system that may stall, and checks
+/// that it is a regular file with the mapping's device and inode. In that order,
+/// failing closed (a file system that cannot be told is not taken for a safe one):
+/// 1. the mapping's device is looked up in the process's mount table: a file system
+///    that may stall ([`may_stall`]) is refused without touching the file;
+/// 2. the map_files link is opened `O_PATH` ([`pin`]): the kernel resolves it to the
+///    file mapped there now and opens nothing, asking its file system nothing;
+/// 3. the mount that descriptor was reached through ([`fdinfo_mount_id`]) is looked up
+///    by id in the process's mount table, else in ours ([`mount_type`]): a type that
+///    may stall is refused, and so is a mount in neither (detached by `umount -l`:
+///    FUSE, NFS or tmpfs, nobody can tell);
+/// 4. the pinned file itself is opened, through `/proc/self/fd/N` (the file just
+///    judged, even if the process mapped another at that range meanwhile), and checked.
 pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError> {
     let path = entry.map_files_path(pid);
-    // Fails closed: a file system that cannot be told is not taken for a safe one.
-    match filesystem_type(pid, entry.device) {
-        Ok(Some(fstype)) if may_stall(&fstype) => {
-            return Err(MappedFileError::Unbounded { path, fstype });
-        }
-        Ok(_) => {}
-        Err(reason) => return Err(MappedFileError::UnknownFileSystem { path, reason }),
+    let unknown = |reason| MappedFileError::UnknownFileSystem {
+        path: entry.map_files_path(pid),
+        reason,
+    };
+    let table = MountTable::read(&format!("/proc/{pid}/mountinfo")).map_err(unknown)?;
+    if let Some(fstype) = table.device_type(entry.device).filter(|t| may_stall(t)) {
+        return Err(MappedFileError::Unbounded { path, fstype });
     }
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|source| {
-            if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
-                DESCRIPTOR_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            MappedFileError::Open {
-                path: path.clone(),
-                source,
-            }
-        })?;
+    let pinned = pin(&path)?;
+    let mount = fdinfo_mount_id(&pinned).map_err(unknown)?;
+    let fstype = if Some(mount) == kernel_tmpfs_mount() {
+        "tmpfs".to_string()
+    } else {
+        mount_type(mount, &table, || MountTable::read("/proc/self/mountinfo")).map_err(unknown)?
+    };
+    if may_stall(&fstype) {
+        return Err(MappedFileError::Unbounded { path, fstype });
+    }
+    let file = open_counted(
+        descriptor_path(&pinned),
+        libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+    )
+    .map_err(|source| MappedFileError::Open {
+        path: path.clone(),
+        source,
+    })?;
     let meta = file.metadata().map_err(|source| MappedFileError::Open {
         path: path.clone(),
         source,
@@ -327,46 +353,189 @@ pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError>
     Ok(file)
 }
 
+/// Opens `path` for reading with `flags`, counting a want of descriptors
+/// ([`DESCRIPTOR_ERRORS`]).
+fn open_counted(path: impl AsRef<Path>, flags: i32) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+        .inspect_err(|error| {
+            if matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                DESCRIPTOR_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+}
+
+/// An `O_PATH` descriptor of the file the map_files link `path` resolves to now: the
+/// link is followed by the kernel (`nd_jump_link`: the mapping's own path, no lookup
+/// in the file system), and an `O_PATH` open calls no `open` of the file system. Its
+/// only use is [`fdinfo_mount_id`] and reopening it: never `fstat` it (that asks the
+/// file system, `getattr`). `Open` if the mapping is gone.
+fn pin(path: &str) -> Result<File, MappedFileError> {
+    open_counted(path, libc::O_PATH | libc::O_CLOEXEC).map_err(|source| MappedFileError::Open {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// The id of the mount `file` was reached through, as `/proc/self/fdinfo/N` prints it
+/// (`mnt_id:`, Linux 3.15+; the id mountinfo lists first). The kernel prints it from
+/// the open file, asking its file system nothing, where `statx(STATX_MNT_ID)` would
+/// call its `getattr`, which `AT_STATX_DONT_SYNC` does not keep off the wire on every
+/// file system (9p without a cache, CIFS with attributes invalidated, GFS2, OCFS2).
+fn fdinfo_mount_id(file: &File) -> Result<u64, String> {
+    use std::os::fd::AsRawFd;
+    let at = format!("/proc/self/fdinfo/{}", file.as_raw_fd());
+    let mut text = Vec::new();
+    File::open(&at)
+        .and_then(|info| info.take(64 << 10).read_to_end(&mut text))
+        .map_err(|error| format!("cannot read {at}: {error}"))?;
+    parse_fdinfo_mount_id(&text).ok_or_else(|| format!("{at} has no mnt_id"))
+}
+
+/// The id of the kernel's internal tmpfs mount, which backs every memfd, System V
+/// shared memory segment and shared anonymous mapping (`/memfd:NAME (deleted)`,
+/// `/SYSV... (deleted)`, `/dev/zero (deleted)` in the maps): in no mount table, yet
+/// nothing stands behind it (a .NET process maps its JIT code from a memfd). Found
+/// once, from a memfd of ours; `None` if that fails (such files are then refused).
+fn kernel_tmpfs_mount() -> Option<u64> {
+    static MOUNT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *MOUNT.get_or_init(|| {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a NUL-terminated name; the descriptor returned is ours alone.
+        let fd = unsafe { libc::memfd_create(c"allocbpf-mount".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` is open and owned by nobody else.
+        let memfd = unsafe { File::from_raw_fd(fd) };
+        fdinfo_mount_id(&memfd).ok()
+    })
+}
+
+/// The `mnt_id:` field of the text of a `/proc/PID/fdinfo/N` file.
+fn parse_fdinfo_mount_id(text: &[u8]) -> Option<u64> {
+    text.split(|&b| b == b'\n').find_map(|line| {
+        let value = line.strip_prefix(b"mnt_id:")?;
+        std::str::from_utf8(value).ok()?.trim().parse().ok()
+    })
+}
+
 /// `/proc/PID/mountinfo` read at most (a process can create many mounts in a user
 /// namespace of its own); past it, the rest is not looked at.
 const MAX_MOUNTINFO_BYTES: u64 = 16 << 20;
 
-/// Whether reads on file system type `fstype` are answered by a user-space daemon.
+/// File system types (as mountinfo prints them) whose opens and reads wait on someone
+/// else, who may never answer: a user-space daemon (FUSE, which any user may mount;
+/// virtiofs, whose daemon is the host's) or a server over the network (an unreachable
+/// NFS server makes every request wait, `hard` mounts for ever; the cluster file
+/// systems GFS2 and OCFS2 wait on their lock manager's peers). `fuse.*` too.
+const STALLING_TYPES: &[&str] = &[
+    "fuse",
+    "fuseblk",
+    "virtiofs",
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "9p",
+    "ceph",
+    "afs",
+    "lustre",
+    // Mounted through FUSE (`fuse.glusterfs`); the bare name, should a kernel client
+    // ever print it.
+    "glusterfs",
+    "orangefs",
+    "coda",
+    "gfs2",
+    "ocfs2",
+    // Out-of-tree clients of parallel network file systems.
+    "beegfs",
+    "gpfs",
+];
+
+/// Whether opens and reads on file system type `fstype` may wait for ever on a daemon
+/// or a server ([`STALLING_TYPES`], `fuse.*`).
 fn may_stall(fstype: &str) -> bool {
-    fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.")
+    fstype.starts_with("fuse.") || STALLING_TYPES.contains(&fstype)
 }
 
-/// The type of the file system with device `device` ([`MapsEntry::device`]'s
-/// encoding) in `pid`'s mount namespace; `Ok(None)` if it is not listed (a btrfs
-/// subvolume's files carry a device of their own). `Err` (why) if that cannot be told:
-/// the mountinfo cannot be read (the process is gone), or it was cut at
-/// [`MAX_MOUNTINFO_BYTES`] before the device was found.
-fn filesystem_type(pid: u32, device: u64) -> Result<Option<String>, String> {
-    // Bytes: mount points need not be UTF-8 (a process can mount on any name).
-    let mut text = Vec::new();
-    File::open(format!("/proc/{pid}/mountinfo"))
-        .and_then(|file| file.take(MAX_MOUNTINFO_BYTES + 1).read_to_end(&mut text))
-        .map_err(|error| format!("cannot read /proc/{pid}/mountinfo: {error}"))?;
-    let cut = cut_to_lines(&mut text, MAX_MOUNTINFO_BYTES);
-    match mountinfo_type(&text, device) {
-        Some(fstype) => Ok(Some(fstype)),
-        None if cut => Err(format!(
-            "/proc/{pid}/mountinfo is over {MAX_MOUNTINFO_BYTES} bytes and does not list \
-             the device before that"
-        )),
-        None => Ok(None),
+/// A mount table (`/proc/PID/mountinfo`) as read: at most [`MAX_MOUNTINFO_BYTES`] of
+/// it, cut at its last whole line past that.
+struct MountTable {
+    /// Bytes: mount points need not be UTF-8 (a process can mount on any name).
+    text: Vec<u8>,
+    /// Cut at the cap: what it does not list may be past the cut.
+    cut: bool,
+}
+
+impl MountTable {
+    /// The table at `at`; `Err` (why) if it cannot be read (the process is gone).
+    fn read(at: &str) -> Result<MountTable, String> {
+        let mut text = Vec::new();
+        File::open(at)
+            .and_then(|file| file.take(MAX_MOUNTINFO_BYTES + 1).read_to_end(&mut text))
+            .map_err(|error| format!("cannot read {at}: {error}"))?;
+        let cut = cut_to_lines(&mut text, MAX_MOUNTINFO_BYTES);
+        Ok(MountTable { text, cut })
+    }
+
+    /// The type of the file system with device `device` ([`MapsEntry::device`]'s
+    /// encoding), if a mount of it is listed: a device names one file system (a
+    /// superblock), whose type every mount of it shares.
+    fn device_type(&self, device: u64) -> Option<String> {
+        let wanted = format!("{}:{}", device >> 32, device & 0xffff_ffff);
+        mountinfo_type(&self.text, 2, wanted.as_bytes())
+    }
+
+    /// The type of the file system of mount `id`, if it is listed.
+    fn mount_type(&self, id: u64) -> Option<String> {
+        mountinfo_type(&self.text, 0, id.to_string().as_bytes())
     }
 }
 
-/// [`filesystem_type`] on the text of a mountinfo file: `ID PARENT MAJOR:MINOR ROOT
-/// MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS`, numbers in decimal
-/// (spaces in paths escaped as `\040`, other bytes verbatim). The type is made text
-/// lossily (a FUSE subtype is the mounter's choice): `fuse.` stays.
-fn mountinfo_type(text: &[u8], device: u64) -> Option<String> {
-    let wanted = format!("{}:{}", device >> 32, device & 0xffff_ffff);
+/// The type of the file system of mount `id`: from `table` (the process's), else from
+/// the table `own` reads (ours: mount ids are system-wide, and a mount the process's
+/// table leaves out, outside its chroot or in the namespace it left, may be in ours).
+/// `Err` (why) if it is in neither: detached (`umount -l`), in a namespace we cannot
+/// see, or past a cut. Such a file is not opened whatever its device: the device the
+/// maps print need not be the pinned file's (the process may have mapped another file
+/// at that range since), and the pinned file's own device is known only through its
+/// file system's `getattr`.
+fn mount_type(
+    id: u64,
+    table: &MountTable,
+    own: impl FnOnce() -> Result<MountTable, String>,
+) -> Result<String, String> {
+    if let Some(fstype) = table.mount_type(id) {
+        return Ok(fstype);
+    }
+    let own = own()?;
+    if let Some(fstype) = own.mount_type(id) {
+        return Ok(fstype);
+    }
+    Err(if table.cut || own.cut {
+        format!(
+            "mount {id} is not listed before the {MAX_MOUNTINFO_BYTES}-byte cap of a mount \
+             table"
+        )
+    } else {
+        format!(
+            "mount {id} is in no mount table, the process's or ours: detached (umount -l) \
+             or in a namespace out of sight"
+        )
+    })
+}
+
+/// The file system type of the first line of the mountinfo `text` whose field `field`
+/// (0: the mount id, 2: the device as `MAJOR:MINOR`) is `wanted`. A line is `ID PARENT
+/// MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS`,
+/// numbers in decimal (spaces in paths escaped as `\040`, other bytes verbatim). The
+/// type is made text lossily (a FUSE subtype is the mounter's choice): `fuse.` stays.
+fn mountinfo_type(text: &[u8], field: usize, wanted: &[u8]) -> Option<String> {
     text.split(|&b| b == b'\n').find_map(|line| {
-        let mut fields = line.split(|&b| b == b' ');
-        if fields.nth(2)? != wanted.as_bytes() {
+        if line.split(|&b| b == b' ').nth(field)? != wanted {
             return None;
         }
         let separator = line.windows(3).position(|w| w == b" - ")?;
@@ -562,65 +731,314 @@ garbage
         ));
     }
 
+    /// A mount table from its text, whole.
+    fn table(text: &[u8]) -> MountTable {
+        MountTable {
+            text: text.to_vec(),
+            cut: false,
+        }
+    }
+
+    /// [`MapsEntry::device`]'s encoding of `major:minor`.
+    fn device(major: u64, minor: u64) -> u64 {
+        major << 32 | minor
+    }
+
     #[test]
     fn fuse_mounts_are_found_by_device_and_refused() {
-        let mountinfo = "\
+        let mountinfo = table(
+            b"\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 40 22 0:45 / /home/eve/mnt rw,nosuid,nodev shared:30 - fuse.sshfs eve@host:/ rw,user_id=1000
 41 22 0:46 / /run/user/1000/doc rw,nosuid master:5 - fuse.portal portal rw
 42 22 0:47 / /var/lib/docker/overlay2/x/merged rw - overlay overlay rw,lowerdir=a
-";
-        let device = |major: u64, minor: u64| major << 32 | minor;
-        let mountinfo = mountinfo.as_bytes();
-        assert_eq!(
-            mountinfo_type(mountinfo, device(8, 1)).as_deref(),
-            Some("ext4")
+",
         );
-        let fuse = mountinfo_type(mountinfo, device(0, 45)).unwrap();
+        assert_eq!(mountinfo.device_type(device(8, 1)).as_deref(), Some("ext4"));
+        let fuse = mountinfo.device_type(device(0, 45)).unwrap();
         assert_eq!(fuse, "fuse.sshfs");
         assert!(may_stall(&fuse));
         assert!(may_stall("fuseblk") && may_stall("fuse"));
-        let overlay = mountinfo_type(mountinfo, device(0, 47)).unwrap();
+        let overlay = mountinfo.device_type(device(0, 47)).unwrap();
         assert!(!may_stall(&overlay));
         // 0:4 is not 0:45; an unlisted device is not known.
-        assert_eq!(mountinfo_type(mountinfo, device(0, 4)), None);
+        assert_eq!(mountinfo.device_type(device(0, 4)), None);
     }
 
     /// A mount point (or FUSE subtype) that is not UTF-8 does not hide the mount.
     #[test]
     fn fuse_mounts_with_names_that_are_not_utf8_are_refused() {
-        let mountinfo: &[u8] = b"\
+        let mountinfo = table(
+            b"\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 40 22 0:45 / /home/eve/\xff\xfe rw,nosuid,nodev shared:30 - fuse.sshfs eve@host:/ rw
 41 22 0:46 / /home/eve/b rw,nosuid,nodev shared:31 - fuse.\xff x rw
-";
-        let device = |major: u64, minor: u64| major << 32 | minor;
+",
+        );
         assert_eq!(
-            mountinfo_type(mountinfo, device(0, 45)).as_deref(),
+            mountinfo.device_type(device(0, 45)).as_deref(),
             Some("fuse.sshfs")
         );
-        assert!(may_stall(
-            &mountinfo_type(mountinfo, device(0, 46)).unwrap()
-        ));
-        assert_eq!(
-            mountinfo_type(mountinfo, device(8, 1)).as_deref(),
-            Some("ext4")
+        assert!(may_stall(&mountinfo.device_type(device(0, 46)).unwrap()));
+        assert_eq!(mountinfo.device_type(device(8, 1)).as_deref(), Some("ext4"));
+        assert_eq!(mountinfo.mount_type(40).as_deref(), Some("fuse.sshfs"));
+    }
+
+    /// Network and cluster file systems, whose server or peers may never answer, are
+    /// refused like FUSE; local ones (block devices, overlayfs, btrfs, tmpfs) are not.
+    #[test]
+    fn network_file_systems_are_refused_by_type() {
+        let mountinfo = table(
+            b"\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+50 22 0:50 / /mnt/nfs rw,relatime shared:40 - nfs4 server:/export rw,vers=4.2,hard
+51 22 0:51 / /mnt/smb rw,relatime shared:41 - cifs //server/share rw,vers=3.1.1
+52 22 0:52 / /mnt/host rw,relatime shared:42 - 9p hostshare rw,trans=virtio
+53 22 0:53 / /mnt/nfs3 rw shared:43 - nfs server:/old rw,vers=3
+54 22 0:54 / /mnt/smb3 rw shared:44 - smb3 //server/b rw
+55 22 0:55 / /mnt/ceph rw shared:45 - ceph 10.0.0.1:/ rw
+56 22 0:56 / /mnt/vfs rw shared:46 - virtiofs tag rw
+57 22 0:57 / /mnt/gluster rw shared:47 - fuse.glusterfs g:/vol rw
+58 22 8:17 / /mnt/cluster rw shared:48 - gfs2 /dev/sdb1 rw
+59 22 0:59 / /var/lib/docker/overlay2/y/merged rw - overlay overlay rw
+60 22 0:36 /@home /home rw shared:50 - btrfs /dev/sda2 rw,subvol=/@home
+61 22 0:61 / /tmp rw shared:51 - tmpfs tmpfs rw
+62 22 253:0 / /data rw shared:52 - xfs /dev/mapper/data rw
+",
         );
+        for (minor, fstype) in [
+            (50, "nfs4"),
+            (51, "cifs"),
+            (52, "9p"),
+            (53, "nfs"),
+            (54, "smb3"),
+            (55, "ceph"),
+            (56, "virtiofs"),
+            (57, "fuse.glusterfs"),
+        ] {
+            let found = mountinfo.device_type(device(0, minor));
+            assert_eq!(found.as_deref(), Some(fstype));
+            assert!(may_stall(fstype), "{fstype}");
+        }
+        assert!(may_stall(&mountinfo.device_type(device(8, 17)).unwrap()));
+        for fstype in ["afs", "lustre", "glusterfs", "orangefs", "coda", "ocfs2"] {
+            assert!(may_stall(fstype), "{fstype}");
+        }
+        for (id, fstype) in [
+            (22, "ext4"),
+            (59, "overlay"),
+            (60, "btrfs"),
+            (61, "tmpfs"),
+            (62, "xfs"),
+        ] {
+            assert_eq!(mountinfo.mount_type(id).as_deref(), Some(fstype));
+            assert!(!may_stall(fstype), "{fstype}");
+        }
+        // Names that only contain a refused one are not refused.
+        assert!(!may_stall("nfsd") && !may_stall("fusectl") && !may_stall("9pfs"));
+    }
+
+    /// A mapping's mount is found by id in the process's table, else in ours; a mount
+    /// in neither (detached by `umount -l`) is not known, whatever its device.
+    #[test]
+    fn mounts_are_found_by_id_in_the_process_table_then_ours() {
+        // The container's view: its overlay root (anonymous device 0:47) and a btrfs
+        // subvolume (0:36); mount 41's parent field is 1500, which is no mount id.
+        let process = table(
+            b"\
+41 1500 0:46 / /proc rw - proc proc rw
+1500 1400 0:47 / / rw - overlay overlay rw,lowerdir=a
+1501 1500 0:36 /@data /data rw - btrfs /dev/sda2 rw,subvol=/@data
+",
+        );
+        let not_read = || -> Result<MountTable, String> { panic!("ours is not needed") };
+        assert_eq!(mount_type(1500, &process, not_read).unwrap(), "overlay");
+        assert_eq!(mount_type(1501, &process, not_read).unwrap(), "btrfs");
+        // Outside the process's chroot, or in the namespace it left: ours lists it.
+        let ours = || Ok(table(b"22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"));
+        assert_eq!(mount_type(22, &process, ours).unwrap(), "ext4");
+        // In neither: detached. Not known, so not opened.
+        let detached = mount_type(1502, &process, ours).unwrap_err();
+        assert!(detached.contains("detached"), "{detached}");
+        // A table cut at the cap may list it past the cut: not known either.
+        let cut = MountTable {
+            cut: true,
+            ..table(&process.text)
+        };
+        let past = mount_type(1502, &cut, ours).unwrap_err();
+        assert!(past.contains("cap"), "{past}");
+        // Ours unreadable: not known.
+        assert!(mount_type(1502, &process, || Err("gone".to_string())).is_err());
+        // Mount 1 is the parent of 22, not a mount.
+        assert!(mount_type(1, &process, ours).is_err());
     }
 
     #[test]
-    fn this_process_files_are_on_a_known_file_system() {
+    fn fdinfo_mount_ids_parse() {
+        let fdinfo = b"pos:\t0\nflags:\t012100000\nmnt_id:\t1234\nino:\t56\n";
+        assert_eq!(parse_fdinfo_mount_id(fdinfo), Some(1234));
+        assert_eq!(parse_fdinfo_mount_id(b"pos:\t0\nflags:\t0\n"), None);
+        assert_eq!(parse_fdinfo_mount_id(b"mnt_id:\tx\n"), None);
+    }
+
+    /// The mount of our own libc mapping, pinned through map_files, is the one
+    /// `statx(STATX_MNT_ID)` names, and our mount table lists it as a local file system.
+    #[test]
+    fn the_mount_of_a_pinned_mapping_is_in_our_mount_table() {
         let me = std::process::id();
-        let exe = read_maps(me)
-            .into_iter()
-            .find(|e| e.executable && e.file_path().is_some())
-            .unwrap();
-        let fstype = filesystem_type(me, exe.device);
-        assert!(
-            matches!(&fstype, Ok(Some(t)) if !may_stall(t)),
-            "{fstype:?}"
-        );
+        let libc = own_libc();
+        let path = libc.map_files_path(me);
+        let pinned = pin(&path).unwrap();
+        let mount = fdinfo_mount_id(&pinned).unwrap();
+        // SAFETY: a zeroed statx is a valid buffer; the path is NUL-terminated.
+        let stx = unsafe {
+            let mut stx: libc::statx = std::mem::zeroed();
+            let at = std::ffi::CString::new(path.clone()).unwrap();
+            let rc = libc::statx(
+                libc::AT_FDCWD,
+                at.as_ptr(),
+                libc::AT_STATX_DONT_SYNC,
+                libc::STATX_MNT_ID,
+                &mut stx,
+            );
+            assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+            stx
+        };
+        assert_ne!(stx.stx_mask & libc::STATX_MNT_ID, 0);
+        assert_eq!(stx.stx_mnt_id, mount);
+        let ours = MountTable::read("/proc/self/mountinfo").unwrap();
+        assert!(!ours.cut);
+        let fstype = ours.mount_type(mount).expect("our libc's mount is listed");
+        assert!(!may_stall(&fstype), "{fstype}");
         // A process that is gone: not known, so nothing of it is opened.
-        assert!(filesystem_type(u32::MAX, exe.device).is_err());
+        assert!(matches!(
+            open_mapped(u32::MAX, &libc),
+            Err(MappedFileError::UnknownFileSystem { .. })
+        ));
+    }
+
+    /// A memfd's mount is in no mount table, but it is the kernel's own tmpfs: its
+    /// files open.
+    #[test]
+    fn a_mapped_memfd_opens() {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"procfs-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: `fd` is open and ours alone.
+        let memfd = unsafe { File::from_raw_fd(fd) };
+        memfd.set_len(4096).unwrap();
+        // SAFETY: a fresh private read-only mapping of 4 KiB, unmapped below.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                memfd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(address, libc::MAP_FAILED);
+        let me = std::process::id();
+        let entry = read_maps(me)
+            .into_iter()
+            .find(|e| e.range.start == address as u64)
+            .unwrap();
+        let ours = MountTable::read("/proc/self/mountinfo").unwrap();
+        let mount = fdinfo_mount_id(&memfd).unwrap();
+        assert_eq!(ours.mount_type(mount), None, "listed after all");
+        assert_eq!(kernel_tmpfs_mount(), Some(mount));
+        let opened = open_mapped(me, &entry);
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(address, 4096) };
+        assert!(opened.is_ok(), "{opened:?}");
+    }
+
+    /// A tmpfs mounted at a fresh directory, detached (`umount -l`) on drop.
+    struct Tmpfs(PathBuf);
+
+    impl Tmpfs {
+        fn mount(name: &str) -> Tmpfs {
+            let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let at = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+            // SAFETY: NUL-terminated strings; no data.
+            let rc = unsafe {
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    at.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    c"size=1m,mode=0700".as_ptr().cast(),
+                )
+            };
+            assert_eq!(
+                rc,
+                0,
+                "mount tmpfs (as root): {}",
+                io::Error::last_os_error()
+            );
+            Tmpfs(dir)
+        }
+
+        /// `umount -l`: the mount leaves every table; files mapped from it stay.
+        fn detach(&self) {
+            let at = std::ffi::CString::new(self.0.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a NUL-terminated path.
+            unsafe { libc::umount2(at.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            self.detach();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+
+    /// A file mapped from a tmpfs (an anonymous device, like overlayfs, btrfs, FUSE or
+    /// NFS) opens while its mount is listed, and is refused once the mount is detached:
+    /// its device is then in no table either, and nothing says what the file system is.
+    #[test]
+    fn a_file_on_a_detached_mount_is_not_opened() {
+        let tmpfs = Tmpfs::mount("procfs-detached");
+        let path = tmpfs.0.join("mapped");
+        std::fs::write(&path, vec![7u8; 4096]).unwrap();
+        let file = File::open(&path).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh private read-only mapping of a 4 KiB file, unmapped below.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(address, libc::MAP_FAILED);
+        drop(file);
+        let me = std::process::id();
+        let entry = read_maps(me)
+            .into_iter()
+            .find(|e| e.range.start == address as u64)
+            .unwrap();
+        assert_eq!(entry.device >> 32, 0, "tmpfs has an anonymous device");
+        let opened = open_mapped(me, &entry);
+        assert!(opened.is_ok(), "{opened:?}");
+        tmpfs.detach();
+        let ours = MountTable::read("/proc/self/mountinfo").unwrap();
+        assert_eq!(ours.device_type(entry.device), None);
+        let refused = open_mapped(me, &entry);
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(address, 4096) };
+        match refused {
+            Err(MappedFileError::UnknownFileSystem { reason, .. }) => {
+                assert!(reason.contains("detached"), "{reason}")
+            }
+            other => panic!("opened or refused otherwise: {other:?}"),
+        }
     }
 }

@@ -14,7 +14,7 @@ use super::{
     early::EarlyChecks,
     pace::{process_cpu_ns, PaceReading},
     plan_duties,
-    windows::{Unplaced, WindowSchedule},
+    windows::{window_shift, Unplaced, WindowSchedule},
     BudgetOptions, HitCost, Hits, ProcessCost,
 };
 use crate::engine::{CollectorStats, ImageSet, ProcessTable, Tracked};
@@ -390,12 +390,21 @@ impl BudgetController {
         for key in keys {
             let plan = self.schedule.attach_plan(&key, now_ns);
             next = next.min(plan.next_change_ns);
-            let attached = images.images.get(&key).is_some_and(|s| s.links.is_some());
+            let shift = window_shift(self.schedule.duty_at(&key, now_ns));
+            let mut attached = images.images.get(&key).is_some_and(|s| s.links.is_some());
+            let attached_shift = images.images.get(&key).map(|s| s.window_shift);
+            if plan.attached && attached && attached_shift != Some(shift) {
+                // Its duty moved its window shift (full time again, or a new fraction):
+                // out, and in again below with the new one. Rare: duties change at
+                // budget checks, and only a change across a power of two moves it.
+                images.detach_in_background(sampler, stats, &key);
+                attached = false;
+            }
             if plan.attached && !attached {
                 let before = monotonic_now_ns();
                 // The attach takes 10-30 ms, its breakpoints going in along the way.
                 self.read_pace_of_image(sampler, processes, images, &key, true);
-                if images.reattach(sampler, stats, &key) {
+                if images.reattach(sampler, stats, &key, shift) {
                     stats.window_attaches += 1;
                     let done = monotonic_now_ns();
                     self.schedule.attached_in(key, done - before);

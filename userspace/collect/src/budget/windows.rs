@@ -40,6 +40,29 @@ const HISTORY_NS: u64 = 120_000_000_000;
 /// Duty changes kept per image (a few per second at most).
 const DUTY_CHANGES_KEPT: usize = 1024;
 
+/// Largest window shift: inside its windows an image's probes sample at most
+/// `2^MAX_WINDOW_SHIFT` times denser than the configured rate. The bound on what the
+/// denser samples cost: a process's expected samples per second stay at most what
+/// probing full time would take (`2^shift <= 1/duty`), but the probes' lead before a
+/// window (up to 40 ms against a 10 ms window at the floor) samples at the same density
+/// for samples that are dropped; 16x keeps that waste within 16 times the lead's share
+/// of full-time sampling (docs/statistics.md, "Samples inside windows").
+pub const MAX_WINDOW_SHIFT: u8 = 4;
+
+/// The window shift for an image probed `duty` of the time: the largest `k` with
+/// `2^k <= 1/duty`, at most [`MAX_WINDOW_SHIFT`] (0 when probed full time). Inside
+/// its windows the image's probes then draw countdowns of mean `rate >> k`, and a
+/// process observed there gets between half and all of the samples it would get
+/// probed full time (down to `2^MAX_WINDOW_SHIFT * duty` of them below duty 1/16).
+/// Each sample carries the interval it was drawn at, so the estimator is unchanged.
+pub fn window_shift(duty: f64) -> u8 {
+    if duty.is_nan() || duty <= 0.0 || duty >= 1.0 {
+        return 0;
+    }
+    let shift = (1.0 / duty).log2().floor();
+    shift.clamp(0.0, f64::from(MAX_WINDOW_SHIFT)) as u8
+}
+
 /// Why a sample cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unplaced {
@@ -302,6 +325,22 @@ pub struct AttachPlan {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn window_shifts_follow_the_observed_fraction_within_the_bound() {
+        assert_eq!(window_shift(1.0), 0);
+        assert_eq!(window_shift(0.6), 0);
+        assert_eq!(window_shift(0.5), 1);
+        assert_eq!(window_shift(0.3), 1);
+        assert_eq!(window_shift(0.0449), 4);
+        assert_eq!(window_shift(0.01), MAX_WINDOW_SHIFT);
+        assert_eq!(window_shift(0.0), 0);
+        assert_eq!(window_shift(f64::NAN), 0);
+        for duty in [0.9, 0.4, 0.2, 0.1, 0.07] {
+            // Never denser than full time would sample: 2^k <= 1/duty.
+            assert!(f64::from(1u32 << window_shift(duty)) * duty <= 1.0);
+        }
+    }
+
     use super::*;
 
     const SEC: u64 = 1_000_000_000;

@@ -12,7 +12,19 @@ use allocbpf_probe::{procfs, sampler::wait_for_running_programs};
 use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
-use super::{cutter::IntervalEnd, Collector, ProcessProfile, LOST_FREE_MIN_AGE};
+use super::{cutter::IntervalEnd, Collector, ProcessProfile, Tracked, LOST_FREE_MIN_AGE};
+use crate::process;
+
+/// Which of the processes that had a pid in one interval (a pid reused after an exit)
+/// gets the kernel's totals of that pid, which count them all: the one with most of
+/// the pid's samples, the later on a tie (`position`: in the pid's departed list;
+/// `None`: the process followed now). Counted once, not in each profile.
+fn totals_rank(tracked: &Tracked, position: Option<usize>) -> (u64, usize) {
+    (
+        tracked.aggregate.totals.samples,
+        position.unwrap_or(usize::MAX),
+    )
+}
 
 /// A time-sampled profile says how much of its process's probed time the probes took
 /// from this share on (the observer effect: docs/statistics.md, "Pace").
@@ -75,8 +87,10 @@ impl Collector {
     }
 
     /// One profile per admitted process that allocated in the interval (and always the
-    /// target's, in process scope); every aggregate starts its next interval. Returns
-    /// the profiles and the processes that exited.
+    /// target's, in process scope), those that exited in it included (their last, under
+    /// their own labels, even if a later process has their pid now); every aggregate
+    /// starts its next interval. Returns the profiles and the followed processes found
+    /// to have exited (those that departed before are dropped here).
     fn build_profiles(
         &mut self,
         (counters, totals): (Counters, HashMap<u32, Totals>),
@@ -102,7 +116,25 @@ impl Collector {
         self.forget_expired_blocks();
         let kernel_live = self.kernel_live_blocks();
         let settled_before = now_ns.saturating_sub(LOST_FREE_MIN_AGE.as_nanos() as u64);
-        for (&pid, tracked) in &mut self.processes.tracked {
+        // The processes that exited in the interval (their entries dropped after this
+        // cut), then those followed.
+        let mut departed = std::mem::take(&mut self.processes.departed);
+        let mut totals_owners: HashMap<u32, (u64, usize)> = HashMap::new();
+        for (tracked, position) in departed
+            .values()
+            .flat_map(|list| list.iter().enumerate().map(|(i, t)| (t, Some(i))))
+            .chain(self.processes.tracked.values().map(|t| (t, None)))
+        {
+            let rank = totals_rank(tracked, position);
+            let owner = totals_owners.entry(tracked.info.pid).or_insert(rank);
+            *owner = rank.max(*owner);
+        }
+        let entries = departed
+            .values_mut()
+            .flat_map(|list| list.iter_mut().enumerate().map(|(i, t)| (t, Some(i))))
+            .chain(self.processes.tracked.values_mut().map(|t| (t, None)));
+        for (tracked, position) in entries {
+            let pid = tracked.info.pid;
             if let Some(kernel_live) = &kernel_live {
                 let known = kernel_live.get(&pid);
                 let lost = tracked.aggregate.forget_lost_frees(settled_before, |id| {
@@ -110,14 +142,21 @@ impl Collector {
                 });
                 self.stats.lost_frees += lost;
             }
-            if !tracked.exited && !procfs::is_alive(pid) {
-                // Its exit event was lost (full ring): same outcome.
+            if !tracked.exited && !process::is_alive(pid, tracked.info.start_time) {
+                // Its exit event was lost (full ring): same outcome. A later process
+                // with its pid is not taken for it (the start time differs), but its
+                // samples until now are in this profile.
                 tracked.exited = true;
             }
-            // The window's own totals (one epoch), not a running sum.
-            let exact = totals.get(&pid).copied().unwrap_or_default();
+            // The window's own totals (one epoch), not a running sum; a reused pid's
+            // once ([`totals_rank`]).
+            let exact = match totals_owners.get(&pid) == Some(&totals_rank(tracked, position)) {
+                true => totals.get(&pid).copied().unwrap_or_default(),
+                false => Default::default(),
+            };
             let allocated = !tracked.aggregate.is_empty() || exact.calls > 0;
-            if tracked.admitted && (allocated || always == Some(pid)) {
+            let target = always == Some(pid) && position.is_none();
+            if tracked.admitted && (allocated || target) {
                 tracked.aggregate.finish(now_ns, leaks_min_age);
                 let observed = self.budget.as_ref().map(|budget| {
                     let last_period = budget.schedule.period_of(now_ns);
@@ -180,10 +219,13 @@ impl Collector {
             tracked.aggregate.start_interval();
             tracked.observed = Default::default();
             tracked.pace.tally = Default::default();
-            if tracked.exited {
+            if tracked.exited && position.is_none() {
                 gone.insert(pid);
             }
         }
+        // Their kernel entries go with `untracked_exits` (unless a later process with
+        // their pid is followed), their cached stacks went at their exit.
+        drop(departed);
         self.log_observed(&profiles);
         let stacks = profiles
             .iter()
@@ -261,11 +303,13 @@ impl Collector {
     /// that left the in-use set as their window closed (the `LIVE` map is bounded and
     /// host-wide: they would hold it until their process exits).
     fn forget_expired_blocks(&mut self) {
-        let expired: HashSet<(u32, u64)> = self
-            .processes
+        let processes = &mut self.processes;
+        let expired: HashSet<(u32, u64)> = processes
             .tracked
-            .iter_mut()
-            .flat_map(|(&pid, tracked)| {
+            .values_mut()
+            .chain(processes.departed.values_mut().flatten())
+            .flat_map(|tracked| {
+                let pid = tracked.info.pid;
                 std::mem::take(&mut tracked.expired_blocks)
                     .into_iter()
                     .map(move |id| (pid, id))
@@ -300,8 +344,9 @@ impl Collector {
             self.processes.tracked.remove(pid);
             self.stacks.forget(*pid);
         }
-        // Processes never tracked are in no report: their entries go too (a pid reused
-        // since has sampled and is tracked, and is left alone).
+        // Processes never tracked are in no report, and those that departed had their
+        // last: their entries go too (a pid reused since has sampled and is tracked,
+        // and is left alone).
         for pid in std::mem::take(&mut self.processes.untracked_exits) {
             if !self.processes.tracked.contains_key(&pid) {
                 gone.insert(pid);

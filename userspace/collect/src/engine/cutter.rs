@@ -91,17 +91,23 @@ impl IntervalCutter {
         std::mem::take(&mut self.held)
     }
 
-    /// During a cut, a sample of the new epoch and every event after it wait for the
-    /// next interval, in order: a block's `Freed` must not be handled before its held
-    /// sample, or the block would stay live. Returns the event if it is not held.
+    /// During a cut, a sample of the new epoch and every event after it (but exec
+    /// events) wait for the next interval, in order: a block's `Freed` must not be
+    /// handled before its held sample, or the block would stay live, nor a process's
+    /// exit (its profile would end without the sample). Returns the event if it is not
+    /// held.
     pub fn hold(&mut self, event: Event) -> Option<Event> {
         let Some(ended) = self.cutting else {
             return Some(event);
         };
         let held = match &event {
             Event::Sample(sample) => !self.held.is_empty() || sample.epoch != ended as u32,
-            Event::Freed { .. } | Event::Untracked { .. } => !self.held.is_empty(),
-            Event::Exec { .. } | Event::Exit { .. } => false,
+            // An exit after a held sample waits too: a held sample of the exiting
+            // process must find its entry, not a later process's with its pid.
+            Event::Freed { .. } | Event::Untracked { .. } | Event::Exit { .. } => {
+                !self.held.is_empty()
+            }
+            Event::Exec { .. } => false,
         };
         if held {
             self.held.push(event);
@@ -109,5 +115,48 @@ impl IntervalCutter {
         } else {
             Some(event)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use allocbpf_probe::events::RawSample;
+
+    use super::*;
+
+    fn sample(pid: u32, epoch: u32) -> Event {
+        Event::Sample(RawSample {
+            sample_id: 1,
+            pid,
+            tid: pid,
+            epoch,
+            timestamp_ns: 1,
+            size: 64,
+            offset: 0,
+            rate: 1,
+            next_interval: 1,
+            certain: true,
+            function: None,
+            stack: Vec::new(),
+            stack_error: 0,
+            regs: [0; 3],
+            user_stack: Vec::new(),
+            lost: false,
+        })
+    }
+
+    /// During a cut, an exit after a held sample is held with it (the sample must
+    /// find its process's entry); an exit before any is not, nor an exec.
+    #[test]
+    fn an_exit_after_a_held_sample_is_held() {
+        let mut cutter = IntervalCutter::new();
+        cutter.begin(5);
+        assert!(cutter.hold(sample(42, 5)).is_some());
+        assert!(cutter.hold(Event::Exit { pid: 7 }).is_some());
+        assert!(cutter.hold(sample(42, 6)).is_none());
+        assert!(cutter.hold(Event::Exit { pid: 42 }).is_none());
+        assert!(cutter.hold(Event::Exec { pid: 9 }).is_some());
+        assert_eq!(cutter.end(), [sample(42, 6), Event::Exit { pid: 42 }]);
+        assert!(cutter.hold(Event::Exit { pid: 42 }).is_some());
     }
 }

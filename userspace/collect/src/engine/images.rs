@@ -37,6 +37,8 @@ pub(crate) struct ImageState {
     spans: VecDeque<(u64, u64)>,
     /// Its links closing on other threads (their breakpoints may still trap).
     closing: Arc<AtomicUsize>,
+    /// The window shift its probes were attached with (`budget::windows::window_shift`).
+    pub window_shift: u8,
 }
 
 /// Probe spans kept per image: samples are read within milliseconds, and a window per
@@ -186,6 +188,7 @@ impl ImageSet {
                 attached_ns: 0,
                 spans: VecDeque::new(),
                 closing: Arc::default(),
+                window_shift: 0,
             },
         );
     }
@@ -199,12 +202,14 @@ impl ImageSet {
             .is_some_and(|state| state.closing.load(Ordering::Relaxed) > 0)
     }
 
-    /// Attaches `key`'s probes again (a window opens); false if that failed.
+    /// Attaches `key`'s probes again (a window opens), sampling `2^window_shift` times
+    /// denser than the configured rate; false if that failed.
     pub fn reattach(
         &mut self,
         sampler: &mut Sampler,
         stats: &mut CollectorStats,
         key: &ImageKey,
+        window_shift: u8,
     ) -> bool {
         let Some(state) = self.images.get_mut(key) else {
             return false;
@@ -212,9 +217,10 @@ impl ImageSet {
         if state.links.is_some() {
             return true;
         }
-        match sampler.attach(&state.image) {
+        match sampler.attach_in_windows(&state.image, window_shift) {
             Ok(attached) => {
                 state.links = Some(attached.links);
+                state.window_shift = window_shift;
                 state.attached_since_ns = Some(monotonic_now_ns());
                 stats.images_attached += 1;
                 true

@@ -56,14 +56,14 @@ pub use self::{cutter::ProcessProfile, maps_rescan::MAPS_RESCAN_INTERVAL, stats:
 pub(crate) use self::{
     exec_queue::ExecQueue,
     images::ImageSet,
-    processes::{ProcessTable, Tracked},
+    processes::{Followed, Owner, ProcessTable, Tracked},
 };
 pub use crate::budget::controller::{ImageFigures, ProcessCostFigures};
 use crate::{
     budget::controller::BudgetController,
     filter::ProcessFilter,
     options::{CollectOptions, Scope},
-    process::ProcessInfo,
+    process::{self, ProcessInfo},
     raw_samples::RawSampleLog,
 };
 
@@ -201,8 +201,14 @@ impl Collector {
             }
         };
         let live = self.options.live.is_some();
-        if self.processes.update(info, admitted, live) {
-            self.stats.processes_seen += 1;
+        match self.processes.update(info, admitted, live) {
+            Followed::Known => {}
+            Followed::New => self.stats.processes_seen += 1,
+            Followed::Reused => {
+                self.stats.processes_seen += 1;
+                // What was cached about the pid is the earlier process's.
+                self.stacks.forget(pid);
+            }
         }
         // Records the files it maps (what a rescan of its maps compares with) and
         // attaches the images not attached yet. One process: its images were attached
@@ -285,12 +291,17 @@ impl Collector {
                     if self.processes.ignored.contains(&pid) {
                         continue;
                     }
-                    // After stop (no sampler) only processes already known count.
-                    if !self.processes.tracked.contains_key(&pid)
+                    // The followed process with its pid, the one that exited with it
+                    // (a late sample), or a new one, looked at first (a pid reused
+                    // after an exit is another process: `sample_owner`). After stop
+                    // (no sampler) only processes already known count.
+                    let mut owner = self.processes.sample_owner(pid, process::start_time);
+                    if owner == Owner::Unknown
                         && !self.processes.unreadable(pid)
                         && self.sampler.is_some()
                     {
                         self.observe(pid);
+                        owner = Owner::Tracked;
                         // A new program's first look (~130 ms for cc1) and its first
                         // stack (its unwind tables, ~150 ms) hold up this loop while
                         // it may trap on every call: an early check due meanwhile
@@ -300,13 +311,16 @@ impl Collector {
                             self.windows_tick();
                         }
                     }
-                    match self.processes.tracked.get(&pid) {
+                    match self.processes.entry(pid, owner) {
                         Some(tracked) if tracked.admitted => {}
                         Some(_) => {
                             // Sampled before its gate closed (or after the LRU map
-                            // forgot it): dropped here, and the gate closed again.
+                            // forgot it): dropped here, and the gate closed again
+                            // (not for a process that exited: its pid may be reused).
                             self.stats.filtered_samples += 1;
-                            if let Some(sampler) = self.sampler.as_mut() {
+                            if let Some(sampler) =
+                                self.sampler.as_mut().filter(|_| owner == Owner::Tracked)
+                            {
                                 let _ = sampler.set_gate(pid, GateState::Excluded);
                             }
                             continue;
@@ -316,7 +330,8 @@ impl Collector {
                     }
                     let mut allocation = sample.allocation();
                     if let Some(budget) = &self.budget {
-                        let images = &self.processes.tracked[&pid].images;
+                        let tracked = self.processes.entry(pid, owner).expect("checked above");
+                        let images = &tracked.images;
                         match budget.place(images, &self.images, sample.timestamp_ns) {
                             Ok(window) => allocation.window = Some(window),
                             Err(_) => {
@@ -336,17 +351,18 @@ impl Collector {
                     } else {
                         self.stacks.resolve(&sample)
                     };
-                    let tracked = self.processes.tracked.get_mut(&pid).expect("checked above");
+                    let tracked = self.processes.entry(pid, owner).expect("checked above");
                     tracked.aggregate.add(StackKey { pid, frames }, &allocation);
                     self.stats.samples += 1;
                 }
+                // Sample ids are unique: only the entry that holds it retires it.
                 Event::Freed { pid, sample_id, .. } => {
-                    if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+                    for tracked in self.processes.entries_of(pid) {
                         tracked.aggregate.freed(sample_id);
                     }
                 }
                 Event::Untracked { pid, sample_id } => {
-                    if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+                    for tracked in self.processes.entries_of(pid) {
                         tracked.aggregate.untracked(sample_id);
                     }
                 }
@@ -377,7 +393,11 @@ impl Collector {
                 }
                 Event::Exit { pid } => {
                     self.stats.exit_events += 1;
-                    self.processes.exited(pid);
+                    // Its entry departs: a later process with its pid is followed
+                    // apart, and resolves its stacks with nothing cached for this one.
+                    if self.processes.exited(pid) {
+                        self.stacks.forget(pid);
+                    }
                 }
             }
         }

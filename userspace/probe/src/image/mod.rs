@@ -125,8 +125,15 @@ impl ProbedEntry {
         self.file_offset + self.point.offset
     }
 
-    /// The attach cookie telling the program where it is (`allocbpf_common::cookie`).
+    /// The attach cookie telling the program where it is (`allocbpf_common::cookie`),
+    /// probed full time.
     pub fn cookie(&self) -> u64 {
+        self.cookie_in_windows(0)
+    }
+
+    /// The attach cookie for a probe that samples `2^window_shift` times denser than the
+    /// configured rate (inside observation windows).
+    pub fn cookie_in_windows(&self, window_shift: u8) -> u64 {
         ProbeCookie {
             code_size: self.size,
             probe_offset: self.point.offset as u8,
@@ -142,6 +149,7 @@ impl ProbedEntry {
                 .map_or(0, allocbpf_common::cookie::forward_call_slots),
             stepped: !self.point.emulated,
             function: self.function as u8,
+            window_shift,
         }
         .encode()
     }

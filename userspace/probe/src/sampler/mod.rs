@@ -166,6 +166,7 @@ fn link_grouped(
     entries: &[ProbedEntry],
     program: impl Fn(&ProbedEntry) -> &'static str,
     pid: Option<u32>,
+    window_shift: u8,
     links: &mut ImageLinks,
 ) -> Result<(), ProbeError> {
     let mut groups: std::collections::BTreeMap<&'static str, (Vec<u64>, Vec<u64>)> =
@@ -173,7 +174,7 @@ fn link_grouped(
     for entry in entries {
         let (offsets, cookies) = groups.entry(program(entry)).or_default();
         offsets.push(entry.probe_file_offset());
-        cookies.push(entry.cookie());
+        cookies.push(entry.cookie_in_windows(window_shift));
     }
     for (name, (offsets, cookies)) in groups {
         let link = programs
@@ -256,6 +257,8 @@ pub struct Sampler {
     multi_programs: Option<SessionPrograms>,
     /// Exact totals and counters by epoch.
     book: totals::EpochBook,
+    /// The window shift of the attach under way ([`Sampler::attach_in_windows`]).
+    window_shift: u8,
 }
 
 impl Sampler {
@@ -322,6 +325,7 @@ impl Sampler {
             session_programs,
             multi_programs,
             book,
+            window_shift: 0,
         };
         sampler.refresh_intervals()?;
         if !config.empty_probes {
@@ -356,6 +360,21 @@ impl Sampler {
             program.attach(tracepoint).map_err(load_error)?;
         }
         Ok(())
+    }
+
+    /// [`Sampler::attach`] for an image observed in windows only: its probes sample
+    /// `2^window_shift` times denser than the configured rate (each sample carries the
+    /// interval it was drawn at), so that a process observed a fraction of the time
+    /// still gets about the samples it would get probed full time.
+    pub fn attach_in_windows(
+        &mut self,
+        image: &AllocatorImage,
+        window_shift: u8,
+    ) -> Result<Attached, ProbeError> {
+        self.window_shift = window_shift;
+        let attached = self.attach(image);
+        self.window_shift = 0;
+        attached
     }
 
     /// Attaches one probe per allocation entry of `image`, and with live tracking the
@@ -421,13 +440,15 @@ impl Sampler {
     ) -> Result<(), ProbeError> {
         let Some(multi) = self.multi_programs.as_mut() else {
             for entry in entries {
-                let link = self.attach_uprobe(program(entry), entry, entry.cookie(), image)?;
+                let cookie = entry.cookie_in_windows(self.window_shift);
+                let link = self.attach_uprobe(program(entry), entry, cookie, image)?;
                 links.uprobes.push(link);
             }
             return Ok(());
         };
         let pid = self.config.pid;
-        link_grouped(multi, image, entries, program, pid, links)
+        let window_shift = self.window_shift;
+        link_grouped(multi, image, entries, program, pid, window_shift, links)
     }
 
     /// Attaches every allocation entry of `image` through session links, one per
@@ -441,12 +462,14 @@ impl Sampler {
             return Ok(());
         };
         let pid = self.config.pid;
+        let window_shift = self.window_shift;
         link_grouped(
             programs,
             image,
             &image.entries,
             |e| e.shape.program(),
             pid,
+            window_shift,
             links,
         )
     }
