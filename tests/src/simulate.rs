@@ -14,8 +14,9 @@
 //! cover them).
 
 use allocbpf_common::{
-    sampler::{decide, Decision},
-    INTERVAL_TABLE_LEN,
+    drawn_scale,
+    sampler::{decide, scaled_interval, Decision},
+    sampling_rate, INTERVAL_TABLE_LEN,
 };
 use allocbpf_profile::aggregate::StackStats;
 use allocbpf_profile::estimate::certain_threshold;
@@ -69,6 +70,19 @@ impl IntervalSource {
         let index = self.picks.random::<u32>() & (INTERVAL_TABLE_LEN - 1);
         self.table[index as usize]
     }
+
+    /// The next interval at pressure `level` through a probe of window shift `window`,
+    /// picked as the probe picks (`pressure::interval_at`: one random number, its low
+    /// bits the table index, its high bits the scaled countdown's low bits).
+    pub fn next_scaled(&mut self, level: u32, window: u32) -> u64 {
+        self.draws += 1;
+        if self.draws.is_multiple_of(REFRESH_EVERY_DRAWS) {
+            self.table = self.generator.generate();
+        }
+        let random = self.picks.random::<u32>();
+        let base = self.table[(random & (INTERVAL_TABLE_LEN - 1)) as usize];
+        scaled_interval(base, random >> 16, level, window)
+    }
 }
 
 /// A sampler for one simulated process.
@@ -78,6 +92,8 @@ pub struct Simulator {
     source: IntervalSource,
     /// Countdown per thread; `None` until the thread's first allocation.
     countdowns: Vec<Option<u64>>,
+    /// What each thread's countdown was drawn at ([`allocbpf_common::drawn_scale`]).
+    drawn: Vec<u32>,
     /// Per-site aggregates.
     pub sites: Vec<StackStats>,
 }
@@ -90,6 +106,7 @@ impl Simulator {
             threshold: certain_threshold(rate),
             source: IntervalSource::new(rate, seed),
             countdowns: vec![None; threads],
+            drawn: vec![0; threads],
             sites: vec![StackStats::default(); sites],
         }
     }
@@ -117,6 +134,35 @@ impl Simulator {
             Decision::Certain => (0, true),
         };
         self.sites[alloc.site].add(alloc.size, offset, self.rate, certain, 1.0);
+        true
+    }
+
+    /// Runs one allocation through the probe's decision at pressure `level`, through a
+    /// probe of window shift `window`, as the eBPF program does (`pressure::follow`: a
+    /// countdown drawn at another scale is drawn again; the sample carries the mean
+    /// interval `rate << level >> window`); returns whether it was sampled.
+    pub fn allocate_scaled(&mut self, alloc: Alloc, level: u32, window: u32) -> bool {
+        let source = &mut self.source;
+        let scale = drawn_scale(level, window);
+        let drawn = &mut self.drawn[alloc.thread];
+        let remaining = self.countdowns[alloc.thread].get_or_insert_with(|| {
+            *drawn = scale;
+            source.next_scaled(level, window)
+        });
+        if *drawn != scale {
+            *remaining = source.next_scaled(level, window);
+            *drawn = scale;
+        }
+        let decision = decide(remaining, alloc.size, self.threshold, || {
+            source.next_scaled(level, window)
+        });
+        let (offset, certain) = match decision {
+            Decision::Skip => return false,
+            Decision::Sampled { offset, .. } => (offset, false),
+            Decision::Certain => (0, true),
+        };
+        let rate = sampling_rate(self.rate, level, window);
+        self.sites[alloc.site].add(alloc.size, offset, rate, certain, 1.0);
         true
     }
 

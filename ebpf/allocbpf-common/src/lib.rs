@@ -279,11 +279,12 @@ pub const fn drawn_scale(level: u32, window: u32) -> u32 {
     (level & 0xff) | (window & 0xff) << 8
 }
 
-/// The pressure level rises when more than `PRESSURE_RAISE_QUARTERS` quarters of the
+/// The pressure level rises when more than `PRESSURE_RAISE_EIGHTHS` eighths of the
 /// `EVENTS` ring wait for the reader at a sample: only near an overflow, so that a
 /// reader that merely lags (a cold start, a cut) changes no interval...
-pub const PRESSURE_RAISE_QUARTERS: u64 = 3;
-/// ...and falls when less than `1/PRESSURE_LOWER_FRACTION` does.
+pub const PRESSURE_RAISE_EIGHTHS: u64 = 7;
+/// ...and falls when less than `1/PRESSURE_LOWER_FRACTION` does, looked at by every
+/// call while the level is up (not only at samples, which a high level makes rare).
 pub const PRESSURE_LOWER_FRACTION: u64 = 8;
 /// At most one rise per this many nanoseconds: a burst that fills the ring in a few
 /// milliseconds is met within them, and one reading does not jump several levels.

@@ -61,6 +61,19 @@ pub fn decide(
     }
 }
 
+/// A countdown of mean `R << level >> window` from `base`, an entry of the exponential
+/// table of mean `R`: shifted up with `level` random low bits from `low_bits`, so that
+/// the countdown is not confined to multiples of `2^level` (a 1-byte allocation must
+/// be `2^level` times less likely to be sampled, not as likely), then down by the
+/// probe's window shift (`floor(floor(E)/2^w) = floor(E/2^w)`: exact). The kernel's
+/// ring-pressure levels and observation-window shifts both draw through this.
+#[inline(always)]
+pub fn scaled_interval(base: u64, low_bits: u32, level: u32, window: u32) -> u64 {
+    let shift = level & 15;
+    let low = (low_bits as u64) & ((1u64 << shift) - 1);
+    ((base << shift) | low) >> (window & 15)
+}
+
 /// `nmemb * size` for calloc and reallocarray, or 0 when the call must fail.
 ///
 /// Not `checked_mul` nor a division test: LLVM turns both into a 128-bit multiply the

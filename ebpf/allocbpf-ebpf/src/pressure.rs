@@ -15,12 +15,12 @@
 //! weight `S / (1 - exp(-S/R))` uses that `R`.
 
 use allocbpf_common::{
-    drawn_scale, MAX_PRESSURE_LEVEL, PRESSURE_LOWER_FRACTION, PRESSURE_LOWER_SPACING_NS,
-    PRESSURE_RAISE_QUARTERS, PRESSURE_RAISE_SPACING_NS,
+    drawn_scale, sampler::scaled_interval, MAX_PRESSURE_LEVEL, PRESSURE_LOWER_FRACTION,
+    PRESSURE_LOWER_SPACING_NS, PRESSURE_RAISE_EIGHTHS, PRESSURE_RAISE_SPACING_NS,
 };
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_RING_SIZE},
-    helpers::bpf_get_prandom_u32,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::map,
     maps::Array,
 };
@@ -33,13 +33,36 @@ use core::ptr::read_volatile;
 #[map]
 static PRESSURE: Array<u64> = Array::with_max_entries(2, 0);
 
-/// The pressure level in force (0 when the reader keeps up).
+/// The pressure level in force (0 when the reader keeps up). While it is up, every
+/// call looks whether the reader has caught up and lowers it (at most one step per
+/// `PRESSURE_LOWER_SPACING_NS`): at a high level samples are rare, and a level lowered
+/// only at samples stayed up long after the reader had caught up.
 #[inline(always)]
 pub(crate) fn level() -> u32 {
-    PRESSURE
-        .get(0)
-        .map(|level| (*level as u32).min(MAX_PRESSURE_LEVEL))
-        .unwrap_or(0)
+    let Some(level) = PRESSURE.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: a live map value; a racing writer can only make the level off by a step.
+    let current = unsafe { *level };
+    if current == 0 {
+        return 0;
+    }
+    if let Some(changed) = PRESSURE.get_ptr_mut(1) {
+        // SAFETY: a helper without arguments; a live map value as above.
+        unsafe {
+            let now_ns = bpf_ktime_get_ns();
+            if now_ns.wrapping_sub(*changed) >= PRESSURE_LOWER_SPACING_NS {
+                let waiting = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+                let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
+                if waiting < size / PRESSURE_LOWER_FRACTION {
+                    *level = current - 1;
+                    *changed = now_ns;
+                    return ((current - 1) as u32).min(MAX_PRESSURE_LEVEL);
+                }
+            }
+        }
+    }
+    (current as u32).min(MAX_PRESSURE_LEVEL)
 }
 
 /// Draws a countdown with mean `RATE << level >> window`: a random entry of the
@@ -57,9 +80,7 @@ pub(crate) fn interval_at(level: u32, window: u32) -> u64 {
         // Unreachable (the index is masked); the mean keeps the sampler alive.
         None => unsafe { read_volatile(&RATE) },
     };
-    let shift = level & 15;
-    let low = ((random >> 16) as u64) & ((1u64 << shift) - 1);
-    ((base << shift) | low) >> (window & 15)
+    scaled_interval(base, random >> 16, level, window)
 }
 
 /// Makes a countdown follow the level in force and the probe's window shift: one
@@ -75,7 +96,7 @@ pub(crate) fn follow(remaining: &mut u64, drawn: &mut u32, level: u32, window: u
 }
 
 /// After a sample: raises the level if the reader has fallen behind (more than
-/// `PRESSURE_RAISE_QUARTERS` quarters of the ring waiting), lowers it once it has caught up
+/// `PRESSURE_RAISE_EIGHTHS` eighths of the ring waiting), lowers it once it has caught up
 /// (less than `1/PRESSURE_LOWER_FRACTION`), each at most once per its spacing.
 /// Racing updates from several CPUs can only move the level by one step more.
 #[inline(always)]
@@ -88,7 +109,7 @@ pub(crate) fn observe_ring(now_ns: u64) {
     // SAFETY: live map values; a racing writer can only make the level off by a step.
     unsafe {
         let since = now_ns.wrapping_sub(*changed);
-        if waiting > size / 4 * PRESSURE_RAISE_QUARTERS {
+        if waiting > size / 8 * PRESSURE_RAISE_EIGHTHS {
             if *level < MAX_PRESSURE_LEVEL as u64 && since >= PRESSURE_RAISE_SPACING_NS {
                 *level += 1;
                 *changed = now_ns;

@@ -252,6 +252,71 @@ pub fn memorylessness(trials: usize, seed: u64) -> (SiteSummary, SiteSummary) {
     (single[0].clone(), split[0].clone())
 }
 
+/// The scales the probe's countdowns switch through in [`scaled_rates`], as
+/// `(pressure level, window shift)`: raised intervals (ring pressure), denser ones
+/// (observation windows) and both.
+pub const SCALE_SCHEDULE: [(u32, u32); 8] = [
+    (0, 0),
+    (2, 0),
+    (0, 3),
+    (5, 0),
+    (1, 2),
+    (0, 4),
+    (3, 0),
+    (0, 0),
+];
+
+/// Allocations between two changes of scale in [`scaled_rates`].
+pub const SCALE_EVERY: usize = 500;
+
+/// Ring pressure and observation windows, through the probe's own code: one site of
+/// 4,000 allocations (64 B to 64 KiB) at 64 KiB whose countdowns switch scale every
+/// [`SCALE_EVERY`] allocations through [`SCALE_SCHEDULE`] (at points that do not depend
+/// on the countdowns, as the kernel's levels and shifts), each sample weighed at the
+/// mean interval it was drawn at. Predicted variance: each allocation's at its own
+/// rate.
+pub fn scaled_rates(trials: usize, seed: u64) -> SiteSummary {
+    let rate = 64 << 10;
+    let sizes = [64u64, 1024, 8192, 65536];
+    let allocations: Vec<Alloc> = (0..4000)
+        .map(|i| Alloc {
+            thread: i % 2,
+            site: 0,
+            size: sizes[i % sizes.len()],
+        })
+        .collect();
+    let scale_of = |i: usize| SCALE_SCHEDULE[(i / SCALE_EVERY) % SCALE_SCHEDULE.len()];
+    let workload = SimWorkload {
+        name: "scaled rates".into(),
+        what: "64 B-64 KiB at 64 KiB, scale changing every 500 calls",
+        rate,
+        sites: vec!["scaled"],
+        threads: 2,
+        allocations,
+    };
+    let mut sim = Simulator::new(rate, workload.threads, 1, seed);
+    let mut trials_stats = Vec::with_capacity(trials);
+    for _ in 0..trials {
+        sim.next_trial();
+        for (i, &a) in workload.allocations.iter().enumerate() {
+            let (level, window) = scale_of(i);
+            sim.allocate_scaled(a, level, window);
+        }
+        trials_stats.push(sim.sites[0]);
+    }
+    let truth: f64 = workload.allocations.iter().map(|a| a.size as f64).sum();
+    let predicted: f64 = workload
+        .allocations
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let (level, window) = scale_of(i);
+            allocation_variance(a.size, allocbpf_common::sampling_rate(rate, level, window))
+        })
+        .sum();
+    summarise(&workload, "scaled", truth, predicted, &trials_stats)
+}
+
 /// Table-quality figures for a stream of interval draws.
 #[derive(Clone, Debug)]
 pub struct IntervalQuality {

@@ -32,6 +32,10 @@ fn main() -> Result<()> {
             1_000_000 * (i as u64 + 1),
         ));
     }
+    println!(
+        "scaled rates     64 B-64 KiB at 64 KiB, countdowns switching between R/16 and 32R (ring pressure, windows)"
+    );
+    rows.push(accuracy::scaled_rates(TRIALS, 26));
     println!("\n{TRIALS} simulated trials per workload at R = 64 KiB (bias/SE: mean minus truth in standard errors):");
     print!("{}", print::site_table(&rows));
 

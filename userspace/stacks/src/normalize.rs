@@ -425,11 +425,30 @@ struct MappedFiles {
     files: HashMap<(u64, u64), OpenedFile>,
 }
 
+/// Distinct files held open for symbolization at most. A process may map tens of
+/// thousands of executable files (each a descriptor here, and a read of its build id):
+/// past this many, further files are not opened and their frames stay unsymbolized
+/// (module + offset), until the periodic release of unused files makes room.
+const MAX_OPEN_MAPPED_FILES: usize = 8192;
+
 impl MappedFiles {
-    /// Reads `pid`'s executable file mappings and opens their files.
+    /// Reads `pid`'s executable file mappings and opens their files (at most
+    /// [`MAX_OPEN_MAPPED_FILES`] in all).
     fn read(&mut self, pid: u32) {
         for entry in procfs::read_maps(pid) {
             if !entry.executable || entry.file_path().is_none() {
+                continue;
+            }
+            let full = self.files.len() >= MAX_OPEN_MAPPED_FILES;
+            if full && !self.files.contains_key(&(entry.device, entry.inode)) {
+                tracing::debug!(
+                    "pid {pid}: {} not opened: {MAX_OPEN_MAPPED_FILES} mapped files are open",
+                    entry.name.to_string_lossy()
+                );
+                self.by_path.insert(
+                    PathBuf::from(entry.map_files_path(pid)),
+                    (entry, OpenedFile::default()),
+                );
                 continue;
             }
             let file = self
