@@ -61,26 +61,30 @@ impl IntervalSource {
         }
     }
 
-    /// The next interval, picked as the probe picks (`random & (len - 1)`).
-    pub fn next_interval(&mut self) -> u64 {
+    /// One pick as the probe picks: a random number and the table entry its low bits
+    /// index (`random & (len - 1)`), the table refreshed every [`REFRESH_EVERY_DRAWS`].
+    fn pick(&mut self) -> (u32, u64) {
         self.draws += 1;
         if self.draws.is_multiple_of(REFRESH_EVERY_DRAWS) {
             self.table = self.generator.generate();
         }
-        let index = self.picks.random::<u32>() & (INTERVAL_TABLE_LEN - 1);
-        self.table[index as usize]
+        let random = self.picks.random::<u32>();
+        (
+            random,
+            self.table[(random & (INTERVAL_TABLE_LEN - 1)) as usize],
+        )
+    }
+
+    /// The next interval, picked as the probe picks (`random & (len - 1)`).
+    pub fn next_interval(&mut self) -> u64 {
+        self.pick().1
     }
 
     /// The next interval at pressure `level` through a probe of window shift `window`,
     /// picked as the probe picks (`pressure::interval_at`: one random number, its low
     /// bits the table index, its high bits the scaled countdown's low bits).
     pub fn next_scaled(&mut self, level: u32, window: u32) -> u64 {
-        self.draws += 1;
-        if self.draws.is_multiple_of(REFRESH_EVERY_DRAWS) {
-            self.table = self.generator.generate();
-        }
-        let random = self.picks.random::<u32>();
-        let base = self.table[(random & (INTERVAL_TABLE_LEN - 1)) as usize];
+        let (random, base) = self.pick();
         scaled_interval(base, random >> 16, level, window)
     }
 }
