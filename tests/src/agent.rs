@@ -187,7 +187,8 @@ impl Received {
         })
     }
 
-    /// The `profile` part of a multipart/form-data body.
+    /// The profile: the `profile` part of a multipart/form-data body, or the whole
+    /// body of another content type (`/ingest?format=pprof` sends it raw).
     pub fn profile_part(&self) -> Option<Vec<u8>> {
         let content_type = self
             .headers
@@ -195,6 +196,9 @@ impl Received {
             .find(|(k, _)| k == "content-type")?
             .1
             .clone();
+        if !content_type.starts_with("multipart/") {
+            return Some(self.body.clone());
+        }
         let boundary = content_type.split("boundary=").nth(1)?.trim();
         let delimiter = format!("--{boundary}");
         let body = &self.body;

@@ -8,8 +8,11 @@ pub mod accuracy;
 pub mod agent;
 pub mod allocators;
 pub mod bench;
+pub mod otelcol;
 pub mod simulate;
 pub mod sites;
+pub mod slow_proxy;
+pub mod stores;
 
 use std::{
     io::{BufRead, BufReader, Read, Write},

@@ -27,7 +27,7 @@ fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
     let config = write_config(
         &scratch,
         &format!(
-            "comm = \"^agentwl\"\nmetrics_address = \"off\"\n[push]\nurl = \"http://127.0.0.1:{port}\"\napplication = \"allocbpf-test\"\ntimeout = \"2s\"\n# The receiver is local plain HTTP; credentials over http:// must be allowed.\nallow_insecure_http = true\n"
+            "comm = \"^agentwl\"\nmetrics_address = \"off\"\n[push]\nprotocol = \"ingest\"\nurl = \"http://127.0.0.1:{port}\"\napplication = \"allocbpf-test\"\ntimeout = \"2s\"\n# The receiver is local plain HTTP; credentials over http:// must be allowed.\nallow_insecure_http = true\n"
         ),
     );
     let test_started_ms = unix_ms();
@@ -129,7 +129,7 @@ fn rejected_and_corrupt_records_are_dropped_and_delivery_goes_on() {
     let config = write_config(
         &scratch,
         &format!(
-            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19465\"\n[push]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
+            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19465\"\n[push]\nprotocol = \"ingest\"\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
             receiver.port()
         ),
     );
@@ -200,7 +200,7 @@ fn sighup_rereads_credentials_and_rejects_a_broken_config_whole() {
     write_credentials("Bearer first\n", 0o600);
     let config_text = |extra: &str| {
         format!(
-            "comm = \"^agentwl\"\nmetrics_address = \"off\"\n{extra}[push]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\nallow_insecure_http = true\ncredentials_file = \"{}\"\n",
+            "comm = \"^agentwl\"\nmetrics_address = \"off\"\n{extra}[push]\nprotocol = \"ingest\"\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\nallow_insecure_http = true\ncredentials_file = \"{}\"\n",
             receiver.port(),
             credentials.display()
         )
@@ -386,7 +386,7 @@ fn a_private_ca_bundle_is_trusted_for_the_push_and_nothing_else_is() {
         let config = write_config(
             &scratch,
             &format!(
-                "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19468\"\n[push]\nurl = \"https://localhost:{port}\"\ntimeout = \"2s\"\n{ca_line}"
+                "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19468\"\n[push]\nprotocol = \"ingest\"\nurl = \"https://localhost:{port}\"\ntimeout = \"2s\"\n{ca_line}"
             ),
         );
         let agent = start_filtered(&config, &store, "1s", &[], &[]);
@@ -429,7 +429,7 @@ fn sighup_during_one_second_cuts_delivers_every_profile_exactly_once() {
     let config = write_config(
         &scratch,
         &format!(
-            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19469\"\n[push]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
+            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19469\"\n[push]\nprotocol = \"ingest\"\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
             receiver.port()
         ),
     );
@@ -504,7 +504,7 @@ fn a_receiver_failing_one_series_does_not_hold_back_the_others() {
     let config = write_config(
         &scratch,
         &format!(
-            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19470\"\n[push]\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
+            "comm = \"^agentwl\"\nmetrics_address = \"127.0.0.1:19470\"\n[push]\nprotocol = \"ingest\"\nurl = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
             receiver.port()
         ),
     );

@@ -1,8 +1,8 @@
 /*
  * A steady allocator for the agent tests and the soak bench: for SECONDS (argv[1])
- * seconds, agentwl_alloc_site allocates and frees 64 KiB every 200 us (about 320 MiB/s
- * requested, ~5,000 calls/s: far under the default overhead budget), then exits.
- * Prints its pid first.
+ * seconds, agentwl_alloc_site allocates and frees SIZE (argv[2], default 64 KiB) bytes
+ * every 200 us (64 KiB: about 320 MiB/s requested, ~5,000 calls/s: far under the
+ * default overhead budget), then exits. Prints its pid first.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,14 +16,18 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static size_t size = 64 * 1024;
+
 __attribute__((noinline)) void agentwl_alloc_site(void) {
-    char *volatile p = malloc(64 * 1024);
+    char *volatile p = malloc(size);
     p[0] = 1;
     free(p);
 }
 
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 5.0;
+    if (argc > 2)
+        size = (size_t)atol(argv[2]);
     printf("%d\n", getpid());
     fflush(stdout);
     double end = now() + seconds;

@@ -3,12 +3,18 @@
 //! The eBPF program builds with Debian's Rust 1.96 (`rustc-web`) and its prebuilt `core`
 //! for bpfel-unknown-none, linked by bpf-linker built against LLVM 22 (the LLVM of that
 //! rustc). docs/build.md explains the route and the alternative (rustup nightly).
+//!
+//! It also builds the servers the tests talk to (the OpenTelemetry Collector) into
+//! `target/servers/` from pinned sources: see servers.rs.
 
 use std::process::Command;
 
 use anyhow::{bail, Result};
 
 use crate::util::{is_root, run};
+
+#[path = "servers.rs"]
+mod servers;
 
 /// Debian packages: the eBPF toolchain, LLVM for bpf-linker, and the tests' tools
 /// (gcc/g++ + static libc for workloads, gdb to compare stacks with, Go for
@@ -65,7 +71,9 @@ fn bpf_linker_ok() -> bool {
         .unwrap_or(false)
 }
 
-/// Installs whatever is missing; does nothing (quickly) when all is there.
+/// Installs whatever is missing; does nothing (quickly) when all is there. Also builds
+/// the tests' OpenTelemetry Collector when missing and exports its path to the commands
+/// xtask starts afterwards as `ALLOCBPF_OTELCOL` ([`servers::ensure_otelcol`]).
 pub fn ensure() -> Result<()> {
     let missing: Vec<&str> = APT_PACKAGES
         .iter()
@@ -102,5 +110,7 @@ pub fn ensure() -> Result<()> {
             bail!("bpf-linker was installed but is not on PATH: add ~/.cargo/bin to PATH");
         }
     }
+    // Last: it needs no root, and Go from Debian's list above is not new enough for it.
+    servers::ensure_otelcol()?;
     Ok(())
 }

@@ -41,8 +41,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use self::{
     config::{AgentConfig, AgentOverrides},
     metrics::Metrics,
-    push::{PushStats, Pusher},
-    spool::Spool,
+    push::{Lanes, PreparedPush},
     store::ProfileStore,
     watchdog::Notifier,
     writer::Writer,
@@ -122,32 +121,29 @@ impl ConfigSource {
 struct Agent {
     source: ConfigSource,
     config: AgentConfig,
-    push_stats: Arc<PushStats>,
-    /// The push spool, opened at the first push configured and kept for the agent's
-    /// life: every pusher a reload starts shares it (two spools on one directory
-    /// would number their records alike and overwrite each other's).
-    spool: Option<Arc<Spool>>,
+    /// Each store's push spool and counts, opened at the first push to it and kept
+    /// for the agent's life: every pusher a reload starts shares them.
+    lanes: Lanes,
     writer: Writer,
     metrics: Arc<Mutex<Metrics>>,
 }
 
 impl Agent {
     fn new(source: ConfigSource, config: AgentConfig, store: ProfileStore) -> Result<Agent> {
-        let push_stats = Arc::new(PushStats::default());
-        let mut spool = None;
-        let pusher = match config.push.clone() {
-            Some(push) => {
-                let shared = open_spool(&mut spool, &config.store, push.spool_max_bytes)?;
-                Some(Pusher::start(push, shared, push_stats.clone())?)
-            }
-            None => None,
+        let mut lanes = Lanes::default();
+        let prepared = match &config.push {
+            Some(push) => lanes.prepare(push, &config.store)?,
+            None => Vec::new(),
         };
-        let writer = Writer::start(store, pusher, hostname())?;
+        let pushers = prepared
+            .into_iter()
+            .map(|push| push.start(None))
+            .collect::<Result<Vec<_>>>()?;
+        let writer = Writer::start(store, pushers, hostname())?;
         Ok(Agent {
             source,
             config,
-            push_stats,
-            spool,
+            lanes,
             writer,
             metrics: Arc::new(Mutex::new(Metrics::new())),
         })
@@ -179,7 +175,14 @@ impl Agent {
             self.config.interval.as_secs(),
             self.config.store.display(),
             match &self.config.push {
-                Some(push) => format!(", pushing to {}", push.url),
+                Some(push) => format!(
+                    ", pushing to {}",
+                    push.targets
+                        .iter()
+                        .map(|t| format!("{} ({})", t.url, t.destination.name()))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
                 None => String::new(),
             }
         );
@@ -263,7 +266,11 @@ impl Agent {
         eprintln!(
             "allocbpf agent: stopped; {flushed} profile(s) flushed, {} written in all, {} spooled for push",
             stats.profiles_written.load(Ordering::Relaxed),
-            self.push_stats.spool_files.load(Ordering::Relaxed)
+            self.lanes
+                .stats()
+                .iter()
+                .map(|(_, stats)| stats.spool_files.load(Ordering::Relaxed))
+                .sum::<u64>()
         );
         match read_error {
             Some(error) => Err(anyhow::Error::new(error).context("reading the ring buffer")),
@@ -274,7 +281,7 @@ impl Agent {
     fn update_metrics(&mut self, collector: &mut Collector) {
         let kernel = collector.counters();
         let metrics = self.metrics.lock().expect("metrics lock");
-        metrics.update(&collector.stats, &kernel, &self.push_stats);
+        metrics.update(&collector.stats, &kernel, &self.lanes.stats());
         metrics.update_budget(&collector.budget_figures());
         let stats = &self.writer.stats;
         metrics.total(
@@ -311,20 +318,15 @@ impl Agent {
         // at all. The push is restarted on every reload, so a changed credentials file
         // is read again; its spool is the agent's one spool, under the running store
         // (a store change waits for a restart), its new bound applied by the writer.
-        let push = match config.push.clone() {
-            Some(push) => {
-                let prepared =
-                    open_spool(&mut self.spool, &self.config.store, push.spool_max_bytes)
-                        .and_then(|spool| Pusher::prepare(push, spool, self.push_stats.clone()));
-                match prepared {
-                    Ok(prepared) => Some(prepared),
-                    Err(error) => {
-                        tracing::error!("SIGHUP: config not reloaded: push: {error:#}");
-                        return None;
-                    }
+        let push: Vec<PreparedPush> = match &config.push {
+            Some(push) => match self.lanes.prepare(push, &self.config.store) {
+                Ok(prepared) => prepared,
+                Err(error) => {
+                    tracing::error!("SIGHUP: config not reloaded: push: {error:#}");
+                    return None;
                 }
-            }
-            None => None,
+            },
+            None => Vec::new(),
         };
         collector.set_filter(filter);
         // Applied by the writer thread after the profiles queued before; the old
@@ -366,50 +368,8 @@ impl Agent {
     }
 }
 
-/// The agent's one push spool, `spool/` under the running `store`: opened the first
-/// time (bounded by `max_bytes`), shared after.
-fn open_spool(
-    spool: &mut Option<Arc<Spool>>,
-    store: &std::path::Path,
-    max_bytes: u64,
-) -> Result<Arc<Spool>> {
-    if let Some(spool) = spool {
-        return Ok(spool.clone());
-    }
-    let opened = Arc::new(Spool::open(&store.join("spool"), max_bytes)?);
-    *spool = Some(opened.clone());
-    Ok(opened)
-}
-
 fn new_cut_timer(interval: Duration) -> tokio::time::Interval {
     let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     timer
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every reload gets the spool the agent opened first: one numbering, one `.tmp`
-    /// clean-up, whatever the reloads.
-    #[test]
-    fn the_spool_is_opened_once() {
-        let store =
-            std::env::temp_dir().join(format!("allocbpf-agent-spool-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&store);
-        let mut spool = None;
-        let first = open_spool(&mut spool, &store, 1 << 20).unwrap();
-        let meta = push::PushMeta {
-            labels: vec![],
-            from: 1,
-            until: 2,
-        };
-        first.push(&meta, b"one").unwrap();
-        let again = open_spool(&mut spool, &store, 1 << 10).unwrap();
-        assert!(Arc::ptr_eq(&first, &again));
-        again.push(&meta, b"two").unwrap();
-        assert_eq!(first.sizes().0, 2, "a record overwritten");
-        std::fs::remove_dir_all(&store).unwrap();
-    }
 }

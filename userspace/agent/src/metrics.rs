@@ -31,6 +31,15 @@ pub struct Metrics {
     gauges: Vec<(&'static str, Gauge)>,
     cpu_seconds: Gauge<f64, AtomicU64>,
     budget: BudgetGauges,
+    per_store: StoreGauges,
+}
+
+/// Each profile store's own delivery figures (the unlabelled totals sum them).
+#[derive(Default)]
+struct StoreGauges {
+    delivered: Labelled,
+    errors: Labelled,
+    spooled: Labelled,
 }
 
 /// A gauge per label set (an image, a process).
@@ -100,6 +109,14 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         "push_rejected",
         "Profiles dropped because they can never be delivered (corrupt spool record, 4xx)",
+    ),
+    (
+        "push_labels_dropped",
+        "Labels left out of a Pyroscope push: a name it refuses, a value too long, too many",
+    ),
+    (
+        "push_series_dropped",
+        "Profiles not pushed to Pyroscope: a new series beyond push.max_series within an hour",
     ),
     (
         "push_abandoned",
@@ -296,12 +313,33 @@ impl Metrics {
         ] {
             registry.register(name, help, family.clone());
         }
+        let per_store = StoreGauges::default();
+        for (name, help, family) in [
+            (
+                "push_store_delivered",
+                "Profiles delivered to one profile store (label store: pyroscope, otlp)",
+                &per_store.delivered,
+            ),
+            (
+                "push_store_errors",
+                "Failed push attempts to one profile store",
+                &per_store.errors,
+            ),
+            (
+                "push_store_spooled",
+                "Profiles waiting in one profile store's spool",
+                &per_store.spooled,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         Self {
             registry,
             counters,
             gauges,
             cpu_seconds,
             budget,
+            per_store,
         }
     }
 
@@ -330,7 +368,12 @@ impl Metrics {
     }
 
     /// Updates everything from the profiler, the kernel and the exporters.
-    pub fn update(&self, system: &CollectorStats, kernel: &Counters, push: &PushStats) {
+    pub fn update(
+        &self,
+        system: &CollectorStats,
+        kernel: &Counters,
+        stores: &[(&'static str, Arc<PushStats>)],
+    ) {
         self.total("samples", system.samples);
         self.total("ring_buffer_drops", kernel.ring_buffer_drops);
         self.total("filtered_samples", system.filtered_samples);
@@ -368,16 +411,38 @@ impl Metrics {
         self.gauge("kernel_process_entries", system.kernel_processes);
         self.gauge("kernel_live_blocks", system.kernel_live_blocks);
         self.gauge("open_descriptors", open_descriptors());
-        self.total("push_delivered", push.delivered.load(Ordering::Relaxed));
-        self.total("export_errors", push.errors.load(Ordering::Relaxed));
-        self.total("push_dropped", push.dropped.load(Ordering::Relaxed));
-        self.total("push_rejected", push.rejected.load(Ordering::Relaxed));
-        self.total("push_abandoned", push.abandoned.load(Ordering::Relaxed));
+        // Every store's counts summed, and per store under `store="..."`.
+        let sum = |field: fn(&PushStats) -> &AtomicU64| -> u64 {
+            stores
+                .iter()
+                .map(|(_, stats)| field(stats).load(Ordering::Relaxed))
+                .sum()
+        };
+        self.total("push_delivered", sum(|s| &s.delivered));
+        self.total("export_errors", sum(|s| &s.errors));
+        self.total("push_dropped", sum(|s| &s.dropped));
+        self.total("push_rejected", sum(|s| &s.rejected));
+        self.total("push_abandoned", sum(|s| &s.abandoned));
+        self.total("push_labels_dropped", sum(|s| &s.labels_dropped));
+        self.total("push_series_dropped", sum(|s| &s.series_dropped));
+        for (store, stats) in stores {
+            let labels = vec![("store".to_string(), store.to_string())];
+            let per_store = &self.per_store;
+            for (family, value) in [
+                (&per_store.delivered, &stats.delivered),
+                (&per_store.errors, &stats.errors),
+                (&per_store.spooled, &stats.spool_files),
+            ] {
+                family
+                    .get_or_create(&labels)
+                    .set(value.load(Ordering::Relaxed) as f64);
+            }
+        }
         self.gauge("attached_images", system.images_attached);
         self.gauge("tracked_processes", system.processes_tracked);
         self.gauge("budget_windowed_images", system.budget_windowed_images);
-        self.gauge("spool_bytes", push.spool_bytes.load(Ordering::Relaxed));
-        self.gauge("spool_profiles", push.spool_files.load(Ordering::Relaxed));
+        self.gauge("spool_bytes", sum(|s| &s.spool_bytes));
+        self.gauge("spool_profiles", sum(|s| &s.spool_files));
         let (cpu, rss) = own_cpu_and_rss();
         self.cpu_seconds.set(cpu);
         self.gauge("resident_memory_bytes", rss);
@@ -554,9 +619,13 @@ mod tests {
                 ..Default::default()
             },
             &Counters::default(),
-            &PushStats::default(),
+            &[("otlp", Arc::new(PushStats::default()))],
         );
         let text = metrics.render();
+        assert!(
+            text.contains("allocbpf_push_store_delivered{store=\"otlp\"} 0"),
+            "{text}"
+        );
         assert!(text.contains("allocbpf_samples_total 50"), "{text}");
         assert!(text.contains("allocbpf_attached_images 0"), "{text}");
         assert!(text.contains("allocbpf_resident_memory_bytes"), "{text}");

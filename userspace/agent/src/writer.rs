@@ -81,8 +81,8 @@ enum Job {
     Export(Vec<ProcessProfile>),
     Reconfigure {
         retention: Retention,
-        // Boxed: a prepared push (with its HTTP client) is large, and rare.
-        push: Box<Option<PreparedPush>>,
+        /// One per store.
+        push: Vec<PreparedPush>,
     },
     /// Deliver the spool, starting no request after this instant, then stop.
     Finish(Instant),
@@ -104,8 +104,8 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the thread, which owns `store` and `pusher` from now on.
-    pub fn start(store: ProfileStore, pusher: Option<Pusher>, hostname: String) -> Result<Writer> {
+    /// Starts the thread, which owns `store` and `pushers` (one per store) from now on.
+    pub fn start(store: ProfileStore, pushers: Vec<Pusher>, hostname: String) -> Result<Writer> {
         let stats = Arc::new(WriterStats::default());
         stats
             .store_bytes
@@ -115,7 +115,7 @@ impl Writer {
         let (done_sender, done) = mpsc::channel::<()>();
         let state = WriterState {
             store,
-            pusher,
+            pushers,
             hostname,
             stats: stats.clone(),
             queued_cuts: queued_cuts.clone(),
@@ -164,13 +164,10 @@ impl Writer {
         let _ = self.jobs.send(Job::Export(profiles));
     }
 
-    /// Applies a reloaded retention and push (`None`: no push), after the profiles
-    /// queued before.
-    pub fn reconfigure(&self, retention: Retention, push: Option<PreparedPush>) {
-        let _ = self.jobs.send(Job::Reconfigure {
-            retention,
-            push: Box::new(push),
-        });
+    /// Applies a reloaded retention and push (one per store; none: no push), after the
+    /// profiles queued before.
+    pub fn reconfigure(&self, retention: Retention, push: Vec<PreparedPush>) {
+        let _ = self.jobs.send(Job::Reconfigure { retention, push });
     }
 
     /// Writes everything queued, delivers the spool starting no request after
@@ -201,7 +198,7 @@ impl Writer {
 
 struct WriterState {
     store: ProfileStore,
-    pusher: Option<Pusher>,
+    pushers: Vec<Pusher>,
     hostname: String,
     stats: Arc<WriterStats>,
     queued_cuts: Arc<AtomicUsize>,
@@ -218,11 +215,14 @@ impl WriterState {
                     self.export(profiles);
                     self.queued_cuts.fetch_sub(1, Ordering::Relaxed);
                 }
-                Job::Reconfigure { retention, push } => self.reconfigure(retention, *push),
+                Job::Reconfigure { retention, push } => self.reconfigure(retention, push),
                 Job::Finish(push_until) => {
-                    if let Some(pusher) = self.pusher.take() {
-                        pusher.flush(push_until);
-                    }
+                    // Each store's deadline is the same instant: flushed side by side.
+                    std::thread::scope(|scope| {
+                        for pusher in self.pushers.drain(..) {
+                            scope.spawn(move || pusher.flush(push_until));
+                        }
+                    });
                 }
                 #[cfg(test)]
                 Job::Hold(held) => {
@@ -236,19 +236,26 @@ impl WriterState {
         }
     }
 
-    fn reconfigure(&mut self, retention: Retention, push: Option<PreparedPush>) {
+    fn reconfigure(&mut self, retention: Retention, push: Vec<PreparedPush>) {
         self.store.set_retention(retention);
-        // The old pusher finishes its request in flight in the background; the new one
-        // waits for it before sending.
-        let previous = self.pusher.take().and_then(Pusher::retire);
-        self.pusher = match push.map(|prepared| prepared.start(previous)) {
-            Some(Ok(pusher)) => Some(pusher),
-            Some(Err(error)) => {
-                tracing::error!("SIGHUP: push not restarted: {error:#}");
-                None
+        // Each old pusher finishes its request in flight in the background; the new one
+        // of the same store waits for it before sending (so nothing goes twice).
+        let mut previous: Vec<_> = self
+            .pushers
+            .drain(..)
+            .map(|pusher| (pusher.destination().spool_dir(), pusher.retire()))
+            .collect();
+        for prepared in push {
+            let dir = prepared.destination().spool_dir();
+            let before = previous
+                .iter_mut()
+                .find(|(d, _)| *d == dir)
+                .and_then(|(_, thread)| thread.take());
+            match prepared.start(before) {
+                Ok(pusher) => self.pushers.push(pusher),
+                Err(error) => tracing::error!("SIGHUP: push not restarted: {error:#}"),
             }
-            None => None,
-        };
+        }
         self.enforce_retention();
         self.sync_directories();
     }
@@ -297,7 +304,7 @@ impl WriterState {
                     tracing::warn!("cannot store a profile: {error:#}");
                 }
             }
-            if let Some(pusher) = &self.pusher {
+            if !self.pushers.is_empty() {
                 let seconds =
                     |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 let meta = PushMeta {
@@ -308,7 +315,9 @@ impl WriterState {
                     from: seconds(profile.started),
                     until: seconds(profile.ended).max(seconds(profile.started) + 1),
                 };
-                pusher.enqueue(&meta, &gzipped);
+                for pusher in &self.pushers {
+                    pusher.enqueue(&meta, &gzipped);
+                }
             }
         }
         self.enforce_retention();
@@ -320,7 +329,7 @@ impl WriterState {
         if let Err(error) = self.store.sync_dirs() {
             tracing::warn!("store: cannot sync a directory: {error}");
         }
-        if let Some(pusher) = &self.pusher {
+        for pusher in &self.pushers {
             match pusher.sync_spool() {
                 Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                     tracing::warn!("push spool: cannot sync its directory: {error}");
@@ -357,7 +366,10 @@ mod tests {
             max_files: 1000,
         };
         let store = ProfileStore::open(&root, retention).unwrap();
-        (Writer::start(store, None, "host".into()).unwrap(), root)
+        (
+            Writer::start(store, Vec::new(), "host".into()).unwrap(),
+            root,
+        )
     }
 
     /// A writer held up (a slow disk) takes MAX_QUEUED_CUTS cuts, drops the next ones,

@@ -1,11 +1,13 @@
 //! Output formats. Every exporter reads a finished [`Report`] of the profile model
 //! ([`allocbpf_profile`]) and writes bytes: [`text`], [`json`], [`folded`] stacks, SVG
 //! flame graphs (inferno) and gzipped [`pprof`], which is also decoded for `allocbpf
-//! report`. Nothing here knows how the report was collected.
+//! report`; a pprof profile converts to an OpenTelemetry profiles request ([`otlp`]).
+//! Nothing here knows how the report was collected.
 #![deny(missing_docs)]
 
 pub mod folded;
 pub mod json;
+pub mod otlp;
 pub mod pprof;
 pub mod text;
 

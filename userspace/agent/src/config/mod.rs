@@ -9,6 +9,11 @@ use std::{
 
 use serde::Deserialize;
 
+mod push;
+
+use self::push::{push_config, PushFile};
+pub use self::push::{Destination, PushConfig, PushTarget};
+
 use allocbpf_collect::{budget::BudgetOptions, filter::FilterOptions, options::DEFAULT_RATE};
 use allocbpf_profile::units::{parse_duration, parse_size, ParseError, MAX_DURATION, MAX_RATE};
 use allocbpf_stacks::resolve::UnwindMode;
@@ -21,7 +26,7 @@ pub struct AgentOverrides {
     pub store: Option<PathBuf>,
     /// How often one profile per process is cut.
     pub interval: Option<Duration>,
-    /// Pyroscope base URL.
+    /// Pyroscope base URL (`push.url`).
     pub push: Option<String>,
     /// Metrics address, or "off".
     pub metrics_address: Option<String>,
@@ -62,19 +67,6 @@ struct RetentionFile {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PushFile {
-    url: Option<String>,
-    application: Option<String>,
-    credentials_file: Option<PathBuf>,
-    tenant: Option<String>,
-    timeout: Option<String>,
-    spool_max_bytes: Option<String>,
-    allow_insecure_http: Option<bool>,
-    ca_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct BudgetFile {
     enabled: Option<bool>,
     cpu_percent: Option<f64>,
@@ -94,27 +86,6 @@ pub struct Retention {
     pub max_bytes: u64,
     /// ... or holds more files than this (which bounds the store's index in memory).
     pub max_files: u64,
-}
-
-/// Where and how profiles are pushed.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PushConfig {
-    /// Base URL of the Pyroscope server (`/ingest` is appended).
-    pub url: String,
-    /// Application name: the metric name in Pyroscope (`allocbpf`).
-    pub application: String,
-    /// File holding `Bearer TOKEN` or `USER:PASSWORD` (else the environment).
-    pub credentials_file: Option<PathBuf>,
-    /// `X-Scope-OrgID` for multi-tenant servers.
-    pub tenant: Option<String>,
-    /// Per-request timeout.
-    pub timeout: Duration,
-    /// Bound of the on-disk spool of undelivered profiles.
-    pub spool_max_bytes: u64,
-    /// Credentials may be sent over plain `http://` (off by default).
-    pub allow_insecure_http: bool,
-    /// PEM certificates trusted besides the public roots (a private CA).
-    pub ca_file: Option<PathBuf>,
 }
 
 /// The agent's effective configuration.
@@ -138,7 +109,7 @@ pub struct AgentConfig {
     pub metrics_address: Option<SocketAddr>,
     /// Store retention.
     pub retention: Retention,
-    /// Pyroscope push, if configured.
+    /// Where profiles are pushed (Pyroscope, OTLP), if anywhere.
     pub push: Option<PushConfig>,
     /// The overhead budget (`None`: disabled).
     pub budget: Option<BudgetOptions>,
@@ -307,43 +278,6 @@ fn retention(file: RetentionFile) -> Result<Retention> {
     })
 }
 
-/// The push settings, if a URL is set (the override's, else the file's).
-fn push_config(url: Option<String>, file: PushFile) -> Result<Option<PushConfig>> {
-    let Some(url) = url.or(file.url) else {
-        return Ok(None);
-    };
-    if !(url.starts_with("http://") || url.starts_with("https://")) {
-        return Err(ConfigError::Invalid(format!(
-            "push URL {url:?} must start with http:// or https://"
-        )));
-    }
-    let authority = url
-        .split_once("://")
-        .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
-    if authority.contains('@') {
-        return Err(ConfigError::PushCredentials);
-    }
-    Ok(Some(PushConfig {
-        url: url.trim_end_matches('/').to_string(),
-        application: file.application.unwrap_or_else(|| "allocbpf".into()),
-        credentials_file: file.credentials_file,
-        tenant: file.tenant,
-        timeout: duration(
-            "push.timeout",
-            file.timeout.as_deref(),
-            Duration::from_secs(10),
-        )?,
-        spool_max_bytes: size(
-            "push.spool_max_bytes",
-            file.spool_max_bytes.as_deref(),
-            256 << 20,
-            1 << 40,
-        )?,
-        allow_insecure_http: file.allow_insecure_http.unwrap_or(false),
-        ca_file: file.ca_file,
-    }))
-}
-
 /// The overhead budget, unless disabled; percentages in (0, 100].
 fn budget_options(file: BudgetFile) -> Result<Option<BudgetOptions>> {
     if !file.enabled.unwrap_or(true) {
@@ -442,7 +376,10 @@ cpu_percent = 2.5
         assert_eq!(config.rate, 1 << 20);
         assert_eq!(config.retention.max_bytes, 10 << 20);
         assert_eq!(config.retention.max_age, Duration::from_secs(7 * 24 * 3600));
-        assert_eq!(config.push.unwrap().url, "http://pyroscope:4040");
+        let push = config.push.unwrap();
+        assert_eq!(push.targets.len(), 1);
+        assert_eq!(push.targets[0].url, "http://pyroscope:4040");
+        assert_eq!(push.targets[0].destination, Destination::PyroscopePush);
         assert_eq!(config.budget.unwrap().process_cpu, 0.025);
         assert_eq!(config.filter.comm.as_deref(), Some("^nginx"));
         assert!(config.live);

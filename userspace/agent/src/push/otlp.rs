@@ -1,0 +1,114 @@
+//! OpenTelemetry: OTLP/HTTP profiles, protobuf.
+//!
+//! ```text
+//! POST {otlp_endpoint}/v1development/profiles
+//! Content-Type: application/x-protobuf
+//! body: ExportProfilesServiceRequest (allocbpf_export::otlp): one resource per
+//!       process (service.name, host.name, process.pid, ...), one profile per sample
+//!       type, as the spooled pprof holds them
+//! Authorization / X-Scope-OrgID as for Pyroscope (a Collector's bearertokenauth,
+//! Pyroscope's own OTLP endpoint)
+//! ```
+//!
+//! The spool holds the gzipped pprof, the one format every store's spool shares; it
+//! is converted here, on the delivery thread, when sent.
+
+use std::io::Read;
+
+use allocbpf_export::{otlp, pprof};
+use prost::Message;
+
+use super::{
+    http::{authorize, classify, Failure},
+    labels::{service_name, SERVICE_NAME},
+    Credentials, PushMeta, Transport,
+};
+use crate::config::{PushConfig, PushTarget};
+
+/// Largest decompressed pprof converted: a spool record is the agent's own, but a
+/// bound keeps a corrupt one from taking the agent's memory.
+const MAX_PPROF_BYTES: u64 = 256 << 20;
+
+/// An OTLP/HTTP endpoint.
+pub(super) struct Otlp {
+    agent: ureq::Agent,
+    url: String,
+    service_name: Option<String>,
+    tenant: Option<String>,
+    credentials: Credentials,
+}
+
+impl Otlp {
+    pub(super) fn new(
+        agent: ureq::Agent,
+        config: &PushConfig,
+        target: &PushTarget,
+        credentials: Credentials,
+    ) -> Otlp {
+        Otlp {
+            agent,
+            url: target.url.clone(),
+            service_name: config.service_name.clone(),
+            tenant: config.tenant.clone(),
+            credentials,
+        }
+    }
+}
+
+/// The OTLP request of one spooled profile.
+pub fn request_body(
+    meta: &PushMeta,
+    gzipped: &[u8],
+    service_name: &str,
+) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(gzipped)
+        .take(MAX_PPROF_BYTES)
+        .read_to_end(&mut bytes)?;
+    let profile = pprof::proto::Profile::decode(bytes.as_slice())?;
+    let mut resource: Vec<(String, String)> =
+        vec![(SERVICE_NAME.to_string(), service_name.to_string())];
+    resource.extend(
+        meta.labels
+            .iter()
+            .filter(|(name, value)| !value.is_empty() && name != "observed_fraction")
+            .cloned(),
+    );
+    // The pprof's own start and duration: nanoseconds, where the metadata has seconds.
+    let request = otlp::request_from_pprof(&profile, &resource, 0, 0);
+    Ok(otlp::encode(&request))
+}
+
+impl Transport for Otlp {
+    fn send(&self, meta: &PushMeta, profile: &[u8]) -> Result<(), Failure> {
+        let service = service_name(self.service_name.as_deref(), &meta.labels);
+        // A record that does not convert never will.
+        let body = request_body(meta, profile, &service).map_err(Failure::Permanent)?;
+        let request = self
+            .agent
+            .post(&format!("{}{}", self.url, otlp::HTTP_PATH))
+            .set("Content-Type", otlp::CONTENT_TYPE);
+        let request = authorize(request, &self.credentials, self.tenant.as_deref());
+        let response = classify(request.send_bytes(&body))?;
+        // A 200 may still say part was refused (partial success): logged, the record
+        // is done (sending it again would be refused again).
+        let mut answer = Vec::new();
+        let _ = response
+            .into_reader()
+            .take(64 << 10)
+            .read_to_end(&mut answer);
+        if let Ok(decoded) = otlp::proto::ExportProfilesServiceResponse::decode(answer.as_slice()) {
+            if let Some(partial) = decoded.partial_success {
+                if partial.rejected_profiles > 0 || !partial.error_message.is_empty() {
+                    tracing::warn!(
+                        "OTLP push to {}: {} profile(s) rejected: {}",
+                        self.url,
+                        partial.rejected_profiles,
+                        partial.error_message.chars().take(300).collect::<String>()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
