@@ -1,8 +1,9 @@
 /*
  * A steady allocator for the agent tests and the soak bench: for SECONDS (argv[1])
- * seconds, agentwl_alloc_site allocates and frees SIZE (argv[2], default 64 KiB) bytes
- * every 200 us (64 KiB: about 320 MiB/s requested, ~5,000 calls/s: far under the
- * default overhead budget), then exits. Prints its pid first.
+ * seconds, agentwl_alloc_site allocates and frees SIZE (argv[2], default 64 KiB) bytes,
+ * then sleeps PAUSE microseconds (argv[3], default 200: with 64 KiB about 320 MiB/s
+ * requested, ~5,000 calls/s, far under the default overhead budget), then exits.
+ * Prints its pid first.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,12 +29,13 @@ int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 5.0;
     if (argc > 2)
         size = (size_t)atol(argv[2]);
+    useconds_t pause = argc > 3 ? (useconds_t)atol(argv[3]) : 200;
     printf("%d\n", getpid());
     fflush(stdout);
     double end = now() + seconds;
     while (now() < end) {
         agentwl_alloc_site();
-        usleep(200);
+        usleep(pause);
     }
     return 0;
 }

@@ -151,6 +151,10 @@ pub enum Part {
     /// and under the agent at its default budget, raised (5%) and lowered (0.25%)
     /// (tests/src/bin/agent_cost.rs).
     Agent,
+    /// Pushing: profiles per second delivered to a real OpenTelemetry Collector (and a
+    /// real Pyroscope when `$ALLOCBPF_PYROSCOPE` names one) and the agent's CPU per
+    /// delivered profile, at 1 and 100 processes (tests/src/bin/push_bench.rs).
+    Push,
 }
 
 /// Runs the benchmark and prints figures and ratios. `families`: the allocator
@@ -182,6 +186,11 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
             }
             crate::util::run(&mut command)?;
         }
+    }
+    if parts.contains(&Part::Push) {
+        let mut command = crate::util::e2e_bin("push_bench")?;
+        command.args(["--rounds", &rounds.min(3).to_string()]);
+        crate::util::run(&mut command)?;
     }
     Ok(())
 }

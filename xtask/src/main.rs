@@ -7,6 +7,7 @@ mod accuracy;
 mod bench;
 mod bench_entries;
 mod run;
+mod servers;
 mod setup;
 mod soak;
 mod util;
@@ -48,7 +49,8 @@ enum Task {
         iterations: u64,
         /// Which parts to run: malloc+free pairs (with unwinding throughput), every
         /// entry point of every allocator family, redis-benchmark, the default agent's
-        /// cost to gcc compiles and redis.
+        /// cost to gcc compiles and redis; `push` (not in the default set): delivery to
+        /// real profile stores.
         #[arg(
             long,
             value_delimiter = ',',

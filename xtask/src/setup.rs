@@ -11,10 +11,10 @@ use std::process::Command;
 
 use anyhow::{bail, Result};
 
-use crate::util::{is_root, run};
-
-#[path = "servers.rs"]
-mod servers;
+use crate::{
+    servers,
+    util::{is_root, run},
+};
 
 /// Debian packages: the eBPF toolchain, LLVM for bpf-linker, and the tests' tools
 /// (gcc/g++ + static libc for workloads, gdb to compare stacks with, Go for
