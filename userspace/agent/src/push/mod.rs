@@ -129,6 +129,19 @@ pub struct PreparedPush {
     stats: Arc<PushStats>,
 }
 
+/// Largest decompressed pprof a transport reads from the spool: a record is the
+/// agent's own, but a bound keeps a corrupt one from taking the agent's memory (stores
+/// refuse profiles far smaller).
+const MAX_PPROF_BYTES: u64 = 256 << 20;
+
+/// The pprof of a spool record (gzipped), decoded within [`MAX_PPROF_BYTES`].
+fn decode_spooled(gzipped: &[u8]) -> anyhow::Result<allocbpf_export::pprof::proto::Profile> {
+    Ok(allocbpf_export::pprof::decode_gzipped(
+        gzipped,
+        MAX_PPROF_BYTES,
+    )?)
+}
+
 /// Sends one profile to a store (or a stand-in, in tests).
 trait Transport: Send {
     /// Delivers `profile` (a gzipped pprof, as spooled) with its metadata.

@@ -15,19 +15,16 @@
 
 use std::io::Read;
 
-use allocbpf_export::{otlp, pprof};
+use allocbpf_export::otlp;
 use prost::Message;
 
 use super::{
+    decode_spooled,
     http::{authorize, classify, Failure},
     labels::{service_name, SERVICE_NAME},
     Credentials, PushMeta, Transport,
 };
 use crate::config::{PushConfig, PushTarget};
-
-/// Largest decompressed pprof converted: a spool record is the agent's own, but a
-/// bound keeps a corrupt one from taking the agent's memory.
-const MAX_PPROF_BYTES: u64 = 256 << 20;
 
 /// An OTLP/HTTP endpoint.
 pub(super) struct Otlp {
@@ -61,11 +58,7 @@ pub fn request_body(
     gzipped: &[u8],
     service_name: &str,
 ) -> anyhow::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(gzipped)
-        .take(MAX_PPROF_BYTES)
-        .read_to_end(&mut bytes)?;
-    let profile = pprof::proto::Profile::decode(bytes.as_slice())?;
+    let profile = decode_spooled(gzipped)?;
     let mut resource: Vec<(String, String)> =
         vec![(SERVICE_NAME.to_string(), service_name.to_string())];
     resource.extend(

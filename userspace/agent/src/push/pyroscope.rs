@@ -23,7 +23,6 @@
 //! docs/operations.md ("Pyroscope") says why the push API is the default.
 
 use std::{
-    io::{Read, Write},
     sync::{atomic::Ordering, Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -31,6 +30,7 @@ use std::{
 use prost::Message;
 
 use super::{
+    decode_spooled,
     http::{authorize, classify, Failure},
     labels::{pyroscope_series, service_name, SeriesLimit},
     Credentials, PushMeta, PushStats, Transport,
@@ -82,26 +82,13 @@ pub struct RawSample {
     pub id: String,
 }
 
-/// Largest decompressed pprof rewritten: a spool record is the agent's own, but a
-/// bound keeps a corrupt one from taking the agent's memory (Pyroscope itself refuses
-/// profiles far smaller).
-const MAX_PPROF_BYTES: u64 = 256 << 20;
-
 /// `gzipped` (a pprof) without string sample labels, gzipped again.
 pub fn without_string_labels(gzipped: &[u8]) -> anyhow::Result<Vec<u8>> {
-    use allocbpf_export::pprof;
-    use prost::Message as _;
-    let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(gzipped)
-        .take(MAX_PPROF_BYTES)
-        .read_to_end(&mut bytes)?;
-    let mut profile = pprof::proto::Profile::decode(bytes.as_slice())?;
+    let mut profile = decode_spooled(gzipped)?;
     for sample in &mut profile.sample {
         sample.label.retain(|label| label.str == 0);
     }
-    let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    out.write_all(&profile.encode_to_vec())?;
-    Ok(out.finish()?)
+    Ok(allocbpf_export::pprof::gzip(&profile))
 }
 
 /// Pyroscope's `name` parameter of `/ingest`: `application{k=v,...}`, the application
@@ -306,11 +293,7 @@ mod tests {
         };
         let gzipped = allocbpf_export::pprof::gzip(&profile);
         let rewritten = without_string_labels(&gzipped).unwrap();
-        let mut bytes = Vec::new();
-        flate2::read::GzDecoder::new(rewritten.as_slice())
-            .read_to_end(&mut bytes)
-            .unwrap();
-        let decoded = Profile::decode(bytes.as_slice()).unwrap();
+        let decoded = decode_spooled(&rewritten).unwrap();
         assert_eq!(decoded.sample[0].label.len(), 1);
         assert_eq!(decoded.sample[0].label[0].num, 42);
         assert!(without_string_labels(b"not gzip").is_err());

@@ -414,15 +414,28 @@ pub enum DecodeError {
     /// Its content is not a pprof profile.
     #[error("not a pprof profile")]
     NotPprof(#[source] prost::DecodeError),
+    /// It decompresses to more than the bound given.
+    #[error("larger than {0} bytes decompressed")]
+    TooLarge(u64),
 }
 
 /// Reads a gzipped pprof profile (as [`write`] writes them).
 pub fn decode_file(path: &Path) -> Result<Profile, DecodeError> {
     let file = std::fs::File::open(path).map_err(DecodeError::Open)?;
+    decode_gzipped(file, u64::MAX)
+}
+
+/// Decodes a gzipped pprof profile of at most `max_bytes` decompressed (a larger one is
+/// [`DecodeError::TooLarge`]: a bound on what a corrupt or hostile input can take).
+pub fn decode_gzipped(gzipped: impl Read, max_bytes: u64) -> Result<Profile, DecodeError> {
     let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(file)
+    flate2::read::GzDecoder::new(gzipped)
+        .take(max_bytes.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(DecodeError::NotGzip)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(DecodeError::TooLarge(max_bytes));
+    }
     Profile::decode(&*bytes).map_err(DecodeError::NotPprof)
 }
 
