@@ -1,5 +1,5 @@
-//! A TCP proxy in front of a real server that holds every answer back: the server as
-//! a slow or distant one looks to the agent, with everything else real.
+//! A TCP proxy in front of a real server that holds every answer back once: the server
+//! as a slow or distant one looks to the agent, with everything else real.
 
 use std::{
     io::{Read, Write},
@@ -22,8 +22,9 @@ pub struct SlowProxy {
 }
 
 impl SlowProxy {
-    /// Listens on a free loopback port and forwards to `127.0.0.1:upstream`, each
-    /// chunk of every answer held back `delay` first.
+    /// Listens on a free loopback port and forwards to `127.0.0.1:upstream`, every
+    /// answer held back `delay` before its first byte (once per answer, however many
+    /// reads it arrives in).
     pub fn start(upstream: u16, delay: Duration) -> Result<SlowProxy> {
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         listener.set_nonblocking(true)?;
@@ -72,27 +73,36 @@ impl Drop for SlowProxy {
     }
 }
 
-/// Copies client to server as it comes, and server to client late.
+/// Copies client to server as it comes, and server to client late: the first bytes
+/// after each request bytes wait `delay_ms`.
 fn relay(client: TcpStream, upstream: u16, delay_ms: &AtomicU64) -> Result<()> {
     let server = TcpStream::connect(("127.0.0.1", upstream))?;
     client.set_nonblocking(false)?;
+    // Set when request bytes went up, cleared when the answer's first bytes come down.
+    let awaiting = Arc::new(AtomicBool::new(false));
     let (mut client_read, mut server_write) = (client.try_clone()?, server.try_clone()?);
-    let forward = thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        while let Ok(n) = client_read.read(&mut buf) {
-            if n == 0 || server_write.write_all(&buf[..n]).is_err() {
-                break;
+    let forward = {
+        let awaiting = awaiting.clone();
+        thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = client_read.read(&mut buf) {
+                if n == 0 || server_write.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                awaiting.store(true, Ordering::Relaxed);
             }
-        }
-        let _ = server_write.shutdown(Shutdown::Write);
-    });
+            let _ = server_write.shutdown(Shutdown::Write);
+        })
+    };
     let (mut server_read, mut client_write) = (server, client);
     let mut buf = [0u8; 65536];
     while let Ok(n) = server_read.read(&mut buf) {
         if n == 0 {
             break;
         }
-        thread::sleep(Duration::from_millis(delay_ms.load(Ordering::Relaxed)));
+        if awaiting.swap(false, Ordering::Relaxed) {
+            thread::sleep(Duration::from_millis(delay_ms.load(Ordering::Relaxed)));
+        }
         if client_write.write_all(&buf[..n]).is_err() {
             break;
         }

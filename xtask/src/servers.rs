@@ -40,8 +40,12 @@ pub fn ensure_otelcol() -> Result<PathBuf> {
         build_otelcol(&manifest, &servers, &dir)?;
     }
     // Read by `cargo test` and the e2e binaries this xtask starts after setup (they
-    // inherit the environment). xtask is single-threaded here.
+    // inherit the environment; xtask is single-threaded here), and recorded for a
+    // `cargo test` run by hand.
     std::env::set_var(OTELCOL_ENV, &binary);
+    let current = servers.join("otelcol.current");
+    std::fs::write(&current, format!("{}\n", binary.display()))
+        .with_context(|| format!("writing {}", current.display()))?;
     Ok(binary)
 }
 
@@ -219,8 +223,8 @@ fn with_dist_paths(manifest: &str, output: &Path, go: &Path) -> Result<String> {
     Ok(out)
 }
 
-/// 64-bit FNV-1a of the manifest, 12 hex digits: names the build directory. The same
-/// function is in tests/src/otelcol.rs (which finds the binary without xtask).
+/// 64-bit FNV-1a of the manifest, 12 hex digits: names the build directory (the tests
+/// find the binary through `target/servers/otelcol.current`).
 pub fn manifest_hash(bytes: &[u8]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for &byte in bytes {

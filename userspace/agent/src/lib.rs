@@ -316,8 +316,9 @@ impl Agent {
         };
         // Every fallible part before anything changes: a reload applies whole or not
         // at all. The push is restarted on every reload, so a changed credentials file
-        // is read again; its spool is the agent's one spool, under the running store
-        // (a store change waits for a restart), its new bound applied by the writer.
+        // is read again; each profile store keeps its one spool, under the running
+        // store directory (a change of that waits for a restart), its new bound
+        // applied by the writer.
         let push: Vec<PreparedPush> = match &config.push {
             Some(push) => match self.lanes.prepare(push, &self.config.store) {
                 Ok(prepared) => prepared,

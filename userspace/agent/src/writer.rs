@@ -12,6 +12,7 @@
 //! bound. A cut beyond that is dropped, counted (`profiles_dropped`) and logged.
 
 use std::{
+    collections::HashMap,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
         mpsc, Arc,
@@ -116,6 +117,7 @@ impl Writer {
         let state = WriterState {
             store,
             pushers,
+            retired: HashMap::new(),
             hostname,
             stats: stats.clone(),
             queued_cuts: queued_cuts.clone(),
@@ -199,6 +201,9 @@ impl Writer {
 struct WriterState {
     store: ProfileStore,
     pushers: Vec<Pusher>,
+    /// Delivery threads of stores a reload removed, by spool directory, still finishing
+    /// their request in flight: a pusher later started for that store waits for it.
+    retired: HashMap<&'static str, JoinHandle<()>>,
     hostname: String,
     stats: Arc<WriterStats>,
     queued_cuts: Arc<AtomicUsize>,
@@ -223,6 +228,16 @@ impl WriterState {
                             scope.spawn(move || pusher.flush(push_until));
                         }
                     });
+                    // Threads of stores a reload removed end their request in flight
+                    // by then (a record cut off mid-request would go again later).
+                    for (_, thread) in self.retired.drain() {
+                        while !thread.is_finished() && Instant::now() < push_until {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        if thread.is_finished() {
+                            let _ = thread.join();
+                        }
+                    }
                 }
                 #[cfg(test)]
                 Job::Hold(held) => {
@@ -238,19 +253,20 @@ impl WriterState {
 
     fn reconfigure(&mut self, retention: Retention, push: Vec<PreparedPush>) {
         self.store.set_retention(retention);
-        // Each old pusher finishes its request in flight in the background; the new one
-        // of the same store waits for it before sending (so nothing goes twice).
-        let mut previous: Vec<_> = self
-            .pushers
-            .drain(..)
-            .map(|pusher| (pusher.destination().spool_dir(), pusher.retire()))
-            .collect();
+        // Each old pusher finishes its request in flight in the background; the next one
+        // of the same store, now or at a later reload, waits for it before sending (so
+        // nothing goes twice).
+        for pusher in self.pushers.drain(..) {
+            let dir = pusher.destination().spool_dir();
+            if let Some(thread) = pusher.retire() {
+                // A store has one running pusher, which took the retired thread before
+                // it: nothing older is left here to wait for.
+                self.retired.insert(dir, thread);
+            }
+        }
+        self.retired.retain(|_, thread| !thread.is_finished());
         for prepared in push {
-            let dir = prepared.destination().spool_dir();
-            let before = previous
-                .iter_mut()
-                .find(|(d, _)| *d == dir)
-                .and_then(|(_, thread)| thread.take());
+            let before = self.retired.remove(prepared.destination().spool_dir());
             match prepared.start(before) {
                 Ok(pusher) => self.pushers.push(pusher),
                 Err(error) => tracing::error!("SIGHUP: push not restarted: {error:#}"),

@@ -141,12 +141,14 @@ pub(super) fn push_config(url: Option<String>, file: PushFile) -> Result<Option<
     if targets.is_empty() {
         return Ok(None);
     }
-    if let Some(name) = &file.service_name {
-        if name.trim().is_empty() {
-            return Err(ConfigError::Invalid(
-                "config key push.service_name is empty (leave it out for each process's own)"
-                    .into(),
-            ));
+    for (key, value) in [
+        ("push.service_name", &file.service_name),
+        ("push.application", &file.application),
+    ] {
+        if value.as_ref().is_some_and(|name| name.trim().is_empty()) {
+            return Err(ConfigError::Invalid(format!(
+                "config key {key} is empty (leave it out for each process's own service name)"
+            )));
         }
     }
     Ok(Some(PushConfig {
@@ -223,6 +225,7 @@ mod tests {
             ("otlp_endpoint = \"c:4318\"", "push.otlp_endpoint"),
             ("otlp_endpoint = \"http://u:p@c:4318\"", "credentials"),
             ("url = \"http://p\"\nservice_name = \" \"", "service_name"),
+            ("url = \"http://p\"\napplication = \"\"", "push.application"),
             ("url = \"http://p\"\nmax_series = 0", "max_series"),
         ] {
             let error = parse(text).unwrap_err().to_string();

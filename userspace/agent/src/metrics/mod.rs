@@ -37,11 +37,14 @@ pub struct Metrics {
     per_store: StoreGauges,
 }
 
+/// A counter per label set (a profile store).
+type LabelledCounter = Family<Vec<(String, String)>, Counter>;
+
 /// Each profile store's own delivery figures (the unlabelled totals sum them).
 #[derive(Default)]
 struct StoreGauges {
-    delivered: Labelled,
-    errors: Labelled,
+    delivered: LabelledCounter,
+    errors: LabelledCounter,
     spooled: Labelled,
 }
 
@@ -157,14 +160,14 @@ impl Metrics {
                 "Failed push attempts to one profile store",
                 &per_store.errors,
             ),
-            (
-                "push_store_spooled",
-                "Profiles waiting in one profile store's spool",
-                &per_store.spooled,
-            ),
         ] {
             registry.register(name, help, family.clone());
         }
+        registry.register(
+            "push_store_spooled",
+            "Profiles waiting in one profile store's spool",
+            per_store.spooled.clone(),
+        );
         Self {
             registry,
             counters,
@@ -263,12 +266,17 @@ impl Metrics {
             for (family, value) in [
                 (&per_store.delivered, &stats.delivered),
                 (&per_store.errors, &stats.errors),
-                (&per_store.spooled, &stats.spool_files),
             ] {
-                family
-                    .get_or_create(&labels)
-                    .set(value.load(Ordering::Relaxed) as f64);
+                let counter = family.get_or_create(&labels);
+                let (now, before) = (value.load(Ordering::Relaxed), counter.get());
+                if now > before {
+                    counter.inc_by(now - before);
+                }
             }
+            per_store
+                .spooled
+                .get_or_create(&labels)
+                .set(stats.spool_files.load(Ordering::Relaxed) as f64);
         }
         self.gauge("attached_images", system.images_attached);
         self.gauge("tracked_processes", system.processes_tracked);
@@ -455,7 +463,7 @@ mod tests {
         );
         let text = metrics.render();
         assert!(
-            text.contains("allocbpf_push_store_delivered{store=\"otlp\"} 0"),
+            text.contains("allocbpf_push_store_delivered_total{store=\"otlp\"} 0"),
             "{text}"
         );
         assert!(text.contains("allocbpf_samples_total 50"), "{text}");

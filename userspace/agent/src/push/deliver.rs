@@ -14,6 +14,7 @@ use super::{http::Failure, publish_sizes, Message, PushMeta, PushStats, Transpor
 use crate::spool::{Next, Retry, Spool};
 
 const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+/// The longest back-off.
 pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// A record that failed on its own this many times, each after other records had been
@@ -46,6 +47,9 @@ pub(super) fn after_failure(retry: Option<Retry>, delivered: u64, now: Instant) 
     retry
 }
 
+/// The delivery thread's loop: sends the spool's records oldest first through
+/// `transport`, backs off as the failure kinds say, and ends on `Stop`, on `stop`, or
+/// once a `Flush` has delivered what it could by its deadline.
 pub(super) fn deliver(
     transport: &dyn Transport,
     url: &str,
@@ -61,6 +65,19 @@ pub(super) fn deliver(
     let mut failed_in_a_row = 0u32;
     let mut flush_until: Option<Instant> = None;
     loop {
+        // Messages first: a thread working through a backlog never waits on the
+        // channel, and a flush's deadline must hold all the same.
+        loop {
+            match receiver.try_recv() {
+                Ok(Message::Wake) => {}
+                Ok(Message::Flush(until)) => {
+                    flush_until = Some(until);
+                    paused_until = Instant::now();
+                }
+                Ok(Message::Stop) => return,
+                Err(_) => break,
+            }
+        }
         let now = Instant::now();
         if stop.load(Ordering::Relaxed) || flush_until.is_some_and(|until| now >= until) {
             return;
@@ -155,7 +172,6 @@ pub(super) fn deliver(
     }
 }
 
-/// Why one delivery failed.
 /// Reads the spool record at `path` and sends it.
 fn send_record(transport: &dyn Transport, path: &Path) -> std::result::Result<(), Failure> {
     let mut record = Vec::new();

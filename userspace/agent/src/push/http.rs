@@ -27,6 +27,8 @@ pub(super) enum StatusKind {
     Record,
 }
 
+/// What a failed request's HTTP status says, for a store that uses statuses as HTTP
+/// means them (a 429 asks the client to slow down).
 pub(super) fn status_kind(code: u16) -> StatusKind {
     match code {
         401 | 403 | 404 | 407 | 408 | 429 | 501..=505 | 507 | 511 => StatusKind::Server,
@@ -37,9 +39,11 @@ pub(super) fn status_kind(code: u16) -> StatusKind {
 }
 
 /// The failure of a request that got no 2xx (`Ok` carries what the server answered,
-/// including a 3xx ureq did not follow), or `Ok(response)` if it got one.
+/// including a 3xx ureq did not follow), its status judged by `kind_of` (a store's
+/// own reading of statuses), or `Ok(response)` if it got one.
 pub(super) fn classify(
     outcome: Result<ureq::Response, ureq::Error>,
+    kind_of: fn(u16) -> StatusKind,
 ) -> Result<ureq::Response, Failure> {
     match outcome {
         Ok(response) if (300..400).contains(&response.status()) => {
@@ -57,7 +61,7 @@ pub(super) fn classify(
                 "HTTP {code}: {}",
                 text.trim().chars().take(300).collect::<String>()
             );
-            Err(match status_kind(code) {
+            Err(match kind_of(code) {
                 StatusKind::Permanent => Failure::Permanent(error),
                 StatusKind::Server => Failure::Server(error),
                 StatusKind::Record => Failure::Record(error),
@@ -65,6 +69,17 @@ pub(super) fn classify(
         }
         Err(error) => Err(Failure::Server(error.into())),
     }
+}
+
+/// Reads what is left of a 2xx answer (bounded), so its connection can be reused.
+pub(super) fn finish(response: ureq::Response) -> Vec<u8> {
+    use std::io::Read;
+    let mut answer = Vec::new();
+    let _ = response
+        .into_reader()
+        .take(64 << 10)
+        .read_to_end(&mut answer);
+    answer
 }
 
 /// `request` with the credentials' `Authorization` and the tenant's `X-Scope-OrgID`.

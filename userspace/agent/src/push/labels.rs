@@ -13,12 +13,12 @@ use std::{
 };
 
 /// The label every Pyroscope series needs (a series without it lands under
-/// `unspecified`), and the OpenTelemetry resource attribute it maps to.
+/// `unknown_service`), and the OpenTelemetry resource attribute it maps to.
 pub const SERVICE_NAME: &str = "service_name";
 
 /// Labels the agent adds to a profile that change every interval: kept in the profile
 /// itself, never in a series' labels (each value would be a new series).
-const PER_INTERVAL: &[&str] = &["observed_fraction"];
+pub const PER_INTERVAL: &[&str] = &["observed_fraction"];
 
 /// Pyroscope's default validation limits (`validation.max-label-names-per-series`,
 /// `-max-label-name-length`, `-max-label-value-length`).
@@ -95,7 +95,7 @@ pub fn pyroscope_series(
 }
 
 /// `text` cut to the longest value Pyroscope accepts (on a character boundary).
-fn bounded(text: &str) -> String {
+pub fn bounded(text: &str) -> String {
     if text.len() <= MAX_LABEL_VALUE_LENGTH {
         return text.to_string();
     }
@@ -124,6 +124,11 @@ impl SeriesLimit {
             window,
             seen: HashMap::new(),
         }
+    }
+
+    /// Changes the bound (a reload); series already seen stay.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max;
     }
 
     /// Whether a profile of the series `labels` may be pushed at `now`.

@@ -34,7 +34,7 @@ use std::{
     path::Path,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        mpsc, Arc,
+        mpsc, Arc, Mutex,
     },
     thread::JoinHandle,
     time::Instant,
@@ -52,7 +52,7 @@ mod pyroscope;
 mod tests;
 
 pub use self::credentials::Credentials;
-use self::{deliver::deliver, http::Failure};
+use self::{deliver::deliver, http::Failure, labels::SeriesLimit};
 use super::{
     config::{Destination, PushConfig, PushTarget},
     spool::Spool,
@@ -152,11 +152,13 @@ impl Pusher {
     /// Reads the credentials (every time: a reload picks up a changed token) and
     /// checks their transport to `target`. `spool` is that store's one spool (its
     /// bound becomes `config.spool_max_bytes` when the push starts).
+    /// `series` is the store's series bound (Pyroscope's), kept across reloads.
     pub fn prepare(
         config: &PushConfig,
         target: &PushTarget,
         spool: Arc<Spool>,
         stats: Arc<PushStats>,
+        series: Arc<Mutex<SeriesLimit>>,
     ) -> Result<PreparedPush> {
         let url = &target.url;
         let credentials = Credentials::load(config.credentials_file.as_deref())?;
@@ -172,12 +174,37 @@ impl Pusher {
         if config.ca_file.is_some() && url.starts_with("http://") {
             tracing::warn!("push.ca_file is set but {url} is plain http://: the CA is not used");
         }
+        let host = |url: &str| url.split('/').nth(2).unwrap_or("").to_string();
+        if credentials != Credentials::None
+            && config
+                .targets
+                .iter()
+                .any(|other| host(&other.url) != host(url))
+        {
+            tracing::warn!(
+                "push credentials go to every store, {url} among them: the stores are on \
+                 different hosts"
+            );
+        }
         let agent = super::tls::http_agent(config.timeout, config.ca_file.as_deref())?;
         let transport: Box<dyn Transport> = match target.destination {
-            Destination::PyroscopePush | Destination::PyroscopeIngest => Box::new(
-                pyroscope::Pyroscope::new(agent, config, target, credentials, stats.clone()),
-            ),
-            Destination::Otlp => Box::new(otlp::Otlp::new(agent, config, target, credentials)),
+            Destination::PyroscopePush | Destination::PyroscopeIngest => {
+                Box::new(pyroscope::Pyroscope::new(
+                    agent,
+                    config,
+                    target,
+                    credentials,
+                    stats.clone(),
+                    series,
+                ))
+            }
+            Destination::Otlp => Box::new(otlp::Otlp::new(
+                agent,
+                config,
+                target,
+                credentials,
+                stats.clone(),
+            )),
         };
         Ok(PreparedPush {
             destination: target.destination,
@@ -321,6 +348,7 @@ fn publish_sizes(spool: &Spool, stats: &PushStats) {
 pub struct Lanes {
     spools: HashMap<&'static str, Arc<Spool>>,
     stats: HashMap<&'static str, Arc<PushStats>>,
+    series: HashMap<&'static str, Arc<Mutex<SeriesLimit>>>,
 }
 
 impl Lanes {
@@ -342,7 +370,20 @@ impl Lanes {
                     }
                 };
                 let stats = self.stats.entry(dir).or_default().clone();
-                Pusher::prepare(config, target, spool, stats)
+                let series = self
+                    .series
+                    .entry(dir)
+                    .or_insert_with(|| {
+                        Arc::new(Mutex::new(SeriesLimit::new(
+                            config.max_series,
+                            pyroscope::SERIES_WINDOW,
+                        )))
+                    })
+                    .clone();
+                if let Ok(mut limit) = series.lock() {
+                    limit.set_max(config.max_series);
+                }
+                Pusher::prepare(config, target, spool, stats, series)
             })
             .collect()
     }

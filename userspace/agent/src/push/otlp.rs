@@ -13,16 +13,19 @@
 //! The spool holds the gzipped pprof, the one format every store's spool shares; it
 //! is converted here, on the delivery thread, when sent.
 
-use std::io::Read;
+use std::{
+    io::Write,
+    sync::{atomic::Ordering, Arc},
+};
 
 use allocbpf_export::otlp;
 use prost::Message;
 
 use super::{
     decode_spooled,
-    http::{authorize, classify, Failure},
-    labels::{service_name, SERVICE_NAME},
-    Credentials, PushMeta, Transport,
+    http::{authorize, classify, finish, status_kind, Failure},
+    labels::{bounded, service_name, PER_INTERVAL, SERVICE_NAME},
+    Credentials, PushMeta, PushStats, Transport,
 };
 use crate::config::{PushConfig, PushTarget};
 
@@ -33,6 +36,7 @@ pub(super) struct Otlp {
     service_name: Option<String>,
     tenant: Option<String>,
     credentials: Credentials,
+    stats: Arc<PushStats>,
 }
 
 impl Otlp {
@@ -41,6 +45,7 @@ impl Otlp {
         config: &PushConfig,
         target: &PushTarget,
         credentials: Credentials,
+        stats: Arc<PushStats>,
     ) -> Otlp {
         Otlp {
             agent,
@@ -48,28 +53,39 @@ impl Otlp {
             service_name: config.service_name.clone(),
             tenant: config.tenant.clone(),
             credentials,
+            stats,
         }
     }
 }
 
-/// The OTLP request of one spooled profile.
+/// The OTLP request of one spooled profile, encoded and gzipped.
+///
+/// Without the pprof's per-sample labels: receivers make sample attributes series
+/// labels (Pyroscope does), and ours (raw sample counts, confidence intervals) differ
+/// per stack and per interval: a series each. The local store's pprof keeps them.
+/// Resource values are bounded as Pyroscope's label values are (it refuses longer).
 pub fn request_body(
     meta: &PushMeta,
     gzipped: &[u8],
     service_name: &str,
 ) -> anyhow::Result<Vec<u8>> {
-    let profile = decode_spooled(gzipped)?;
+    let mut profile = decode_spooled(gzipped)?;
+    for sample in &mut profile.sample {
+        sample.label.clear();
+    }
     let mut resource: Vec<(String, String)> =
-        vec![(SERVICE_NAME.to_string(), service_name.to_string())];
+        vec![(SERVICE_NAME.to_string(), bounded(service_name))];
     resource.extend(
         meta.labels
             .iter()
-            .filter(|(name, value)| !value.is_empty() && name != "observed_fraction")
-            .cloned(),
+            .filter(|(name, value)| !value.is_empty() && !PER_INTERVAL.contains(&name.as_str()))
+            .map(|(name, value)| (name.clone(), bounded(value))),
     );
     // The pprof's own start and duration: nanoseconds, where the metadata has seconds.
     let request = otlp::request_from_pprof(&profile, &resource, 0, 0);
-    Ok(otlp::encode(&request))
+    let mut body = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    body.write_all(&otlp::encode(&request))?;
+    Ok(body.finish()?)
 }
 
 impl Transport for Otlp {
@@ -80,18 +96,18 @@ impl Transport for Otlp {
         let request = self
             .agent
             .post(&format!("{}{}", self.url, otlp::HTTP_PATH))
-            .set("Content-Type", otlp::CONTENT_TYPE);
+            .set("Content-Type", otlp::CONTENT_TYPE)
+            .set("Content-Encoding", "gzip");
         let request = authorize(request, &self.credentials, self.tenant.as_deref());
-        let response = classify(request.send_bytes(&body))?;
-        // A 200 may still say part was refused (partial success): logged, the record
-        // is done (sending it again would be refused again).
-        let mut answer = Vec::new();
-        let _ = response
-            .into_reader()
-            .take(64 << 10)
-            .read_to_end(&mut answer);
+        let response = classify(request.send_bytes(&body), status_kind)?;
+        // A 200 may still say part was refused (partial success): counted and logged;
+        // the record is done (sending it again would be refused again).
+        let answer = finish(response);
         if let Ok(decoded) = otlp::proto::ExportProfilesServiceResponse::decode(answer.as_slice()) {
             if let Some(partial) = decoded.partial_success {
+                if partial.rejected_profiles > 0 {
+                    self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                }
                 if partial.rejected_profiles > 0 || !partial.error_message.is_empty() {
                     tracing::warn!(
                         "OTLP push to {}: {} profile(s) rejected: {}",

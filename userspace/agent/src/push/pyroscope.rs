@@ -31,7 +31,7 @@ use prost::Message;
 
 use super::{
     decode_spooled,
-    http::{authorize, classify, Failure},
+    http::{authorize, classify, finish, status_kind, Failure, StatusKind},
     labels::{pyroscope_series, service_name, SeriesLimit},
     Credentials, PushMeta, PushStats, Transport,
 };
@@ -39,7 +39,19 @@ use crate::config::{Destination, PushConfig, PushTarget};
 
 /// How long a series counts against `push.max_series` after its last profile: the
 /// span over which Pyroscope's ingesters hold a series as active.
-const SERIES_WINDOW: Duration = Duration::from_secs(3600);
+pub const SERIES_WINDOW: Duration = Duration::from_secs(3600);
+
+/// Pyroscope's statuses: a 429 is about the request more often than the server (a new
+/// series beyond the tenant's limit, a profile larger than the rate limiter's burst
+/// can never pass), so it holds back that record, not everything; two in a row still
+/// back off everything, and a record refused so again and again while others go
+/// through is dropped (see [`super`]).
+fn pyroscope_status_kind(code: u16) -> StatusKind {
+    match code {
+        429 => StatusKind::Record,
+        _ => status_kind(code),
+    }
+}
 
 /// `push.v1.PushRequest` (grafana/pyroscope `api/push/v1/push.proto`).
 #[derive(Clone, PartialEq, prost::Message)]
@@ -77,7 +89,7 @@ pub struct RawSample {
     /// A pprof, gzipped or not.
     #[prost(bytes = "vec", tag = "1")]
     pub raw_profile: Vec<u8>,
-    /// A unique id of this profile (the server deduplicates retries by it).
+    /// An id of this profile (optional: the server assigns its own).
     #[prost(string, tag = "2")]
     pub id: String,
 }
@@ -133,7 +145,8 @@ pub(super) struct Pyroscope {
     tenant: Option<String>,
     credentials: Credentials,
     stats: Arc<PushStats>,
-    series: Mutex<SeriesLimit>,
+    /// The store's series bound, kept for the agent's life (a reload must not reset it).
+    series: Arc<Mutex<SeriesLimit>>,
 }
 
 impl Pyroscope {
@@ -143,6 +156,7 @@ impl Pyroscope {
         target: &PushTarget,
         credentials: Credentials,
         stats: Arc<PushStats>,
+        series: Arc<Mutex<SeriesLimit>>,
     ) -> Pyroscope {
         Pyroscope {
             agent,
@@ -152,7 +166,7 @@ impl Pyroscope {
             tenant: config.tenant.clone(),
             credentials,
             stats,
-            series: Mutex::new(SeriesLimit::new(config.max_series, SERIES_WINDOW)),
+            series,
         }
     }
 }
@@ -203,7 +217,9 @@ impl Transport for Pyroscope {
             (request, body)
         };
         let request = authorize(request, &self.credentials, self.tenant.as_deref());
-        classify(request.send_bytes(&body)).map(|_| ())
+        let response = classify(request.send_bytes(&body), pyroscope_status_kind)?;
+        finish(response);
+        Ok(())
     }
 }
 

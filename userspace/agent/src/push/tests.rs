@@ -320,3 +320,68 @@ fn each_store_has_one_spool_for_the_agents_life() {
     assert_eq!(lanes.stats().len(), 2);
     std::fs::remove_dir_all(&store).unwrap();
 }
+
+/// A stand-in for a slow server: each send waits for the test to release it.
+struct Gated {
+    sent: Sent,
+    gate: Arc<std::sync::Mutex<mpsc::Receiver<()>>>,
+}
+
+impl Transport for Gated {
+    fn send(&self, _meta: &PushMeta, profile: &[u8]) -> std::result::Result<(), Failure> {
+        self.gate.lock().unwrap().recv().unwrap();
+        self.sent
+            .lock()
+            .unwrap()
+            .push((String::new(), profile.to_vec()));
+        Ok(())
+    }
+}
+
+/// A pusher started while the one it replaces still has a request in flight waits for
+/// it: the record in flight is sent once, not again by the new pusher.
+#[test]
+fn a_new_pusher_waits_for_the_request_in_flight_of_the_one_it_replaces() {
+    let dir = scratch("spool-inflight");
+    let spool = Arc::new(Spool::open(&dir, 1 << 20).unwrap());
+    let stats = Arc::new(PushStats::default());
+    let sent = Sent::default();
+    let (release, gate) = mpsc::channel();
+    let gate = Arc::new(std::sync::Mutex::new(gate));
+    let prepared = |sent: &Sent| PreparedPush {
+        destination: Destination::Otlp,
+        transport: Box::new(Gated {
+            sent: sent.clone(),
+            gate: gate.clone(),
+        }),
+        url: "gated".into(),
+        spool_max_bytes: 1 << 20,
+        spool: spool.clone(),
+        stats: stats.clone(),
+    };
+    let first = prepared(&sent).start(None).unwrap();
+    first.enqueue(&meta(1), b"one");
+    first.enqueue(&meta(2), b"two");
+    // The first record is in flight (its send waits at the gate).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gate.try_lock().is_ok() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = prepared(&sent).start(first.retire()).unwrap();
+    release.send(()).unwrap();
+    release.send(()).unwrap();
+    second.flush(Instant::now() + Duration::from_secs(10));
+    let bodies: Vec<Vec<u8>> = sent
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, b)| b.clone())
+        .collect();
+    assert_eq!(
+        bodies,
+        vec![b"one".to_vec(), b"two".to_vec()],
+        "each once, in order"
+    );
+    assert_eq!(spool.sizes(), (0, 0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
