@@ -17,6 +17,21 @@ use allocbpf_e2e::{
     Lines, Workload,
 };
 
+/// What tells a profile apart however it travels: its start and its comments (pid,
+/// exact totals...). The push sends Pyroscope a copy without per-sample string labels,
+/// so bytes differ from the stored file's.
+type Identity = (i64, Vec<String>);
+
+fn identity(gzipped: &[u8]) -> Identity {
+    let profile = allocbpf_export::pprof::decode_gzipped(gzipped, 1 << 30).expect("a pprof");
+    let comments = profile
+        .comment
+        .iter()
+        .map(|&i| profile.string_table[i as usize].clone())
+        .collect();
+    (profile.time_nanos, comments)
+}
+
 #[test]
 fn profiles_reach_the_receiver_and_the_spool_delivers_them_after_an_outage() {
     let (_one, scratch, store) = one_agent_test("agent-push");
@@ -447,16 +462,16 @@ fn sighup_during_one_second_cuts_delivers_every_profile_exactly_once() {
     std::thread::sleep(Duration::from_secs(2));
     let metrics = scrape_within("127.0.0.1:19469", Duration::from_secs(5)).unwrap();
     let log = agent.terminate(Duration::from_secs(60)).unwrap();
-    let stored: Vec<Vec<u8>> = allocbpf_e2e::agent::stored_profiles(&store)
+    let stored: Vec<Identity> = allocbpf_e2e::agent::stored_profiles(&store)
         .iter()
-        .map(|p| std::fs::read(p).unwrap())
+        .map(|p| identity(&std::fs::read(p).unwrap()))
         .collect();
-    let received: Vec<Vec<u8>> = receiver
+    let received: Vec<Identity> = receiver
         .received
         .lock()
         .unwrap()
         .iter()
-        .map(|r| r.profile_part().expect("multipart profile part"))
+        .map(|r| identity(&r.profile_part().expect("profile part")))
         .collect();
     assert!(
         stored.len() >= 8,
@@ -518,19 +533,20 @@ fn a_receiver_failing_one_series_does_not_hold_back_the_others() {
     std::thread::sleep(Duration::from_secs(8));
     let metrics = scrape_within("127.0.0.1:19470", Duration::from_secs(5)).unwrap();
     let received = receiver.received.lock().unwrap().clone();
-    let stored_of = |pid: u32| -> Vec<Vec<u8>> {
+    let stored_of = |pid: u32| -> Vec<Identity> {
         allocbpf_e2e::agent::stored_profiles(&store)
             .iter()
             .filter(|p| allocbpf_e2e::agent::parse_stored_name(p).2 == pid)
-            .map(|p| std::fs::read(p).unwrap())
+            .map(|p| identity(&std::fs::read(p).unwrap()))
             .collect()
     };
     let good_stored = stored_of(good.pid);
     assert!(good_stored.len() >= 8, "{} profiles", good_stored.len());
-    let delivered: Vec<Vec<u8>> = received
+    let delivered: Vec<Identity> = received
         .iter()
         .filter(|r| r.status == 200)
         .filter_map(|r| r.profile_part())
+        .map(|body| identity(&body))
         .collect();
     let missing = good_stored
         .iter()
@@ -546,10 +562,11 @@ fn a_receiver_failing_one_series_does_not_hold_back_the_others() {
     );
     // The failing series was tried, and retried.
     let failing_stored = stored_of(failing.pid);
-    let failed: Vec<Vec<u8>> = received
+    let failed: Vec<Identity> = received
         .iter()
         .filter(|r| r.status == 500)
         .filter_map(|r| r.profile_part())
+        .map(|body| identity(&body))
         .collect();
     assert!(
         failing_stored

@@ -257,7 +257,7 @@ fn a_wrong_token_is_refused_counted_and_nothing_is_lost() {
     assert!(collector.received().unwrap().is_empty());
     write_token("right-token");
     let verdict = agent.reload(Duration::from_secs(10)).unwrap();
-    assert!(verdict.contains("reloaded"), "{verdict}");
+    assert!(verdict.contains("config reloaded"), "{verdict}");
     work.wait(Duration::from_secs(30)).unwrap();
     let log = agent.terminate(Duration::from_secs(60)).unwrap();
     assert!(log.contains("HTTP 401"), "the refusal is not logged: {log}");
