@@ -9,6 +9,7 @@ pub mod agent;
 pub mod allocators;
 pub mod bench;
 pub mod otelcol;
+pub mod pyroscope;
 pub mod simulate;
 pub mod sites;
 pub mod slow_proxy;

@@ -52,6 +52,42 @@ pub fn top(stacks: Option<&BTreeMap<Stack, i64>>, n: usize) -> Vec<(Stack, i64)>
     all
 }
 
+/// Several stored profiles summed, as a store that merges them shows them.
+#[derive(Clone, Debug, Default)]
+pub struct SummedProfiles {
+    /// How many profiles.
+    pub count: usize,
+    /// Sum of values per sample type.
+    pub totals: BTreeMap<String, i64>,
+    /// Per sample type, each stack's value summed over the profiles.
+    pub stacks: BTreeMap<String, BTreeMap<Stack, i64>>,
+}
+
+impl SummedProfiles {
+    /// The `n` heaviest stacks of `sample_type`, heaviest first (ties by name).
+    pub fn top(&self, sample_type: &str, n: usize) -> Vec<(Stack, i64)> {
+        top(self.stacks.get(sample_type), n)
+    }
+}
+
+/// The sum of `profiles`: totals and stacks per sample type.
+pub fn sum_stored<'a>(profiles: impl IntoIterator<Item = &'a StoredProfile>) -> SummedProfiles {
+    let mut sum = SummedProfiles::default();
+    for profile in profiles {
+        sum.count += 1;
+        for (sample_type, total) in &profile.totals {
+            *sum.totals.entry(sample_type.clone()).or_insert(0) += total;
+        }
+        for (sample_type, stacks) in &profile.stacks {
+            let summed = sum.stacks.entry(sample_type.clone()).or_default();
+            for (stack, value) in stacks {
+                *summed.entry(stack.clone()).or_insert(0) += value;
+            }
+        }
+    }
+    sum
+}
+
 /// Every profile of the store under `store`, of processes in `pids` (all if empty).
 pub fn read_store(store: &Path, pids: &[u32]) -> Vec<StoredProfile> {
     stored_profiles(store)
