@@ -9,6 +9,7 @@ pub mod agent;
 pub mod allocators;
 pub mod bench;
 pub mod otelcol;
+pub mod protojson;
 pub mod pyroscope;
 pub mod simulate;
 pub mod sites;
@@ -246,6 +247,39 @@ impl Drop for Workload {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Stops a server the tests started: SIGTERM, then waits up to `timeout` for a clean
+/// exit; kills it after that. `log` says what it wrote, for the error.
+pub fn terminate(
+    mut child: Child,
+    name: &str,
+    timeout: Duration,
+    log: impl Fn() -> String,
+) -> Result<()> {
+    let pid = libc::pid_t::try_from(child.id()).context("pid")?;
+    // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            ensure!(
+                status.success(),
+                "{name} exited with {status} on SIGTERM: {}",
+                log()
+            );
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "{name} did not stop within {timeout:?} of SIGTERM: {}",
+                log()
+            );
+        }
+        thread::sleep(Duration::from_millis(25));
     }
 }
 

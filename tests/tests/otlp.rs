@@ -14,7 +14,9 @@ use allocbpf_e2e::{
     compile_workload,
     otelcol::{Collector, CollectorOptions, ReceivedProfile},
     slow_proxy::SlowProxy,
-    stores::{check_otlp_matches_store, default_service_name, read_store, StoredProfile},
+    stores::{
+        check_otlp_matches_store, default_service_name, read_store, truth_bound, StoredProfile,
+    },
     Workload,
 };
 
@@ -173,8 +175,7 @@ fn the_collector_receives_what_the_agent_stores() {
             .filter_map(|p| p.exact_bytes)
             .sum();
         let calls = exact as f64 / size;
-        let p = 1.0 - (-size / 65536.0f64).exp();
-        let bound = 6.0 * ((1.0 - p) / (p * calls)).sqrt();
+        let bound = truth_bound(size, 65536.0, calls);
         let estimate: f64 = mine
             .iter()
             .filter(|r| r.sample_type == "alloc_space")

@@ -210,32 +210,12 @@ impl Collector {
     /// Stops it (SIGTERM: it flushes and closes the output), waiting up to 10 s, then
     /// kills it.
     pub fn stop(&mut self) -> Result<()> {
-        let Some(mut child) = self.child_mut().take() else {
+        let Some(child) = self.child_mut().take() else {
             return Ok(());
         };
-        let pid = libc::pid_t::try_from(child.id()).context("pid")?;
-        // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                ensure!(
-                    status.success(),
-                    "the collector exited with {status} on SIGTERM: {}",
-                    self.log()
-                );
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "the collector did not stop within 10 s of SIGTERM: {}",
-                    self.log()
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
+        crate::terminate(child, "the collector", Duration::from_secs(10), || {
+            self.log()
+        })
     }
 
     /// Stops it (if running) and starts it again with the same config: the same ports,

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+use crate::protojson::{array, int, string, uint};
+
 /// One profile as received, with every index resolved.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReceivedProfile {
@@ -275,38 +277,6 @@ impl<'a> Dictionary<'a> {
             String::new()
         })
     }
-}
-
-/// The elements of a JSON array; none if missing.
-fn array(value: &Value) -> impl Iterator<Item = &Value> {
-    value
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-}
-
-/// An OTLP JSON integer: a number, or (64-bit ones) a decimal string; 0 if missing.
-fn int(value: &Value) -> i64 {
-    match value {
-        Value::Number(n) => n.as_i64().unwrap_or(0),
-        Value::String(s) => s.parse().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// [`int`] for unsigned 64-bit fields.
-fn uint(value: &Value) -> u64 {
-    match value {
-        Value::Number(n) => n.as_u64().unwrap_or(0),
-        Value::String(s) => s.parse().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// A JSON string; empty if missing.
-fn string(value: &Value) -> String {
-    value.as_str().unwrap_or_default().to_string()
 }
 
 /// The lines of `text` that end in a newline (the exporter's buffer may have flushed

@@ -226,32 +226,12 @@ impl Pyroscope {
     /// Stops it (SIGTERM: it flushes its head to disk), waiting up to 60 s, then kills
     /// it.
     pub fn stop(&mut self) -> Result<()> {
-        let Some(mut child) = self.child.take() else {
+        let Some(child) = self.child.take() else {
             return Ok(());
         };
-        let pid = libc::pid_t::try_from(child.id()).context("pid")?;
-        // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                ensure!(
-                    status.success(),
-                    "pyroscope exited with {status} on SIGTERM: {}",
-                    self.log_tail(40)
-                );
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "pyroscope did not stop within 60 s of SIGTERM: {}",
-                    self.log_tail(40)
-                );
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
+        crate::terminate(child, "pyroscope", Duration::from_secs(60), || {
+            self.log_tail(40)
+        })
     }
 
     /// Stops it (if running) and starts it again: the same ports, the same data

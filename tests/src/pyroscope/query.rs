@@ -8,7 +8,10 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 
 use super::{base64, Pyroscope};
-use crate::stores::{top, Stack};
+use crate::{
+    protojson::{array, int, string, uint},
+    stores::{top, Stack},
+};
 
 impl Pyroscope {
     /// A Connect unary call in JSON (`/SERVICE/METHOD`): the answer, or an error with
@@ -317,38 +320,6 @@ fn label_pairs(list: &Value) -> BTreeMap<String, String> {
     array(list)
         .map(|pair| (string(&pair["name"]), string(&pair["value"])))
         .collect()
-}
-
-/// The elements of a JSON array; none if missing.
-fn array(value: &Value) -> impl Iterator<Item = &Value> {
-    value
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-}
-
-/// A protobuf JSON int64: a number or a decimal string; 0 if missing.
-fn int(value: &Value) -> i64 {
-    match value {
-        Value::Number(n) => n.as_i64().unwrap_or(0),
-        Value::String(s) => s.parse().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// [`int`] for uint64 fields.
-fn uint(value: &Value) -> u64 {
-    match value {
-        Value::Number(n) => n.as_u64().unwrap_or(0),
-        Value::String(s) => s.parse().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// A JSON string; empty if missing.
-fn string(value: &Value) -> String {
-    value.as_str().unwrap_or_default().to_string()
 }
 
 #[cfg(test)]

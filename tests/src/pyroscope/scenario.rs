@@ -14,7 +14,7 @@ use super::{profile_type_id, PushSeries, Pyroscope};
 use crate::{
     agent::write_config,
     compile_workload, gnu_build_id,
-    stores::{default_service_name, sum_stored, StoredProfile},
+    stores::{default_service_name, sum_stored, truth_bound, StoredProfile},
     Workload,
 };
 
@@ -193,17 +193,6 @@ pub fn assert_matches_store(
                 pyroscope.log_tail(30)
             )
         })
-}
-
-/// The bound of `otlp.rs`: at rate R every call of size S is sampled with
-/// probability p = 1 - exp(-S/R) and weighted 1/p, so the estimated count over N
-/// calls has relative standard deviation sqrt((1-p)/(pN)); the bytes estimate is that
-/// count times S. Both sides cover the same intervals (probed full time, the exact
-/// count is of every call the estimate stands for): six standard deviations, a chance
-/// of about 2e-9 per check.
-pub fn truth_bound(size: f64, rate: f64, calls: f64) -> f64 {
-    let p = 1.0 - (-size / rate).exp();
-    6.0 * ((1.0 - p) / (p * calls)).sqrt()
 }
 
 /// Pyroscope's figures agree with the workloads' truth (`pids[i]` allocates blocks of
