@@ -50,6 +50,7 @@ use allocbpf_collect::{
     budget::CalibrationChild,
     engine::{window_wait, Collector, HOUSEKEEPING_TICK},
     filter::ProcessFilter,
+    kernel::KernelLoader,
     options::{CollectOptions, LiveOptions, Scope},
     process::hostname,
 };
@@ -64,15 +65,30 @@ const METRICS_REFRESH: Duration = Duration::from_secs(1);
 /// its timeout). The unit's `TimeoutStopSec=60` leaves 15 s to spare.
 pub const STOP_DEADLINE: Duration = Duration::from_secs(45);
 
-/// Runs the agent until SIGTERM, with the config file `config_file` (re-read at
-/// SIGHUP) under `overrides`.
+/// How the agent stopped, for the binary to say.
+#[derive(Debug)]
+pub struct Stopped {
+    /// Profiles of the last, partial interval.
+    pub flushed: usize,
+    /// Profiles written over the agent's life.
+    pub written: u64,
+    /// Profiles left in the push spools.
+    pub spooled: u64,
+    /// The ring buffer could not be read any more (the agent stopped on it: a
+    /// supervisor restarts an agent that can no longer sample).
+    pub read_error: Option<std::io::Error>,
+}
+
+/// Runs the agent until SIGTERM through the kernel side `loader` loads, with the config
+/// file `config_file` (re-read at SIGHUP) under `overrides`.
 ///
 /// `calibration` starts the child that measures a probe hit's cost for the budget.
 pub fn run(
+    loader: &dyn KernelLoader,
     config_file: Option<PathBuf>,
     overrides: AgentOverrides,
     calibration: CalibrationChild,
-) -> Result<()> {
+) -> Result<Stopped> {
     let source = ConfigSource {
         file: config_file,
         overrides,
@@ -88,7 +104,7 @@ pub fn run(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(Agent::new(source, config, store)?.run(filter, calibration))
+    runtime.block_on(Agent::new(source, config, store)?.run(loader, filter, calibration))
 }
 
 /// What the engine collects for the agent: the config's choices, the defaults elsewhere.
@@ -149,7 +165,12 @@ impl Agent {
         })
     }
 
-    async fn run(mut self, filter: ProcessFilter, calibration: CalibrationChild) -> Result<()> {
+    async fn run(
+        mut self,
+        loader: &dyn KernelLoader,
+        filter: ProcessFilter,
+        calibration: CalibrationChild,
+    ) -> Result<Stopped> {
         // Bound before anything is attached: a configured endpoint that cannot exist is
         // an error at start, not a silent task failure.
         let listener = match self.config.metrics_address {
@@ -163,6 +184,7 @@ impl Agent {
         let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let mut collector = Collector::start(
+            loader,
             CollectOptions {
                 calibration,
                 ..collect_options(&self.config)
@@ -237,7 +259,7 @@ impl Agent {
         notifier: Option<Notifier>,
         metrics_task: Option<tokio::task::JoinHandle<()>>,
         read_error: Option<std::io::Error>,
-    ) -> Result<()> {
+    ) -> Result<Stopped> {
         let deadline = Instant::now() + STOP_DEADLINE;
         tracing::info!("stopping: flushing the current interval");
         if let Some(notifier) = &notifier {
@@ -263,19 +285,17 @@ impl Agent {
         if let Some(task) = metrics_task {
             task.abort();
         }
-        eprintln!(
-            "allocbpf agent: stopped; {flushed} profile(s) flushed, {} written in all, {} spooled for push",
-            stats.profiles_written.load(Ordering::Relaxed),
-            self.lanes
+        Ok(Stopped {
+            flushed,
+            written: stats.profiles_written.load(Ordering::Relaxed),
+            spooled: self
+                .lanes
                 .stats()
                 .iter()
                 .map(|(_, stats)| stats.spool_files.load(Ordering::Relaxed))
-                .sum::<u64>()
-        );
-        match read_error {
-            Some(error) => Err(anyhow::Error::new(error).context("reading the ring buffer")),
-            None => Ok(()),
-        }
+                .sum::<u64>(),
+            read_error,
+        })
     }
 
     fn update_metrics(&mut self, collector: &mut Collector) {

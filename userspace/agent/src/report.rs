@@ -39,11 +39,12 @@ pub enum ReportError {
 
 /// Merges the profiles stored under `store` that ended at most `since` ago and whose
 /// process's command name matches `comm` into one report; also returns how many were
-/// merged. Files that do not decode are skipped, with a line on stderr.
+/// merged. Files that do not decode are skipped, each told to `skipped` with why.
 pub fn merge_store(
     store: &Path,
     since: Option<Duration>,
     comm: Option<&Regex>,
+    mut skipped: impl FnMut(&Path, &str),
 ) -> Result<(Report, usize), ReportError> {
     let now = SystemTime::now();
     let mut merger = Merger::default();
@@ -55,11 +56,7 @@ pub fn merge_store(
         let profile = match decode_file(&stored.path) {
             Ok(profile) => profile,
             Err(error) => {
-                eprintln!(
-                    "allocbpf: skipping {}: {}",
-                    stored.path.display(),
-                    error_chain(&error)
-                );
+                skipped(&stored.path, &error_chain(&error));
                 continue;
             }
         };

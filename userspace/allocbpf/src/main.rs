@@ -3,7 +3,12 @@
 //! It parses flags ([`cli`], clap), turns them into the engine's plain options
 //! (`allocbpf_collect::options`) or the agent's overrides, runs one of the modes (one
 //! process, every process, the agent, `report`) and writes the report through
-//! `allocbpf_export`. Errors reach the user here, as `anyhow` chains.
+//! `allocbpf_export`. Errors reach the user here, as `anyhow` chains; it is the only
+//! crate that prints (the libraries return what to say, or log through `tracing`).
+//!
+//! It also owns the eBPF program: `build.rs` builds `ebpf/allocbpf-ebpf` and
+//! [`EBPF`] embeds the object, which the engine loads through
+//! [`allocbpf_collect::kernel::EbpfObject`]. No library crate needs the BPF toolchain.
 
 mod cli;
 
@@ -13,13 +18,21 @@ use crate::cli::{Cli, Command, ReportArgs};
 use allocbpf_collect::{
     budget::{self, BudgetOptions},
     filter::ProcessFilter,
+    kernel::EbpfObject,
     options::{CollectOptions, LiveOptions, Scope},
-    run,
+    run::{self, Started},
 };
+use allocbpf_common::LiveMode;
 use allocbpf_probe::preflight::{self, Sink};
 use allocbpf_probe::sampler::ThreadTables;
 use anyhow::{Context, Result};
 use clap::Parser;
+
+/// The eBPF program built from `ebpf/allocbpf-ebpf` by `build.rs`.
+static EBPF: EbpfObject = EbpfObject(aya::include_bytes_aligned!(concat!(
+    env!("OUT_DIR"),
+    "/allocbpf.bpf.o"
+)));
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
@@ -76,11 +89,27 @@ fn collect_options(cli: &Cli) -> CollectOptions {
 fn run(cli: Cli) -> Result<()> {
     match &cli.command {
         Some(Command::Calibrate { step }) => {
-            return budget::calibration_child(*step).context("calibration loop")
+            let ns = budget::calibration_child(*step).context("calibration loop")?;
+            // The parent reads the figure from our stdout.
+            println!("{ns}");
+            return Ok(());
         }
         Some(Command::Report(args)) => return run_report(args),
         Some(Command::Agent(args)) => {
-            return allocbpf_agent::run(args.config.clone(), args.into(), cli::calibration_child())
+            let stopped = allocbpf_agent::run(
+                &EBPF,
+                args.config.clone(),
+                args.into(),
+                cli::calibration_child(),
+            )?;
+            eprintln!(
+                "allocbpf agent: stopped; {} profile(s) flushed, {} written in all, {} spooled for push",
+                stopped.flushed, stopped.written, stopped.spooled
+            );
+            return match stopped.read_error {
+                Some(error) => Err(anyhow::Error::new(error).context("reading the ring buffer")),
+                None => Ok(()),
+            };
         }
         None => {}
     }
@@ -93,8 +122,13 @@ fn run(cli: Cli) -> Result<()> {
     preflight::check_kernel()?;
     preflight::raise_descriptor_limit();
     let options = collect_options(&cli);
-    let (report, stop) =
-        runtime()?.block_on(run::run(options, Scope::Process(pid), cli.duration))?;
+    let run::Finished { report, stop, .. } = runtime()?.block_on(run::run(
+        &EBPF,
+        options,
+        Scope::Process(pid),
+        cli.duration,
+        announce,
+    ))?;
     eprintln!(
         "allocbpf: stopped ({stop}) after {:.1}s: {} samples, {} dropped",
         report.duration.as_secs_f64(),
@@ -120,8 +154,12 @@ fn run_report(args: &ReportArgs) -> Result<()> {
             args.store.display()
         );
     }
-    let (report, merged) =
-        allocbpf_agent::report::merge_store(&args.store, args.since, comm.as_ref())?;
+    let (report, merged) = allocbpf_agent::report::merge_store(
+        &args.store,
+        args.since,
+        comm.as_ref(),
+        |path, error| eprintln!("allocbpf: skipping {}: {error}", path.display()),
+    )?;
     eprintln!(
         "allocbpf: merged {merged} stored profile(s) from {}",
         args.store.display()
@@ -148,7 +186,14 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
         budget: options.budget.or(Some(BudgetOptions::default())),
         ..options
     };
-    let (report, stop) = runtime()?.block_on(run::run(options, scope, cli.duration))?;
+    let finished = runtime()?.block_on(run::run(&EBPF, options, scope, cli.duration, announce))?;
+    let run::Finished { report, stop, host } = finished;
+    if let Some(host) = host {
+        eprintln!(
+            "allocbpf: {} processes profiled, {} samples, {} exec events, {} images",
+            host.processes, host.samples, host.exec_events, host.images
+        );
+    }
     match &report.note {
         // Still written below: an empty profile, valid in every format.
         Some(note) => eprintln!("allocbpf: stopped ({stop}): {note}"),
@@ -159,6 +204,41 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
     }
     sink.write_with(|out| allocbpf_export::write(&report, cli.format.into(), out))?;
     Ok(())
+}
+
+/// Says on stderr what is profiled, through what (tests and xtask wait for these lines).
+fn announce(started: &Started) {
+    match started {
+        Started::Host { images } => eprintln!(
+            "allocbpf: profiling every process through {images} allocator image(s); Ctrl-C to stop"
+        ),
+        Started::Process {
+            pid,
+            comm,
+            images,
+            probes,
+            rate,
+            live,
+        } => {
+            eprintln!(
+                "allocbpf: profiling pid {pid} ({}) through {}: {probes} probes, mean sampling interval {rate} bytes",
+                comm.to_string_lossy(),
+                images.join("; "),
+            );
+            if let Some((mode, frees)) = live {
+                let how = match mode {
+                    LiveMode::Session => {
+                        "uprobe session links (only sampled calls pay for the return)"
+                    }
+                    LiveMode::Uretprobe => "uretprobes on every allocation call (no session links)",
+                    LiveMode::Off => "no return probes (benchmark floor)",
+                };
+                eprintln!(
+                    "allocbpf: live tracking through {how}; {frees} deallocation entries probed"
+                );
+            }
+        }
+    }
 }
 
 fn main() -> ExitCode {

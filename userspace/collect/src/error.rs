@@ -2,7 +2,8 @@
 
 use std::{io, path::PathBuf};
 
-use allocbpf_probe::{sampler::ProbeError, target::TargetError};
+use allocbpf_images::target::TargetError;
+use allocbpf_probe::sampler::ProbeError;
 
 /// An error of the collection engine. Once collection runs, nothing returns an error:
 /// what goes wrong then is logged and counted, and what was collected is kept.

@@ -19,6 +19,7 @@ pub mod budget;
 pub mod engine;
 pub mod error;
 pub mod filter;
+pub mod kernel;
 pub mod options;
 pub mod process;
 pub mod raw_samples;

@@ -4,10 +4,8 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use allocbpf_probe::{
-    image::Lookup,
-    sampler::{LiveMechanism, ThreadTables},
-};
+use allocbpf_images::image::Lookup;
+use allocbpf_probe::sampler::{LiveMechanism, ThreadTables};
 use allocbpf_profile::estimate::Confidence;
 use allocbpf_stacks::resolve::UnwindMode;
 

@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use allocbpf_probe::procfs::{self, MapsEntry};
+use allocbpf_images::procfs::{self, MapsEntry};
 
 /// A process as seen in `/proc` when it was first sampled (or last exec'd). Its names
 /// are bytes, as the kernel gives them: they need not be UTF-8, and are made text

@@ -2,11 +2,17 @@
 //! condition, stop it and return one report. The same loop serves one process
 //! ([`Scope::Process`]: it also stops when the target exits) and every process
 //! ([`Scope::Host`]: one report of all of them).
+//!
+//! It prints nothing: what a person is told (what is profiled through what, and at the
+//! end how much) it hands to its caller, the binary, as a [`Started`] and a
+//! [`Finished`].
 
 use std::{
     os::fd::{FromRawFd, OwnedFd},
     time::Duration,
 };
+
+use std::ffi::OsString;
 
 use allocbpf_common::LiveMode;
 use allocbpf_profile::report::Report;
@@ -18,6 +24,7 @@ use tokio::{
 use crate::{
     engine::{window_wait, Collector, HOUSEKEEPING_TICK},
     error::CollectError,
+    kernel::KernelLoader,
     options::{CollectOptions, Scope},
 };
 
@@ -45,6 +52,58 @@ impl std::fmt::Display for StopReason {
     }
 }
 
+/// What is profiled, through what: known once every probe is attached.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Started {
+    /// [`Scope::Process`]: the target as attached.
+    Process {
+        /// Its pid.
+        pid: u32,
+        /// Its command name (bytes, not necessarily UTF-8).
+        comm: OsString,
+        /// Each allocator image as [`AllocatorImage::describe`] says it.
+        ///
+        /// [`AllocatorImage::describe`]: allocbpf_images::image::AllocatorImage::describe
+        images: Vec<String>,
+        /// Probes attached, over all images.
+        probes: usize,
+        /// The mean sampling interval, bytes.
+        rate: u64,
+        /// With live tracking: how returns are observed, and how many deallocation
+        /// entries are probed.
+        live: Option<(LiveMode, usize)>,
+    },
+    /// [`Scope::Host`]: every process, through this many allocator images.
+    Host {
+        /// Images attached at start.
+        images: u64,
+    },
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// The report: one process's, or every process's merged.
+    pub report: Report,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// [`Scope::Host`]: what was seen over the run.
+    pub host: Option<HostFigures>,
+}
+
+/// What a [`Scope::Host`] run saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostFigures {
+    /// Processes with a profile.
+    pub processes: usize,
+    /// Samples handled.
+    pub samples: u64,
+    /// Exec events received.
+    pub exec_events: u64,
+    /// Allocator images attached at the end.
+    pub images: u64,
+}
+
 /// Opens a pidfd, which becomes readable when the process exits. `None` if it is gone.
 fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: plain syscall; a non-negative result is a new fd we own.
@@ -61,14 +120,17 @@ fn wait_error<E: std::error::Error + Send + Sync + 'static>(
     }
 }
 
-/// Profiles `scope` until `duration` elapses, a signal arrives or (one process) the
-/// target exits; returns the report and why it stopped. Every process: one report of
-/// all of them (an empty one, with a note, if nothing allocated).
+/// Profiles `scope` through the kernel side `loader` loads until `duration` elapses, a
+/// signal arrives or (one process) the target exits; tells `started` what is profiled
+/// once it is attached, and returns the report and why it stopped. Every process: one
+/// report of all of them (an empty one, with a note, if nothing allocated).
 pub async fn run(
+    loader: &dyn KernelLoader,
     options: CollectOptions,
     scope: Scope,
     duration: Option<Duration>,
-) -> Result<(Report, StopReason), CollectError> {
+    started_with: impl FnOnce(&Started),
+) -> Result<Finished, CollectError> {
     let (rate, confidence, live) = (options.rate, options.confidence, options.live.is_some());
     let started = std::time::Instant::now();
     // Watch for the target's exit before attaching, so an exit during attach is not
@@ -80,8 +142,13 @@ pub async fn run(
         .map(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) })
         .transpose()
         .map_err(wait_error("pidfd"))?;
-    let mut collector = Collector::start(options, scope)?;
-    announce(&collector, rate);
+    let mut collector = Collector::start(loader, options, scope)?;
+    started_with(&start_summary(&collector, rate));
+    if let Some(target) = collector.target() {
+        for image in &target.images {
+            image.log_probe_points();
+        }
+    }
     let mut sigterm = signal(SignalKind::terminate()).map_err(wait_error("SIGTERM handler"))?;
     let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
@@ -110,6 +177,7 @@ pub async fn run(
     let stats = collector.stats;
     let silence = collector.target().map(|t| t.silence.to_string());
     let profiles = collector.stop();
+    let mut host = None;
     let report = match silence {
         // One process: its report, whatever it holds.
         Some(silence) => {
@@ -124,54 +192,32 @@ pub async fn run(
             report
         }
         None => {
-            eprintln!(
-                "allocbpf: {} processes profiled, {} samples, {} exec events, {} images",
-                profiles.len(),
-                stats.samples,
-                stats.exec_events,
-                stats.images_attached
-            );
+            host = Some(HostFigures {
+                processes: profiles.len(),
+                samples: stats.samples,
+                exec_events: stats.exec_events,
+                images: stats.images_attached,
+            });
             Report::merge(profiles.into_iter().map(|p| p.report).collect())
                 .unwrap_or_else(|| Report::empty(rate, confidence, started.elapsed(), live))
         }
     };
-    Ok((report, stop))
+    Ok(Finished { report, stop, host })
 }
 
-/// Says on stderr what is profiled, through what.
-fn announce(collector: &Collector, rate: u64) {
+/// What is profiled, through what.
+fn start_summary(collector: &Collector, rate: u64) -> Started {
     let Some(target) = collector.target() else {
-        eprintln!(
-            "allocbpf: profiling every process through {} allocator image(s); Ctrl-C to stop",
-            collector.stats.images_attached
-        );
-        return;
-    };
-    eprintln!(
-        "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {} bytes",
-        target.pid,
-        target.comm.to_string_lossy(),
-        target
-            .images
-            .iter()
-            .map(|image| image.describe())
-            .collect::<Vec<_>>()
-            .join("; "),
-        target.probes,
-        rate
-    );
-    for image in &target.images {
-        image.log_probe_points();
-    }
-    if let Some(mode) = target.live_mode {
-        let how = match mode {
-            LiveMode::Session => "uprobe session links (only sampled calls pay for the return)",
-            LiveMode::Uretprobe => "uretprobes on every allocation call (no session links)",
-            LiveMode::Off => "no return probes (benchmark floor)",
+        return Started::Host {
+            images: collector.stats.images_attached,
         };
-        eprintln!(
-            "allocbpf: live tracking through {how}; {} deallocation entries probed",
-            target.frees
-        );
+    };
+    Started::Process {
+        pid: target.pid,
+        comm: target.comm.clone(),
+        images: target.images.iter().map(|image| image.describe()).collect(),
+        probes: target.probes,
+        rate,
+        live: target.live_mode.map(|mode| (mode, target.frees)),
     }
 }

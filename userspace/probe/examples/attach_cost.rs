@@ -14,9 +14,11 @@
 //! detach time is until every close has returned (the breakpoints go at each close's
 //! start; the close then waits for one grace period).
 //!
-//! Run as root: `cargo run --release -p allocbpf-probe --example attach_cost -- 0 100 1000`
+//! Run as root, after `cargo build --release` has built the eBPF object:
+//! `cargo run --release -p allocbpf-probe --example attach_cost -- 0 100 1000`
 //! (the numbers are how many extra processes map libc; `sleep` processes, started and
-//! killed here). The empty program is attached at allocbpf's probe points, so nothing
+//! killed here). The object is read from `ALLOCBPF_BPF_OBJECT`, by default where the
+//! binary's `build.rs` builds it ([`DEFAULT_OBJECT`]). The empty program is attached at allocbpf's probe points, so nothing
 //! is sampled meanwhile.
 
 use std::{
@@ -26,11 +28,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_probe::{
-    image::Lookup,
-    sampler::{Sampler, SamplerConfig, ThreadTables},
-    target::Target,
-};
+use allocbpf_images::{image::Lookup, target::Target};
+use allocbpf_probe::sampler::{Sampler, SamplerConfig, ThreadTables};
+
+/// Where `userspace/allocbpf/build.rs` builds the eBPF object, from the workspace root.
+const DEFAULT_OBJECT: &str = "target/bpf/bpfel-unknown-none/release/allocbpf";
 
 /// Attach/detach pairs timed per process count (medians are printed).
 const ROUNDS: usize = 7;
@@ -55,16 +57,25 @@ fn main() -> Result<(), Box<dyn Error>> {
         .find(|image| image.families.contains(&"glibc"))
         .or(target.images.first())
         .ok_or("no allocator image in this process")?;
-    let mut sampler = Sampler::load(SamplerConfig {
-        pid: None,
-        rate: 512 << 10,
-        empty_probes: true,
-        thread_tables: ThreadTables::default(),
-        live: None,
-        stack_copy_bytes: 0,
-        count_hits: false,
-        multi_links: multi,
+    let object_path =
+        std::env::var("ALLOCBPF_BPF_OBJECT").unwrap_or_else(|_| DEFAULT_OBJECT.to_string());
+    // A fresh heap buffer: aligned as the ELF parser wants it.
+    let object = std::fs::read(&object_path).map_err(|e| {
+        format!("{object_path}: {e} (build the binary first, or set ALLOCBPF_BPF_OBJECT)")
     })?;
+    let mut sampler = Sampler::load(
+        &object,
+        SamplerConfig {
+            pid: None,
+            rate: 512 << 10,
+            empty_probes: true,
+            thread_tables: ThreadTables::default(),
+            live: None,
+            stack_copy_bytes: 0,
+            count_hits: false,
+            multi_links: multi,
+        },
+    )?;
     println!(
         "attach/detach of {} ({} entries), empty program, {}, median of {ROUNDS}:",
         image.path_in_target.display(),

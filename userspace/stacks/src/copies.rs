@@ -1,24 +1,24 @@
 //! The sealed copies a symbolizer reads modules from, bounded in bytes.
 //!
 //! blazesym never reads a module's file: it reads a sealed in-memory copy of it
-//! ([`allocbpf_probe::sealed_copy`]), made at the first symbolization of the module by
+//! ([`allocbpf_images::sealed_copy`]), made at the first symbolization of the module by
 //! a [`crate::symbolize::FrameSymbolizer`] (one per interval). Copies take memory (they
 //! hold symbol tables and DWARF), so at most [`COPY_BUDGET_BYTES`] of them are kept: a
 //! new copy first drops the least recently used ones until it fits (a single copy may
-//! fill the budget alone, up to [`allocbpf_probe::sealed_copy::MAX_COPY_BYTES`]), and
+//! fill the budget alone, up to [`allocbpf_images::sealed_copy::MAX_COPY_BYTES`]), and
 //! each copy dropped is evicted from blazesym's cache with it (which holds its own
 //! descriptor and mapping of the copy). A module dropped and needed again later in the
 //! interval is copied again. A file refused (not ELF, hostile headers) is remembered
 //! and not planned again.
 //!
 //! A module without DWARF of its own may have a detached debug file installed by root
-//! under its build id ([`allocbpf_probe::sealed_copy::open_debug_file`]: Debian's
+//! under its build id ([`allocbpf_images::sealed_copy::open_debug_file`]: Debian's
 //! `libc6-dbg` for the C library): that file is copied the same way, and named by
 //! [`Copies::debug`]. blazesym itself is told of no debug directory.
 
 use std::{collections::HashMap, fs::File, path::PathBuf};
 
-use allocbpf_probe::sealed_copy::{
+use allocbpf_images::sealed_copy::{
     open_debug_file, CopyPlan, FileIdentity, SealedCopy, MAX_COPY_BYTES,
 };
 use blazesym::symbolize::{
@@ -314,7 +314,7 @@ mod tests {
         use object::{Object, ObjectSegment, ObjectSymbol};
         let path = "/usr/lib/x86_64-linux-gnu/libc.so.6";
         let libc = File::open(path).unwrap();
-        let id = allocbpf_probe::sealed_copy::read_build_id(&libc).unwrap();
+        let id = allocbpf_images::sealed_copy::read_build_id(&libc).unwrap();
         let Some(debug) = open_debug_file(&id) else {
             eprintln!("no debug file for libc installed: nothing to check");
             return;
@@ -413,7 +413,7 @@ mod tests {
     fn copies_are_made_once_bounded_and_evicted() {
         let mut symbolizer = Symbolizer::new();
         let exe = File::open("/proc/self/exe").unwrap();
-        let libc_path = allocbpf_probe::procfs::read_maps(std::process::id())
+        let libc_path = allocbpf_images::procfs::read_maps(std::process::id())
             .into_iter()
             .find_map(|e| {
                 e.file_path()

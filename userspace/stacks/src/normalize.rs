@@ -14,8 +14,8 @@ use std::{
 
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 
-use allocbpf_probe::procfs::{self, MapsEntry};
-use allocbpf_probe::sealed_copy::FileIdentity;
+use allocbpf_images::procfs::{self, MapsEntry};
+use allocbpf_images::sealed_copy::FileIdentity;
 use allocbpf_profile::frame::{Frame, Module};
 
 /// Interned modules, shared by all samples.
@@ -121,7 +121,7 @@ impl ModuleTable {
     }
 
     /// The file kept open at intern time for module `id`, and its identity: what the
-    /// symbolizer copies ([`allocbpf_probe::sealed_copy`]) for blazesym to read. `None`
+    /// symbolizer copies ([`allocbpf_images::sealed_copy`]) for blazesym to read. `None`
     /// if it could not be opened then: the module's path is another process's to point
     /// anywhere, and is never opened.
     pub fn file(&self, id: u32) -> Option<(&File, FileIdentity)> {

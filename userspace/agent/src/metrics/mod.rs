@@ -235,11 +235,11 @@ impl Metrics {
         self.total("malformed_records", system.malformed_records);
         self.total(
             "descriptor_errors",
-            allocbpf_probe::procfs::DESCRIPTOR_ERRORS.load(Ordering::Relaxed),
+            allocbpf_images::procfs::DESCRIPTOR_ERRORS.load(Ordering::Relaxed),
         );
         self.total(
             "maps_truncated",
-            allocbpf_probe::procfs::MAPS_TRUNCATED.load(Ordering::Relaxed),
+            allocbpf_images::procfs::MAPS_TRUNCATED.load(Ordering::Relaxed),
         );
         self.gauge("ring_buffer_peak_bytes", system.ring_peak_bytes);
         self.gauge("event_queue_peak_bytes", system.queue_peak_bytes);

@@ -19,10 +19,11 @@ pub const CALIBRATION_ITERATIONS: u32 = 200_000;
 
 /// The calibration workload, run in a child process ([`CalibrationChild`]): waits for
 /// a line on stdin (so the parent can set its gate first), then times
-/// [`CALIBRATION_ITERATIONS`] malloc/free pairs and prints nanoseconds per pair.
-/// With `step`, it calls [`calibration_step`] instead (a tenth as many times: a
-/// single-stepped probe costs ~14 us).
-pub fn calibration_child(step: bool) -> std::io::Result<()> {
+/// [`CALIBRATION_ITERATIONS`] malloc/free pairs and returns nanoseconds per pair, for
+/// the binary to print (the parent reads it from the child's stdout). With `step`, it
+/// calls [`calibration_step`] instead (a tenth as many times: a single-stepped probe
+/// costs far more than an emulated one).
+pub fn calibration_child(step: bool) -> std::io::Result<f64> {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
     let iterations = if step {
@@ -42,9 +43,7 @@ pub fn calibration_child(step: bool) -> std::io::Result<()> {
             libc::free(std::hint::black_box(p));
         }
     }
-    let ns = started.elapsed().as_nanos() as f64 / f64::from(iterations);
-    println!("{ns}");
-    Ok(())
+    Ok(started.elapsed().as_nanos() as f64 / f64::from(iterations))
 }
 
 /// A function whose first instruction (`nop`, +0) the kernel emulates and whose second

@@ -4,11 +4,8 @@
 
 use std::collections::HashMap;
 
-use allocbpf_probe::{
-    image::ImageKey,
-    procfs,
-    sampler::{monotonic_now_ns, Sampler},
-};
+use allocbpf_images::{image::ImageKey, procfs};
+use allocbpf_probe::sampler::monotonic_now_ns;
 
 use super::{
     early::EarlyChecks,
@@ -18,6 +15,7 @@ use super::{
     BudgetOptions, HitCost, Hits, ProcessCost,
 };
 use crate::engine::{CollectorStats, ImageSet, ProcessTable, Tracked};
+use crate::kernel::Kernel;
 use allocbpf_profile::estimate::pace::ProbeState;
 use allocbpf_profile::estimate::windows::SampleWindow;
 
@@ -137,7 +135,7 @@ impl BudgetController {
     /// checked.
     pub fn check(
         &mut self,
-        sampler: &mut Sampler,
+        kernel: &mut dyn Kernel,
         processes: &mut ProcessTable,
         images: &ImageSet,
         stats: &mut CollectorStats,
@@ -150,7 +148,7 @@ impl BudgetController {
         }
         self.last_check_ns = now_ns;
         self.early.checked(now_ns);
-        let hits = match sampler.gate_hits() {
+        let hits = match kernel.gate_hits() {
             Ok(hits) => hits,
             Err(error) => {
                 tracing::warn!("probe hits unavailable: {error}");
@@ -351,7 +349,7 @@ impl BudgetController {
     /// or out (`attaching`: are about to go in).
     fn read_pace_of_image(
         &self,
-        sampler: &Sampler,
+        kernel: &dyn Kernel,
         processes: &mut ProcessTable,
         images: &ImageSet,
         key: &ImageKey,
@@ -362,7 +360,7 @@ impl BudgetController {
             if !tracked.admitted || tracked.exited || !tracked.images.contains(key) {
                 continue;
             }
-            if let Some(gate) = sampler.gate_hits_of(pid) {
+            if let Some(gate) = kernel.gate_hits_of(pid) {
                 let changing = attaching.then_some(ProbeState::Changing);
                 read_pace(&self.cost, pid, tracked, Hits::from(gate), images, changing);
             }
@@ -373,7 +371,7 @@ impl BudgetController {
     /// (CLOCK_MONOTONIC ns).
     pub fn windows_tick(
         &mut self,
-        sampler: &mut Sampler,
+        kernel: &mut dyn Kernel,
         processes: &mut ProcessTable,
         images: &mut ImageSet,
         stats: &mut CollectorStats,
@@ -397,18 +395,18 @@ impl BudgetController {
                 // Its duty moved its window shift (full time again, or a new fraction):
                 // out, and in again below with the new one. Rare: duties change at
                 // budget checks, and only a change across a power of two moves it.
-                images.detach_in_background(sampler, stats, &key);
+                images.detach_in_background(kernel, stats, &key);
                 attached = false;
             }
             if plan.attached && !attached {
                 let before = monotonic_now_ns();
                 // The attach takes 10-30 ms, its breakpoints going in along the way.
-                self.read_pace_of_image(sampler, processes, images, &key, true);
-                if images.reattach(sampler, stats, &key, shift) {
+                self.read_pace_of_image(kernel, processes, images, &key, true);
+                if images.reattach(kernel, stats, &key, shift) {
                     stats.window_attaches += 1;
                     let done = monotonic_now_ns();
                     self.schedule.attached_in(key, done - before);
-                    self.read_pace_of_image(sampler, processes, images, &key, false);
+                    self.read_pace_of_image(kernel, processes, images, &key, false);
                     tracing::debug!("{key}: probes in, in {} us", (done - before) / 1000);
                     // A window that opened before the probes were in (its samples until
                     // then are not placed: `ImageSet::covered`).
@@ -421,8 +419,8 @@ impl BudgetController {
                     }
                 }
             } else if !plan.attached && attached {
-                images.detach_in_background(sampler, stats, &key);
-                self.read_pace_of_image(sampler, processes, images, &key, false);
+                images.detach_in_background(kernel, stats, &key);
+                self.read_pace_of_image(kernel, processes, images, &key, false);
                 tracing::debug!("{key}: probes out");
                 stats.window_detaches += 1;
                 // Frees are not seen until the next window: the live blocks of every

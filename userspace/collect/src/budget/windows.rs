@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use allocbpf_probe::image::ImageKey;
+use allocbpf_images::image::ImageKey;
 use allocbpf_profile::estimate::windows::SampleWindow;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

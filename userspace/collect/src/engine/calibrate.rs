@@ -152,10 +152,10 @@ impl Collector {
         let pid = child.id();
         self.processes.ignored.insert(pid);
         if self.scope.pid().is_none() {
-            self.sampler().set_gate(pid, gate)?;
+            self.kernel().set_gate(pid, gate)?;
         }
         let link = match probe {
-            Some((path, offset)) => Some(self.sampler().attach_empty_at(path, offset, pid)?),
+            Some((path, offset)) => Some(self.kernel().attach_empty_at(path, offset, pid)?),
             None => None,
         };
         let mut run = || -> Result<(String, std::process::ExitStatus)> {
@@ -181,7 +181,7 @@ impl Collector {
             let _ = child.wait();
         }
         if let Some(link) = link {
-            self.sampler().detach_empty(link);
+            self.kernel().detach(link);
         }
         // Nobody reads the ring buffer during start-up: empty it now, or the sampled
         // runs' records would crowd out every process's samples (they are ignored).
@@ -198,7 +198,7 @@ impl Collector {
 
 /// The file offset, in our own executable, of the code at `address` in this process.
 fn own_file_offset(address: u64) -> Option<u64> {
-    allocbpf_probe::procfs::try_read_maps(std::process::id())
+    allocbpf_images::procfs::try_read_maps(std::process::id())
         .ok()?
         .into_iter()
         .find(|entry| entry.range.contains(&address))

@@ -8,7 +8,7 @@ use std::{
 };
 
 use allocbpf_common::Totals;
-use allocbpf_probe::{procfs, sampler::wait_for_running_programs};
+use allocbpf_images::procfs;
 use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
@@ -36,12 +36,12 @@ impl Collector {
     /// for. A failed read costs those figures (reported as 0, with a warning), never
     /// the samples.
     fn kernel_figures(&mut self, epoch: u64) -> (Counters, HashMap<u32, Totals>) {
-        let sampler = self.sampler();
-        let counters = sampler.counters_of(epoch).unwrap_or_else(|error| {
+        let kernel = self.kernel();
+        let counters = kernel.counters_of(epoch).unwrap_or_else(|error| {
             tracing::warn!("kernel counters unavailable: {error}");
             Counters::default()
         });
-        let totals = sampler.totals_of(epoch).unwrap_or_else(|error| {
+        let totals = kernel.totals_of(epoch).unwrap_or_else(|error| {
             tracing::warn!("exact totals unavailable: {error}");
             HashMap::new()
         });
@@ -53,7 +53,7 @@ impl Collector {
     /// [`cutter`] for how the interval's records are told from the next one's.
     pub fn cut(&mut self) -> Vec<ProcessProfile> {
         let end = self.cutter.end_now();
-        let ended = match self.sampler().next_epoch() {
+        let ended = match self.kernel().next_epoch() {
             Ok(ended) => ended,
             Err(error) => {
                 // Reading a running epoch would count its calls again at the next
@@ -62,7 +62,7 @@ impl Collector {
                 return Vec::new();
             }
         };
-        wait_for_running_programs();
+        self.kernel().wait_for_running_programs();
         let figures = self.kernel_figures(ended);
         self.cutter.begin(ended);
         self.drain_ring();
@@ -315,8 +315,8 @@ impl Collector {
                     .map(move |id| (pid, id))
             })
             .collect();
-        if let Some(sampler) = self.sampler.as_mut() {
-            sampler.forget_live_blocks(&expired);
+        if let Some(kernel) = self.kernel.as_mut() {
+            kernel.forget_live_blocks(&expired);
         }
     }
 
@@ -326,8 +326,8 @@ impl Collector {
     /// enough ago that their call has returned (a sample is sent at the call, its block
     /// tracked at the return), are retired at the cut.
     fn kernel_live_blocks(&mut self) -> Option<HashMap<u32, HashSet<u64>>> {
-        let kernel_live = match (&self.sampler, self.options.live.is_some()) {
-            (Some(sampler), true) => Some(sampler.live_sample_ids()),
+        let kernel_live = match (&self.kernel, self.options.live.is_some()) {
+            (Some(kernel), true) => Some(kernel.live_sample_ids()),
             _ => None,
         };
         if let Some(kernel_live) = &kernel_live {
@@ -352,20 +352,20 @@ impl Collector {
                 gone.insert(pid);
             }
         }
-        let Some(sampler) = self.sampler.as_mut() else {
+        let Some(kernel) = self.kernel.as_mut() else {
             // At stop: everything is let go of with the collector.
             return;
         };
         // Backstop for exit events lost to a full ring: kernel entries of processes
         // neither tracked nor alive.
-        let kernel_pids = sampler.kernel_pids();
+        let kernel_pids = kernel.kernel_pids();
         let tracked = &self.processes.tracked;
         gone.extend(
             kernel_pids
                 .iter()
                 .filter(|pid| !tracked.contains_key(pid) && !procfs::is_alive(**pid)),
         );
-        sampler.forget_processes(&gone);
+        kernel.forget_processes(&gone);
         self.stats.kernel_processes =
             kernel_pids.iter().filter(|pid| !gone.contains(pid)).count() as u64;
         self.release_unused_images();
@@ -381,25 +381,25 @@ impl Collector {
         // made meanwhile are counted, but that is not time spent profiling.
         let end = self.cutter.end_now();
         let links = self.images.take_links();
-        if let Some(sampler) = self.sampler.as_mut() {
+        if let Some(kernel) = self.kernel.as_mut() {
             for image in links {
-                sampler.detach(image);
+                kernel.detach(image);
             }
         }
         // Windows closed just before may still be closing on other threads.
         self.images
             .wait_for_detaches(std::time::Duration::from_secs(2));
-        wait_for_running_programs();
-        let epoch = self.sampler().epoch();
+        self.kernel().wait_for_running_programs();
+        let epoch = self.kernel().epoch();
         let figures = self.kernel_figures(epoch);
-        if let Some(mut sampler) = self.sampler.take() {
-            sampler.flush_logs();
+        if let Some(mut kernel) = self.kernel.take() {
+            kernel.flush_logs();
         }
         self.drain_ring();
-        if self.reader.malformed > 0 {
+        if self.stats.malformed_records > 0 {
             tracing::warn!(
                 "{} malformed ring-buffer records skipped",
-                self.reader.malformed
+                self.stats.malformed_records
             );
         }
         if let Some(log) = self.raw_samples.as_mut() {

@@ -9,22 +9,25 @@ use std::{
     },
 };
 
-use allocbpf_probe::{
+use allocbpf_images::{
     discover::ImageCache,
     image::{AllocatorImage, ImageKey, Lookup},
     procfs::MapsEntry,
-    sampler::{monotonic_now_ns, ImageLinks, Sampler},
 };
+use allocbpf_probe::sampler::monotonic_now_ns;
 
 use super::CollectorStats;
-use crate::error::error_chain;
+use crate::{
+    error::error_chain,
+    kernel::{Kernel, LinkSet},
+};
 
 /// One allocator image.
 pub(crate) struct ImageState {
     /// What was found in it.
     pub image: AllocatorImage,
     /// Its probes; `None` outside its observation windows (or after a failed attach).
-    pub links: Option<ImageLinks>,
+    pub links: Option<LinkSet>,
     /// Its first attach failed: never probed, so not part of any process's
     /// observation (windows do not try it again; a later window's failed attach only
     /// loses that window).
@@ -112,7 +115,7 @@ impl ImageSet {
     /// allocator images it maps and every executable file it maps.
     pub fn attach_images_of(
         &mut self,
-        sampler: &mut Sampler,
+        kernel: &mut dyn Kernel,
         stats: &mut CollectorStats,
         pid: u32,
         maps: &[MapsEntry],
@@ -121,7 +124,7 @@ impl ImageSet {
         let found = self.cache.discover(pid, maps, lookup);
         stats.files_refused = self.cache.refused();
         let mut keys: Vec<ImageKey> = found.iter().map(|i| i.key).collect();
-        let mapped: Vec<ImageKey> = allocbpf_probe::image::candidate_mappings(maps)
+        let mapped: Vec<ImageKey> = allocbpf_images::image::candidate_mappings(maps)
             .into_iter()
             .map(ImageKey::of)
             .collect();
@@ -145,7 +148,7 @@ impl ImageSet {
                 }
                 continue;
             }
-            let links = match sampler.attach(&image) {
+            let links = match kernel.attach(&image) {
                 Ok(attached) => {
                     stats.images_attached += 1;
                     image.log_probe_points();
@@ -176,7 +179,7 @@ impl ImageSet {
     }
 
     /// Records `image`, with its probes if attached.
-    pub fn insert(&mut self, image: AllocatorImage, links: Option<ImageLinks>) {
+    pub fn insert(&mut self, image: AllocatorImage, links: Option<LinkSet>) {
         let attached_since_ns = links.is_some().then(monotonic_now_ns);
         self.images.insert(
             image.key,
@@ -206,7 +209,7 @@ impl ImageSet {
     /// denser than the configured rate; false if that failed.
     pub fn reattach(
         &mut self,
-        sampler: &mut Sampler,
+        kernel: &mut dyn Kernel,
         stats: &mut CollectorStats,
         key: &ImageKey,
         window_shift: u8,
@@ -217,7 +220,7 @@ impl ImageSet {
         if state.links.is_some() {
             return true;
         }
-        match sampler.attach_in_windows(&state.image, window_shift) {
+        match kernel.attach_in_windows(&state.image, window_shift) {
             Ok(attached) => {
                 state.links = Some(attached.links);
                 state.window_shift = window_shift;
@@ -242,7 +245,7 @@ impl ImageSet {
     /// gone when this returns, the kernel's grace period is waited for on another thread.
     pub fn detach_in_background(
         &mut self,
-        sampler: &mut Sampler,
+        kernel: &mut dyn Kernel,
         stats: &mut CollectorStats,
         key: &ImageKey,
     ) {
@@ -262,10 +265,10 @@ impl ImageSet {
         }
         stats.images_attached -= 1;
         if self.detaching.load(Ordering::Relaxed) >= MAX_BACKGROUND_DETACHES {
-            sampler.detach(links);
+            kernel.detach(links);
             return;
         }
-        for link in sampler.take_links(links).split() {
+        for link in kernel.detach_later(links) {
             let running = Arc::clone(&self.detaching);
             let closing = Arc::clone(&state.closing);
             running.fetch_add(1, Ordering::Relaxed);
@@ -287,7 +290,7 @@ impl ImageSet {
     }
 
     /// Takes every image's probes (to detach them at stop).
-    pub fn take_links(&mut self) -> Vec<ImageLinks> {
+    pub fn take_links(&mut self) -> Vec<LinkSet> {
         self.images
             .values_mut()
             .filter_map(|state| state.links.take())

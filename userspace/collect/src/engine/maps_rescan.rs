@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_probe::{
+use allocbpf_images::{
     image::{candidate_mappings, ImageKey},
     procfs,
 };
@@ -87,7 +87,7 @@ impl Collector {
     /// allocator images among them probed, and its images and mapped files updated:
     /// the budget places its samples by them).
     fn rescan_maps(&mut self, pid: u32) {
-        if self.sampler.is_none() {
+        if self.kernel.is_none() {
             return;
         }
         let Some(tracked) = self.processes.tracked.get(&pid) else {

@@ -9,7 +9,7 @@
 //! Its parts, one job each: the [`ProcessTable`] (who is followed), the [`ImageSet`]
 //! (what is attached), the [`ExecQueue`] (who exec'd and is examined next), the
 //! [`BudgetController`] (the overhead budget) and the [`IntervalCutter`] (where an
-//! interval ends). The engine routes records between them and owns the sampler.
+//! interval ends). The engine routes records between them and owns the kernel side ([`crate::kernel`]).
 //!
 //! With [`Scope::Process`], the images are the target's, attached at start, and the
 //! kernel filters on its pid. With [`Scope::Host`], new images are found from exec
@@ -22,18 +22,17 @@
 //! mapped after a process was examined (dlopen) are found by re-reading each admitted
 //! process's maps every [`MAPS_RESCAN_INTERVAL`], round-robin (`maps_rescan.rs`).
 
-use std::{
-    sync::atomic::Ordering,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use allocbpf_common::{GateState, LiveMode};
-use allocbpf_probe::{
+use allocbpf_images::{
     discover::Silence,
-    events::{Event, EventReader},
     image::{AllocatorImage, ImageKey},
     procfs,
-    sampler::{monotonic_now_ns, Sampler, COLLECT_EXITED_EVERY},
+};
+use allocbpf_probe::{
+    events::Event,
+    sampler::{monotonic_now_ns, COLLECT_EXITED_EVERY},
 };
 use allocbpf_profile::{
     aggregate::StackKey, estimate::interval_table::REFRESH_INTERVAL, frame::Frame, report::Counters,
@@ -62,6 +61,7 @@ pub use crate::budget::controller::{ImageFigures, ProcessCostFigures};
 use crate::{
     budget::controller::BudgetController,
     filter::ProcessFilter,
+    kernel::{EventSource, Kernel},
     options::{CollectOptions, Scope},
     process::{self, ProcessInfo},
     raw_samples::RawSampleLog,
@@ -104,8 +104,8 @@ pub struct AttachedTarget {
 pub struct Collector {
     options: CollectOptions,
     scope: Scope,
-    sampler: Option<Sampler>,
-    reader: EventReader,
+    kernel: Option<Box<dyn Kernel>>,
+    events: Box<dyn EventSource>,
     stacks: StackResolver,
     processes: ProcessTable,
     images: ImageSet,
@@ -151,8 +151,10 @@ pub struct BudgetFigures {
 }
 
 impl Collector {
-    fn sampler(&mut self) -> &mut Sampler {
-        self.sampler.as_mut().expect("the sampler lives until stop")
+    fn kernel(&mut self) -> &mut dyn Kernel {
+        self.kernel
+            .as_deref_mut()
+            .expect("the kernel lives until stop")
     }
 
     /// [`Scope::Process`]: the target as attached.
@@ -233,7 +235,7 @@ impl Collector {
             false => GateState::Excluded,
             true => GateState::Open,
         };
-        if let Err(error) = self.sampler().set_gate(pid, gate) {
+        if let Err(error) = self.kernel().set_gate(pid, gate) {
             tracing::warn!("pid {pid}: cannot set its gate: {error}");
         }
     }
@@ -241,10 +243,13 @@ impl Collector {
     /// Attaches the images `pid` maps (`maps`) that are not attached yet.
     fn attach_images_of(&mut self, pid: u32, maps: &[procfs::MapsEntry]) {
         let lookup = self.options.lookup();
-        let sampler = self.sampler.as_mut().expect("the sampler lives until stop");
+        let kernel = self
+            .kernel
+            .as_deref_mut()
+            .expect("the kernel lives until stop");
         let (keys, mapped) =
             self.images
-                .attach_images_of(sampler, &mut self.stats, pid, maps, &lookup);
+                .attach_images_of(kernel, &mut self.stats, pid, maps, &lookup);
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
             tracked.images = keys;
             tracked.mapped = mapped;
@@ -254,7 +259,7 @@ impl Collector {
     /// Reads the next batch of ring-buffer records and handles them.
     pub async fn read(&mut self) -> std::io::Result<()> {
         let mut batch = std::mem::take(&mut self.batch);
-        let result = self.reader.read_batch(&mut batch).await;
+        let result = self.events.read_batch(&mut batch).await;
         self.handle(&mut batch);
         self.batch = batch;
         result
@@ -264,7 +269,7 @@ impl Collector {
     fn drain_ring(&mut self) {
         let mut batch = std::mem::take(&mut self.batch);
         // A chunk at a time: the queue may hold 16 MiB, and decoded events as much.
-        while self.reader.drain_some(&mut batch) {
+        while self.events.drain_some(&mut batch) {
             self.handle(&mut batch);
         }
         self.handle(&mut batch);
@@ -272,10 +277,10 @@ impl Collector {
     }
 
     fn handle(&mut self, batch: &mut Vec<Event>) {
-        self.stats.malformed_records = self.reader.malformed;
-        let reader = &self.reader.stats;
-        self.stats.ring_peak_bytes = reader.ring_peak_bytes.load(Ordering::Relaxed);
-        self.stats.queue_peak_bytes = reader.queue_peak_bytes.load(Ordering::Relaxed);
+        let source = self.events.figures();
+        self.stats.malformed_records = source.malformed;
+        self.stats.ring_peak_bytes = source.ring_peak_bytes;
+        self.stats.queue_peak_bytes = source.queue_peak_bytes;
         for (index, event) in batch.drain(..).enumerate() {
             // A long batch (stacks unwound for every sample) must not make the budget's
             // windows late: they are checked between events.
@@ -294,11 +299,11 @@ impl Collector {
                     // The followed process with its pid, the one that exited with it
                     // (a late sample), or a new one, looked at first (a pid reused
                     // after an exit is another process: `sample_owner`). After stop
-                    // (no sampler) only processes already known count.
+                    // (no kernel) only processes already known count.
                     let mut owner = self.processes.sample_owner(pid, process::start_time);
                     if owner == Owner::Unknown
                         && !self.processes.unreadable(pid)
-                        && self.sampler.is_some()
+                        && self.kernel.is_some()
                     {
                         self.observe(pid);
                         owner = Owner::Tracked;
@@ -318,10 +323,10 @@ impl Collector {
                             // forgot it): dropped here, and the gate closed again
                             // (not for a process that exited: its pid may be reused).
                             self.stats.filtered_samples += 1;
-                            if let Some(sampler) =
-                                self.sampler.as_mut().filter(|_| owner == Owner::Tracked)
+                            if let Some(kernel) =
+                                self.kernel.as_mut().filter(|_| owner == Owner::Tracked)
                             {
-                                let _ = sampler.set_gate(pid, GateState::Excluded);
+                                let _ = kernel.set_gate(pid, GateState::Excluded);
                             }
                             continue;
                         }
@@ -378,8 +383,7 @@ impl Collector {
                         // Until they are known its probe state is not: no span across.
                         tracked.pace.restart();
                     }
-                    if host && self.sampler.is_some() && !self.exec_queue.push(pid, Instant::now())
-                    {
+                    if host && self.kernel.is_some() && !self.exec_queue.push(pid, Instant::now()) {
                         self.stats.exec_queue_overflows += 1;
                     }
                     // A new program on a fully probed image traps on every call until
@@ -418,27 +422,33 @@ impl Collector {
             self.last_refresh = now;
             // The old table stays a valid exponential table: a failed refresh costs
             // nothing but freshness, so sampling goes on.
-            if let Err(error) = self.sampler().refresh_intervals() {
+            if let Err(error) = self.kernel().refresh_intervals() {
                 tracing::warn!("interval table not refreshed: {error}");
             }
         }
-        let sampler = self.sampler.as_mut().expect("the sampler lives until stop");
+        let kernel = self
+            .kernel
+            .as_deref_mut()
+            .expect("the kernel lives until stop");
         if let Some(budget) = self.budget.as_mut() {
-            if budget.check(sampler, &mut self.processes, &self.images, &mut self.stats) {
+            if budget.check(kernel, &mut self.processes, &self.images, &mut self.stats) {
                 // Duties changed: a window may have to close now, not at the next
                 // change planned before.
                 self.windows_tick();
             }
         }
-        let sampler = self.sampler.as_mut().expect("the sampler lives until stop");
+        let kernel = self
+            .kernel
+            .as_deref_mut()
+            .expect("the kernel lives until stop");
         // Exited threads' entries stay frozen until collected (probe/totals.rs): free
         // them often enough that a program churning threads keeps finding slots.
         if now.duration_since(self.last_collect) >= COLLECT_EXITED_EVERY {
             self.last_collect = now;
-            sampler.collect_exited_threads();
+            kernel.collect_exited_threads();
         }
-        sampler.flush_logs();
-        let level = u64::from(sampler.pressure_level());
+        kernel.flush_logs();
+        let level = u64::from(kernel.pressure_level());
         self.stats.pressure_level = level;
         self.stats.pressure_peak_level = self.stats.pressure_peak_level.max(level);
     }
@@ -467,17 +477,19 @@ impl Collector {
             .as_ref()
             .and_then(|budget| budget.early_check_ns())
             .is_some_and(|due| due <= monotonic_now_ns());
-        if early_due && self.sampler.is_some() {
+        if early_due && self.kernel.is_some() {
             self.observe_execs_due(Instant::now());
-            if let (Some(budget), Some(sampler)) = (self.budget.as_mut(), self.sampler.as_mut()) {
-                budget.check(sampler, &mut self.processes, &self.images, &mut self.stats);
+            if let (Some(budget), Some(kernel)) = (self.budget.as_mut(), self.kernel.as_deref_mut())
+            {
+                budget.check(kernel, &mut self.processes, &self.images, &mut self.stats);
             }
         }
-        let (Some(budget), Some(sampler)) = (self.budget.as_mut(), self.sampler.as_mut()) else {
+        let (Some(budget), Some(kernel)) = (self.budget.as_mut(), self.kernel.as_deref_mut())
+        else {
             return;
         };
         let next = budget.windows_tick(
-            sampler,
+            kernel,
             &mut self.processes,
             &mut self.images,
             &mut self.stats,
@@ -533,7 +545,7 @@ impl Collector {
 
     /// The kernel's counters now (zero if they cannot be read).
     pub fn counters(&mut self) -> Counters {
-        self.sampler().counters().unwrap_or_default()
+        self.kernel().counters().unwrap_or_default()
     }
 
     /// Replaces the process filter of a host scope (SIGHUP) and applies it to every

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_probe::image::ImageKey;
+use allocbpf_images::image::ImageKey;
 use allocbpf_profile::aggregate::Aggregate;
 
 use crate::{

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use super::{Collector, ImageKey};
-use allocbpf_probe::procfs;
+use allocbpf_images::procfs;
 use allocbpf_profile::frame::Frame;
 
 impl Collector {
@@ -54,7 +54,7 @@ impl Collector {
                 budget.schedule.forget(&key);
             }
             if let Some(links) = state.links {
-                self.sampler().detach(links);
+                self.kernel().detach(links);
                 self.stats.images_attached -= 1;
             }
             self.stats.images_released += 1;

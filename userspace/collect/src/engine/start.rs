@@ -1,15 +1,11 @@
-//! Starting the engine: load the sampler, attach the target's images or every image
+//! Starting the engine: load the kernel side, attach the target's images or every image
 //! in use, and (host scope, with a budget) measure what a probe hit costs.
 
 use std::time::Instant;
 
 use allocbpf_common::GateState;
-use allocbpf_probe::{
-    events::EventReader,
-    procfs,
-    sampler::{Sampler, SamplerConfig},
-    target::Target,
-};
+use allocbpf_images::{procfs, target::Target};
+use allocbpf_probe::sampler::SamplerConfig;
 use allocbpf_stacks::resolve::StackResolver;
 
 use super::{
@@ -19,29 +15,47 @@ use super::{
 use crate::{
     budget::{controller::BudgetController, BudgetOptions, HitCost},
     error::CollectError,
+    kernel::{KernelLoader, Loaded},
     options::{CollectOptions, Scope},
     process::ProcessInfo,
     raw_samples::RawSampleLog,
 };
 
 impl Collector {
-    /// Loads the sampler and attaches: the target's images ([`Scope::Process`]), or
-    /// every image in use, measuring the cost of a probe hit if there is a budget
-    /// ([`Scope::Host`]). Errors say why nothing can be profiled; a host image that
-    /// cannot be attached is only a warning.
-    pub fn start(options: CollectOptions, scope: Scope) -> Result<Collector, CollectError> {
+    /// Loads the kernel side through `loader` (the eBPF sampler: [`EbpfObject`]) and
+    /// attaches: the target's images ([`Scope::Process`]), or every image in use,
+    /// measuring the cost of a probe hit if there is a budget ([`Scope::Host`]).
+    /// Errors say why nothing can be profiled; a host image that cannot be attached is
+    /// only a warning.
+    ///
+    /// [`EbpfObject`]: crate::kernel::EbpfObject
+    pub fn start(
+        loader: &dyn KernelLoader,
+        options: CollectOptions,
+        scope: Scope,
+    ) -> Result<Collector, CollectError> {
         // The target first: an unknown pid or a process without an allocator fails
         // before anything is loaded.
         let target = match scope {
             Scope::Process(pid) => Some(Target::resolve(pid, &options.lookup())?),
             Scope::Host { .. } => None,
         };
+        Self::start_resolved(loader, options, scope, target)
+    }
+
+    /// [`Collector::start`] once [`Scope::Process`]'s target is resolved.
+    pub(crate) fn start_resolved(
+        loader: &dyn KernelLoader,
+        options: CollectOptions,
+        scope: Scope,
+        target: Option<Target>,
+    ) -> Result<Collector, CollectError> {
         let raw_samples = options
             .raw_samples
             .as_deref()
             .map(RawSampleLog::create)
             .transpose()?;
-        let mut sampler = Sampler::load(SamplerConfig {
+        let Loaded { kernel, events } = loader.load(SamplerConfig {
             pid: scope.pid(),
             rate: options.rate,
             empty_probes: options.empty_probes,
@@ -52,13 +66,12 @@ impl Collector {
             multi_links: options.budget.is_some(),
         })?;
         let mut options = options;
-        if options.budget.is_some() && !sampler.windows_supported() {
+        if options.budget.is_some() && !kernel.windows_supported() {
             tracing::warn!(
                 "this kernel cannot take an image's probes out at once (uprobe_multi links with process filtering, Linux 6.10+, and uprobe session links for --live, 6.13+): the overhead budget cannot probe part time, so every image is probed full time"
             );
             options.budget = None;
         }
-        let reader = EventReader::new(sampler.take_events()?).map_err(CollectError::RingBuffer)?;
         let now = Instant::now();
         let mut collector = Collector {
             stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
@@ -69,8 +82,8 @@ impl Collector {
                 Scope::Process(_) => ProcessTable::default(),
             },
             scope,
-            sampler: Some(sampler),
-            reader,
+            kernel: Some(kernel),
+            events,
             images: ImageSet::default(),
             exec_queue: ExecQueue::default(),
             budget: None,
@@ -116,7 +129,7 @@ impl Collector {
         // files mapped since (dlopen).
         self.images.cache = target.cache;
         for image in target.images {
-            let links = self.sampler().attach(&image)?;
+            let links = self.kernel().attach(&image)?;
             attached.probes += links.links.len();
             attached.frees += links.frees;
             if self.options.live.is_some() {
@@ -161,7 +174,7 @@ impl Collector {
     fn attach_host(&mut self) -> Result<(), CollectError> {
         let started = Instant::now();
         let me = std::process::id();
-        self.sampler().set_gate(me, GateState::Excluded)?;
+        self.kernel().set_gate(me, GateState::Excluded)?;
         let budget = self.options.budget;
         // The unprobed cost of the calibration loop, before anything is attached.
         let baseline = match budget {

@@ -49,7 +49,7 @@ impl Sampler {
         path: &std::path::Path,
         offset: u64,
         pid: u32,
-    ) -> Result<aya::programs::uprobe::UProbeLinkId, ProbeError> {
+    ) -> Result<super::EmptyLink, ProbeError> {
         use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
         let program: &mut aya::programs::UProbe = super::program_of(&mut self.ebpf, "probe_empty")?;
         if program.fd().is_err() {
@@ -73,7 +73,7 @@ impl Sampler {
     }
 
     /// Detaches what [`Sampler::attach_empty_at`] attached.
-    pub fn detach_empty(&mut self, link: aya::programs::uprobe::UProbeLinkId) {
+    pub fn detach_empty(&mut self, link: super::EmptyLink) {
         if let Ok(program) =
             super::program_of::<aya::programs::UProbe>(&mut self.ebpf, "probe_empty")
         {

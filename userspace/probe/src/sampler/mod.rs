@@ -1,6 +1,8 @@
 //! Loading, configuring and attaching the eBPF sampler, and reading its maps.
 //!
-//! The compiled eBPF object is embedded in the binary by `build.rs`.
+//! The compiled eBPF object is the binary's (its `build.rs` builds `ebpf/allocbpf-ebpf`
+//! and embeds it), passed to [`Sampler::load`] as bytes: this crate never needs the BPF
+//! toolchain.
 
 mod gates;
 pub mod session_link;
@@ -26,14 +28,10 @@ use aya::{
 use aya_log::EbpfLogger;
 
 use self::session_link::{LinkKind, SessionPrograms};
-use crate::image::{AllocatorImage, ProbedEntry};
+use allocbpf_images::image::{AllocatorImage, ProbedEntry};
 use allocbpf_profile::estimate::certain_threshold;
 use allocbpf_profile::estimate::interval_table::IntervalTable;
 use allocbpf_profile::report::Counters;
-
-/// The eBPF object built from `ebpf/allocbpf-ebpf` for this binary.
-static EBPF_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/allocbpf.bpf.o"));
 
 /// Errors from loading or attaching the sampler.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +66,9 @@ pub enum ProbeError {
         source: std::io::Error,
     },
 }
+
+/// What [`Sampler::attach_empty_at`] attached, for [`Sampler::detach_empty`].
+pub type EmptyLink = UProbeLinkId;
 
 /// How often the thread tables' frozen entries of exited threads are collected.
 pub const COLLECT_EXITED_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -262,8 +263,10 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Loads the sampler for `libc` with its globals set; nothing is attached yet.
-    pub fn load(config: SamplerConfig) -> Result<Sampler, ProbeError> {
+    /// Loads `object` (the eBPF program built from `ebpf/allocbpf-ebpf`, 8-byte aligned:
+    /// `aya::include_bytes_aligned!`) with its globals set for `config`; nothing is
+    /// attached yet.
+    pub fn load(object: &[u8], config: SamplerConfig) -> Result<Sampler, ProbeError> {
         let btf = Btf::from_sys_fs().ok();
         let target_pid = config.pid.unwrap_or(0);
         let threshold = certain_threshold(config.rate);
@@ -297,15 +300,15 @@ impl Sampler {
             .map_max_entries("THREAD_SLOTS", slot_mask + 1)
             .map_max_entries("THREADS", tables.overflow.max(1))
             .map_max_entries("EVENTS", config.ring_bytes())
-            .load(EBPF_OBJECT)
+            .load(object)
             .map_err(load_error)?;
         // Before anything takes maps out of `ebpf`: relocation needs every map's fd.
         let session_programs = (live_mode == LiveMode::Session && !config.empty_probes)
-            .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf, LinkKind::Session))
+            .then(|| SessionPrograms::relocate(object, &ebpf, LinkKind::Session))
             .transpose()
             .map_err(load_error)?;
         let multi_programs = (config.multi_links && session_link::kernel_supports_multi_links())
-            .then(|| SessionPrograms::relocate(EBPF_OBJECT, &ebpf, LinkKind::Multi))
+            .then(|| SessionPrograms::relocate(object, &ebpf, LinkKind::Multi))
             .transpose()
             .map_err(load_error)?;
         // The eBPF side logs only on rare paths; no log map means nothing to forward.

@@ -15,7 +15,7 @@
 //!
 //! One more rule comes from the code itself: an allocation entry left unprobed because
 //! every block it returns comes from a probed entry it *calls* (musl's `calloc` calls
-//! `malloc`) has its frame at that call derived by [`allocbpf_probe::image`] (a
+//! `malloc`) has its frame at that call derived by [`allocbpf_images::image`] (a
 //! [`CallFrame`]), since musl has neither unwind tables nor frame pointers. A stack
 //! sampled in `malloc` steps through `calloc` by that rule.
 
@@ -33,9 +33,9 @@ use framehop::{
 };
 use object::{Object, ObjectSection, ObjectSegment};
 
-use allocbpf_probe::image::{self, CallFrame, Lookup};
-use allocbpf_probe::procfs::{self, MappedFileError, MapsEntry};
-use allocbpf_probe::sealed_copy::FileIdentity;
+use allocbpf_images::image::{self, CallFrame, Lookup};
+use allocbpf_images::procfs::{self, MappedFileError, MapsEntry};
+use allocbpf_images::sealed_copy::FileIdentity;
 
 mod cache;
 
