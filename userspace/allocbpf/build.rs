@@ -1,5 +1,5 @@
 //! Builds the eBPF program (ebpf/allocbpf-ebpf) and places the object in OUT_DIR, where
-//! `src/sampler/mod.rs` embeds it.
+//! `src/main.rs` embeds it. The binary is the only crate that needs the BPF toolchain.
 //!
 //! Two toolchain routes (docs/build.md):
 //! - `debian` (default when present): Debian's rustc 1.96 (`rustc-web`) with the prebuilt
@@ -8,6 +8,11 @@
 //!
 //! `ALLOCBPF_BPF_TOOLCHAIN=debian|nightly` forces one. Both need `bpf-linker` on PATH.
 //! `cargo xtask setup` installs what the debian route needs.
+//!
+//! `ALLOCBPF_BPF_TOOLCHAIN=none` embeds no program: the binary then checks, lints and
+//! runs its unit tests anywhere (`cargo xtask test`'s first lane), and refuses to
+//! profile, saying why. Never the default: a binary that cannot profile is built only
+//! when asked for.
 
 use std::{
     env,
@@ -39,6 +44,12 @@ fn main() {
     // Under the workspace's target dir (kept by CI caches), apart from host artifacts.
     let target_dir = workspace_target_dir(&out_dir).join("bpf");
     let route = env::var("ALLOCBPF_BPF_TOOLCHAIN").unwrap_or_else(|_| default_route());
+    if route == "none" {
+        println!("cargo:warning=ALLOCBPF_BPF_TOOLCHAIN=none: this allocbpf embeds no eBPF program and cannot profile");
+        std::fs::write(out_dir.join("allocbpf.bpf.o"), b"")
+            .unwrap_or_else(|e| panic!("cannot write to {}: {e}", out_dir.display()));
+        return;
+    }
 
     let rustflags = [
         "--cfg=bpf_target_arch=\"x86_64\"",
@@ -53,7 +64,7 @@ fn main() {
             c.args(["run", "nightly", "cargo", "-Zbuild-std=core"]);
             c
         }
-        other => panic!("ALLOCBPF_BPF_TOOLCHAIN={other}: expected `debian` or `nightly`"),
+        other => panic!("ALLOCBPF_BPF_TOOLCHAIN={other}: expected `debian`, `nightly` or `none`"),
     };
     // The outer cargo's environment describes the host build; none of it applies here.
     for (key, _) in env::vars() {

@@ -2,7 +2,10 @@
 
 use anyhow::Result;
 
-use crate::util::{e2e_bin, is_root, root, run};
+use crate::{
+    setup::e2e_bin,
+    util::{is_root, root, run},
+};
 
 /// Runs the harness binary; as root it adds the end-to-end coverage run.
 pub fn accuracy(plots: bool) -> Result<()> {

@@ -177,7 +177,7 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
     if parts.contains(&Part::Agent) {
         // The default budget, then raised and lowered.
         for percent in [None, Some("5"), Some("0.25")] {
-            let mut command = crate::util::e2e_bin("agent_cost")?;
+            let mut command = crate::setup::e2e_bin("agent_cost")?;
             // Five: the first compile under a new agent pays its cold start, and the
             // median of what follows should not rest on two compiles.
             command.args(["--rounds", &rounds.min(5).to_string()]);
@@ -188,7 +188,7 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
         }
     }
     if parts.contains(&Part::Push) {
-        let mut command = crate::util::e2e_bin("push_bench")?;
+        let mut command = crate::setup::e2e_bin("push_bench")?;
         command.args(["--rounds", &rounds.min(3).to_string()]);
         crate::util::run(&mut command)?;
     }

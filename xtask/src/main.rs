@@ -10,6 +10,7 @@ mod run;
 mod servers;
 mod setup;
 mod soak;
+mod test;
 mod util;
 
 use anyhow::Result;
@@ -36,8 +37,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run every check: formatting, clippy, unit tests and end-to-end tests (as root).
-    Test,
+    /// Run every check and test: lane 1 (formatting, clippy, unit tests: no root, no
+    /// BPF toolchain), then lane 2 (end-to-end tests, as root).
+    Test {
+        /// `checks`: lane 1 alone, which any machine can run.
+        #[arg(long, value_enum, default_value = "all")]
+        lane: test::Lane,
+    },
     /// Measure ns per call: no probe, empty-program floor, allocbpf; per entry point of
     /// every allocator family; redis-benchmark throughput.
     Bench {
@@ -89,7 +95,7 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Setup => setup::ensure(),
         Task::Run { args } => run::run(&args),
-        Task::Test => run::test(),
+        Task::Test { lane } => test::test(lane),
         Task::Bench {
             rounds,
             iterations,

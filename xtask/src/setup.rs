@@ -13,15 +13,25 @@ use anyhow::{bail, Result};
 
 use crate::{
     servers,
-    util::{is_root, run},
+    util::{build_allocbpf, cargo, is_root, run},
 };
 
-/// Debian packages: the eBPF toolchain, LLVM for bpf-linker, and the tests' tools
-/// (gcc/g++ + static libc for workloads, gdb to compare stacks with, Go for
-/// `go tool pprof`, setpriv), the programs and allocators the tests profile (redis,
-/// jemalloc, tcmalloc, mimalloc, musl), a FUSE file system for the hostile-file tests
-/// (bindfs) and the font the statistics figures are drawn
-/// with.
+/// Debian packages the unit tests read or run (`cargo xtask test`'s first lane): gcc
+/// and binutils (they compile and strip small programs, and read cc1), and the
+/// allocators whose real code they decode (musl, tcmalloc).
+const UNIT_TEST_PACKAGES: &[&str] = &[
+    "gcc",
+    "binutils",
+    "libc6-dev",
+    "musl-tools",
+    "libtcmalloc-minimal4",
+];
+
+/// Debian packages beyond [`UNIT_TEST_PACKAGES`]: the eBPF toolchain, LLVM for
+/// bpf-linker, and the end-to-end tests' tools (g++ for workloads, gdb to compare
+/// stacks with, Go for `go tool pprof`, setpriv), the programs and allocators they
+/// profile (redis, jemalloc, mimalloc), a FUSE file system for the hostile-file tests
+/// (bindfs) and the font the statistics figures are drawn with.
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
@@ -29,11 +39,9 @@ const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libzstd-dev",
     "zlib1g-dev",
-    "gcc",
     "g++",
     "make",
     "gdb",
-    "libc6-dev",
     "golang-go",
     "openssl",
     "python3",
@@ -42,9 +50,7 @@ const APT_PACKAGES: &[&str] = &[
     "redis-server",
     "redis-tools",
     "libjemalloc2",
-    "libtcmalloc-minimal4",
     "libmimalloc2.0",
-    "musl-tools",
     "bindfs",
 ];
 
@@ -71,31 +77,18 @@ fn bpf_linker_ok() -> bool {
         .unwrap_or(false)
 }
 
+/// Installs what the unit tests need where missing ([`UNIT_TEST_PACKAGES`]); without
+/// root, says what to install.
+pub fn ensure_unit_test_packages() -> Result<()> {
+    install_missing(UNIT_TEST_PACKAGES)
+}
+
 /// Installs whatever is missing; does nothing (quickly) when all is there. Also builds
 /// the tests' OpenTelemetry Collector when missing and exports its path to the commands
 /// xtask starts afterwards as `ALLOCBPF_OTELCOL` ([`servers::ensure_otelcol`]).
 pub fn ensure() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !package_installed(p))
-        .collect();
-    if !missing.is_empty() {
-        if !is_root() {
-            bail!(
-                "missing Debian packages: {}. Run `sudo cargo xtask setup` or \
-                 `sudo apt-get install {}`",
-                missing.join(" "),
-                missing.join(" ")
-            );
-        }
-        eprintln!("xtask: installing {}", missing.join(" "));
-        run(Command::new("apt-get").args(["update", "-q"]))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    }
+    install_missing(UNIT_TEST_PACKAGES)?;
+    install_missing(APT_PACKAGES)?;
     if !bpf_linker_ok() {
         eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (~2 minutes)");
         run(
@@ -113,4 +106,50 @@ pub fn ensure() -> Result<()> {
     // Last: it needs no root, and Go from Debian's list above is not new enough for it.
     servers::ensure_otelcol()?;
     Ok(())
+}
+
+/// Installs those of `packages` that are missing (as root; otherwise says how).
+fn install_missing(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| !package_installed(p))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages: {}. Run `sudo cargo xtask setup` or \
+             `sudo apt-get install {}`",
+            missing.join(" "),
+            missing.join(" ")
+        );
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    run(Command::new("apt-get").args(["update", "-q"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// `cargo run --release -p allocbpf-e2e --bin NAME --` with `ALLOCBPF_BIN` set to a
+/// freshly built allocbpf, after [`ensure`]; the caller adds arguments.
+pub fn e2e_bin(name: &str) -> Result<Command> {
+    ensure()?;
+    let allocbpf = build_allocbpf()?;
+    let mut command = cargo();
+    command
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "allocbpf-e2e",
+            "--bin",
+            name,
+            "--",
+        ])
+        .env("ALLOCBPF_BIN", &allocbpf);
+    Ok(command)
 }

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 
-use crate::util::{e2e_bin, run};
+use crate::{setup::e2e_bin, util::run};
 
 /// Runs the soak bench for `minutes` at sampling rate `rate`; with `burst`, the burst
 /// bench instead (tests/src/bin/burst.rs), three rounds.

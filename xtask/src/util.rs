@@ -162,23 +162,3 @@ pub fn finish_collecting(
     }
     Ok(lines)
 }
-
-/// `cargo run --release -p allocbpf-e2e --bin NAME --` with `ALLOCBPF_BIN` set to a
-/// freshly built allocbpf, after [`crate::setup::ensure`]; the caller adds arguments.
-pub fn e2e_bin(name: &str) -> Result<Command> {
-    crate::setup::ensure()?;
-    let allocbpf = build_allocbpf()?;
-    let mut command = cargo();
-    command
-        .args([
-            "run",
-            "--release",
-            "-p",
-            "allocbpf-e2e",
-            "--bin",
-            name,
-            "--",
-        ])
-        .env("ALLOCBPF_BIN", &allocbpf);
-    Ok(command)
-}

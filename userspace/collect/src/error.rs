@@ -36,6 +36,9 @@ pub enum CollectError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The binary was built without its eBPF program (`ALLOCBPF_BPF_TOOLCHAIN=none`).
+    #[error("this allocbpf was built without its eBPF program (ALLOCBPF_BPF_TOOLCHAIN=none), so it cannot profile: build it with the BPF toolchain (`cargo xtask setup`, docs/build.md)")]
+    NoProgram,
     /// Host scope: not one allocator image could be attached.
     #[error("no allocator image could be attached (see the warnings above)")]
     NoImage,

@@ -706,6 +706,7 @@ garbage
     }
 
     #[test]
+    #[ignore = "needs root: opens files through /proc/PID/map_files (cargo xtask test runs it in its root lane)"]
     fn a_mapped_file_opens_through_map_files_and_is_checked() {
         let libc = own_libc();
         let file = open_mapped(std::process::id(), &libc).unwrap();
@@ -884,6 +885,7 @@ garbage
     /// The mount of our own libc mapping, pinned through map_files, is the one
     /// `statx(STATX_MNT_ID)` names, and our mount table lists it as a local file system.
     #[test]
+    #[ignore = "needs root: opens files through /proc/PID/map_files (cargo xtask test runs it in its root lane)"]
     fn the_mount_of_a_pinned_mapping_is_in_our_mount_table() {
         let me = std::process::id();
         let libc = own_libc();
@@ -920,6 +922,7 @@ garbage
     /// A memfd's mount is in no mount table, but it is the kernel's own tmpfs: its
     /// files open.
     #[test]
+    #[ignore = "needs root: opens files through /proc/PID/map_files (cargo xtask test runs it in its root lane)"]
     fn a_mapped_memfd_opens() {
         use std::os::fd::{AsRawFd, FromRawFd};
         // SAFETY: a NUL-terminated name.
@@ -1001,6 +1004,7 @@ garbage
     /// NFS) opens while its mount is listed, and is refused once the mount is detached:
     /// its device is then in no table either, and nothing says what the file system is.
     #[test]
+    #[ignore = "needs root: mounts a tmpfs (cargo xtask test runs it in its root lane)"]
     fn a_file_on_a_detached_mount_is_not_opened() {
         let tmpfs = Tmpfs::mount("procfs-detached");
         let path = tmpfs.0.join("mapped");

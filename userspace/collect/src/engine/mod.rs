@@ -49,6 +49,8 @@ mod processes;
 mod release;
 mod start;
 mod stats;
+#[cfg(test)]
+mod tests;
 
 use self::{cutter::IntervalCutter, maps_rescan::MapsRescan};
 pub use self::{cutter::ProcessProfile, maps_rescan::MAPS_RESCAN_INTERVAL, stats::CollectorStats};

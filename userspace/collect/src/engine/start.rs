@@ -50,6 +50,23 @@ impl Collector {
         scope: Scope,
         target: Option<Target>,
     ) -> Result<Collector, CollectError> {
+        let mut collector = Self::assemble(loader, options, scope)?;
+        match target {
+            Some(target) => collector.attach_target(target)?,
+            None => collector.attach_host()?,
+        }
+        if collector.budget.is_some() {
+            collector.windows_tick();
+        }
+        Ok(collector)
+    }
+
+    /// Loads the kernel side and puts the engine together, with nothing attached.
+    pub(crate) fn assemble(
+        loader: &dyn KernelLoader,
+        options: CollectOptions,
+        scope: Scope,
+    ) -> Result<Collector, CollectError> {
         let raw_samples = options
             .raw_samples
             .as_deref()
@@ -73,7 +90,7 @@ impl Collector {
             options.budget = None;
         }
         let now = Instant::now();
-        let mut collector = Collector {
+        Ok(Collector {
             stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
             options,
             // A host scope never profiles allocbpf itself; `--pid` may name anything.
@@ -97,15 +114,7 @@ impl Collector {
             last_collect: now,
             next_window_change_ns: None,
             stats: CollectorStats::default(),
-        };
-        match target {
-            Some(target) => collector.attach_target(target)?,
-            None => collector.attach_host()?,
-        }
-        if collector.budget.is_some() {
-            collector.windows_tick();
-        }
-        Ok(collector)
+        })
     }
 
     /// [`Scope::Process`]: attaches every image of the target (any failure is an
@@ -204,7 +213,7 @@ impl Collector {
 
     /// Starts the overhead budget with a measured hit cost: every image probed full
     /// time until the first check says otherwise.
-    fn start_budget(&mut self, options: BudgetOptions, cost: HitCost) {
+    pub(super) fn start_budget(&mut self, options: BudgetOptions, cost: HitCost) {
         let budget = BudgetController::new(options, cost, self.scope.pid().is_some());
         tracing::info!(
             "overhead budget: {:.1}% of a CPU per process, {:.2} CPUs for the host; a probe hit costs {:.0} ns, {:.0} ns more where the probed instruction is single-stepped; windows per {:.1}s period",

@@ -26,6 +26,9 @@ pub struct EbpfObject(pub &'static [u8]);
 
 impl KernelLoader for EbpfObject {
     fn load(&self, config: SamplerConfig) -> Result<Loaded, CollectError> {
+        if self.0.is_empty() {
+            return Err(CollectError::NoProgram);
+        }
         let mut sampler = Sampler::load(self.0, config)?;
         let reader = EventReader::new(sampler.take_events()?).map_err(CollectError::RingBuffer)?;
         Ok(Loaded {

@@ -1,0 +1,369 @@
+//! The engine against a fake kernel (`kernel/fake.rs`): event handling, interval cuts,
+//! image release, gates and the overhead budget's windows, without root and without
+//! the BPF toolchain. The processes are real (this test and children it starts): the
+//! engine reads their identity from `/proc` as it would any other's.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    process::{Child, Command},
+    sync::Arc,
+    time::Duration,
+};
+
+use allocbpf_common::{GateState, ProcessGate, Totals};
+use allocbpf_images::{
+    discover::{ImageCache, Silence},
+    image::{AllocatorImage, ImageKey},
+    procfs,
+    target::Target,
+};
+use allocbpf_probe::{
+    events::{Event, RawSample},
+    sampler::monotonic_now_ns,
+};
+use allocbpf_profile::estimate::interval_table::REFRESH_INTERVAL;
+use allocbpf_stacks::resolve::UnwindMode;
+
+use super::{Collector, ProcessProfile};
+use crate::{
+    budget::{BudgetOptions, HitCost},
+    filter::{FilterOptions, ProcessFilter},
+    kernel::fake::FakeLoader,
+    options::{CollectOptions, Scope},
+};
+
+/// The mean sampling interval the tests' samples were drawn at.
+const RATE: u64 = 4096;
+
+/// Options that keep the tests to the engine: frame-pointer stacks (the samples carry
+/// none), no symbolization.
+fn options() -> CollectOptions {
+    CollectOptions {
+        rate: RATE,
+        unwind: UnwindMode::Fp,
+        symbolize: false,
+        ..CollectOptions::default()
+    }
+}
+
+/// The identity of this test's own executable: a file this process really maps.
+fn own_executable() -> ImageKey {
+    let me = std::process::id();
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    procfs::read_maps(me)
+        .iter()
+        .find(|entry| entry.executable && entry.file_path() == Some(exe.as_path()))
+        .map(ImageKey::of)
+        .expect("this test maps its own executable")
+}
+
+/// An allocator image with no entries (the fake kernel attaches nothing anyway).
+fn image(key: ImageKey) -> AllocatorImage {
+    AllocatorImage {
+        key,
+        path_in_target: format!("/images/{}", key.inode).into(),
+        file: Arc::new(File::open("/proc/self/exe").unwrap()),
+        families: vec!["glibc"],
+        entries: Vec::new(),
+        frees: Vec::new(),
+        skipped: Vec::new(),
+    }
+}
+
+/// A sampled allocation of `size` bytes by `pid`, counted in `epoch`.
+fn sample(pid: u32, id: u64, size: u64, epoch: u32) -> Event {
+    Event::Sample(RawSample {
+        sample_id: id,
+        pid,
+        tid: pid,
+        epoch,
+        timestamp_ns: monotonic_now_ns(),
+        size,
+        offset: 0,
+        rate: RATE,
+        next_interval: RATE,
+        certain: false,
+        function: None,
+        stack: Vec::new(),
+        stack_error: 0,
+        regs: [0; 3],
+        user_stack: Vec::new(),
+        lost: false,
+    })
+}
+
+/// This process profiled through `images`, as `--pid` would attach it.
+fn one_process(fake: &FakeLoader, images: Vec<ImageKey>) -> Collector {
+    let me = std::process::id();
+    let target = Target {
+        pid: me,
+        comm: "engine-test".into(),
+        images: images.into_iter().map(image).collect(),
+        silence: Silence::NotYet,
+        cache: ImageCache::default(),
+    };
+    Collector::start_resolved(fake, options(), Scope::Process(me), Some(target)).unwrap()
+}
+
+/// Every process but those named `exclude` (a regex on the command name), with
+/// nothing attached yet.
+fn host(fake: &FakeLoader, exclude: Option<&str>) -> Collector {
+    let filter = ProcessFilter::new(&FilterOptions {
+        exclude_comm: exclude.map(str::to_string),
+        ..FilterOptions::default()
+    })
+    .unwrap();
+    Collector::assemble(fake, options(), Scope::Host { filter }).unwrap()
+}
+
+/// A child process that sleeps until killed.
+struct Sleeper(Child);
+
+impl Sleeper {
+    /// Started, and done loading its libraries (what the engine reads of it is then
+    /// what it keeps: a later look at its maps finds nothing new).
+    fn start() -> Self {
+        let child = Command::new("sleep").arg("60").spawn().unwrap();
+        let loaded = |pid| {
+            procfs::read_maps(pid)
+                .iter()
+                .any(|entry| entry.name.to_string_lossy().contains("libc"))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !loaded(child.id()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Self(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn profile_of(profiles: &[ProcessProfile], pid: u32) -> &ProcessProfile {
+    profiles
+        .iter()
+        .find(|p| p.info.pid == pid)
+        .unwrap_or_else(|| panic!("no profile of pid {pid} among {}", profiles.len()))
+}
+
+#[test]
+fn a_cut_has_exactly_its_epochs_samples_and_the_kernels_totals() {
+    let me = std::process::id();
+    let fake = FakeLoader::new(false);
+    let own = own_executable();
+    let mut collector = one_process(&fake, vec![own]);
+    let config = fake.state.borrow().config.unwrap();
+    assert_eq!((config.pid, config.rate), (Some(me), RATE));
+    assert!(fake.attached_images().contains(&(own, 0)));
+
+    let totals = Totals {
+        calls: 10,
+        bytes: 40_960,
+    };
+    fake.state
+        .borrow_mut()
+        .totals
+        .insert(0, HashMap::from([(me, totals)]));
+    // Three samples of the interval, and one the kernel counted in the next epoch,
+    // read during the cut (after the epoch advanced): held for the next interval.
+    fake.send((0..3).map(|id| sample(me, id, 4096, 0)));
+    fake.send([sample(me, 3, 4096, 1)]);
+    let first = collector.cut();
+    let report = &profile_of(&first, me).report;
+    assert_eq!(report.totals.exact_bytes, 40_960);
+    assert_eq!(report.totals.exact_calls, 10);
+    assert_eq!(report.totals.samples, 3);
+
+    let second = collector.cut();
+    let next = &profile_of(&second, me).report;
+    assert_eq!(next.totals.samples, 1);
+    assert_eq!(
+        next.totals.exact_calls, 0,
+        "the kernel counted nothing in epoch 1"
+    );
+    // Same size, same rate: each sample weighs the same, S / (1 - exp(-S/R)).
+    let weight = 4096.0 / (1.0 - (-1.0f64).exp());
+    assert!((next.totals.estimated_bytes - weight).abs() < 1e-6 * weight);
+    assert!((report.totals.estimated_bytes - 3.0 * weight).abs() < 1e-6 * weight);
+}
+
+#[test]
+fn an_image_no_process_maps_is_detached_at_the_cut() {
+    let fake = FakeLoader::new(false);
+    let own = own_executable();
+    let unmapped = ImageKey {
+        device: u64::MAX,
+        inode: 7,
+    };
+    // As root the engine also finds the real allocators this test maps (its libc),
+    // which stay: they are mapped.
+    let mut collector = one_process(&fake, vec![own, unmapped]);
+    let attached = collector.stats.images_attached;
+    assert!(fake.attached_images().contains(&(unmapped, 0)));
+    collector.cut();
+    assert!(fake.attached_images().contains(&(own, 0)));
+    assert!(!fake.attached_images().contains(&(unmapped, 0)));
+    assert_eq!(fake.state.borrow().detached.len(), 1);
+    assert_eq!(collector.stats.images_released, 1);
+    assert_eq!(collector.stats.images_attached, attached - 1);
+    // At stop every probe left goes too.
+    collector.stop();
+    assert!(fake.attached_images().is_empty());
+}
+
+#[test]
+fn a_new_process_is_looked_at_gated_profiled_and_forgotten_after_its_exit() {
+    let fake = FakeLoader::new(false);
+    let mut collector = host(&fake, None);
+    let mut child = Sleeper::start();
+    let pid = child.pid();
+    fake.send([sample(pid, 1, 100, 0), Event::Exec { pid }]);
+    collector.drain_ring();
+    assert_eq!(collector.stats.processes_seen, 1);
+    assert_eq!(collector.stats.samples, 1);
+    assert_eq!(collector.stats.exec_events, 1);
+    let gate = fake.state.borrow().gates.get(&pid).copied();
+    assert_eq!(gate.map(|g| g.state), Some(GateState::Open as u32));
+
+    child.kill();
+    fake.send([Event::Exit { pid }]);
+    let profiles = collector.cut();
+    let profile = profile_of(&profiles, pid);
+    assert!(profile.exited, "its last profile says it exited");
+    assert_eq!(profile.report.totals.samples, 1);
+    assert_eq!(profile.info.comm, "sleep");
+    assert!(fake.state.borrow().forgotten.contains(&pid));
+    assert!(!collector.processes.tracked.contains_key(&pid));
+    // A late sample of the exited process is not taken for a new one.
+    fake.send([sample(pid, 2, 100, 1)]);
+    collector.drain_ring();
+    assert_eq!(collector.stats.processes_seen, 1);
+}
+
+#[test]
+fn a_sample_of_a_process_the_filter_excludes_is_dropped_and_its_gate_closed() {
+    let fake = FakeLoader::new(false);
+    let mut collector = host(&fake, Some("^sleep$"));
+    let child = Sleeper::start();
+    let pid = child.pid();
+    fake.send([sample(pid, 1, 100, 0)]);
+    collector.drain_ring();
+    assert_eq!(collector.stats.samples, 0);
+    assert_eq!(collector.stats.filtered_samples, 1);
+    let gate = fake.state.borrow().gates.get(&pid).copied();
+    assert_eq!(gate.map(|g| g.state), Some(GateState::Excluded as u32));
+}
+
+#[test]
+fn a_ring_read_error_comes_once_after_the_events_before_it() {
+    let fake = FakeLoader::new(false);
+    let me = std::process::id();
+    let mut collector = one_process(&fake, vec![own_executable()]);
+    fake.send([sample(me, 1, 100, 0)]);
+    fake.queue.borrow_mut().error = Some(std::io::Error::other("ring gone"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        collector.read().await.unwrap();
+        assert_eq!(collector.stats.samples, 1);
+        assert!(collector.read().await.is_err());
+        collector.read().await.unwrap();
+    });
+    // What was collected stays: the last profile has it.
+    let profiles = collector.stop();
+    assert_eq!(profile_of(&profiles, me).report.totals.samples, 1);
+}
+
+#[test]
+fn housekeeping_refreshes_the_table_and_reads_the_rings_pressure() {
+    let fake = FakeLoader::new(false);
+    let mut collector = one_process(&fake, vec![own_executable()]);
+    fake.state.borrow_mut().pressure_level = 2;
+    collector.last_refresh = collector
+        .last_refresh
+        .checked_sub(REFRESH_INTERVAL)
+        .expect("the clock has run that long");
+    collector.housekeeping();
+    assert_eq!(fake.state.borrow().refreshes, 1);
+    assert_eq!(collector.stats.pressure_level, 2);
+    fake.state.borrow_mut().pressure_level = 0;
+    collector.housekeeping();
+    assert_eq!(
+        (
+            collector.stats.pressure_level,
+            collector.stats.pressure_peak_level
+        ),
+        (0, 2)
+    );
+}
+
+/// A process whose probe hits would cost far more than its budget gets its image
+/// probed part time: its full-time links go, and windows attach them again with a
+/// window shift (samples drawn denser inside the windows).
+#[test]
+fn a_costly_process_has_its_image_probed_in_windows() {
+    let fake = FakeLoader::new(true);
+    let mut collector = host(&fake, None);
+    let options = BudgetOptions {
+        check_every: Duration::from_millis(1),
+        ..BudgetOptions::default()
+    };
+    let cost = HitCost {
+        hit_ns: 1000.0,
+        stepped_extra_ns: 0.0,
+    };
+    collector.start_budget(options, cost);
+    let child = Sleeper::start();
+    let pid = child.pid();
+    let key = ImageKey {
+        device: u64::MAX,
+        inode: 11,
+    };
+    let attached = collector.kernel().attach(&image(key)).unwrap();
+    let full_time = attached.links.id();
+    collector.images.insert(image(key), Some(attached.links));
+    collector.stats.images_attached += 1;
+    fake.send([sample(pid, 1, 100, 0)]);
+    collector.drain_ring();
+    collector.processes.tracked.get_mut(&pid).unwrap().images = vec![key];
+    // A first check sees no hits; the next one a million more (a second of CPU at a
+    // microsecond each), far over a 1% budget.
+    std::thread::sleep(Duration::from_millis(5));
+    collector.housekeeping();
+    fake.state.borrow_mut().gates.insert(
+        pid,
+        ProcessGate {
+            hits: 1_000_000,
+            ..ProcessGate::default()
+        },
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    collector.housekeeping();
+    let figures = &collector.budget.as_ref().unwrap().image_figures;
+    assert!(figures[&key].duty < 1.0, "{figures:?}");
+    assert!(collector.stats.budget_windowed_images >= 1);
+    collector.windows_tick();
+    let state = fake.state.borrow();
+    assert!(
+        state.detached.contains(&full_time),
+        "the full-time links went: {state:?}"
+    );
+    // Any attach since is a window's, sampling denser than the configured rate.
+    let windows = state.attaches.iter().filter(|(k, _)| *k == key).skip(1);
+    assert!(windows.clone().all(|&(_, shift)| shift > 0), "{state:?}");
+}

@@ -1,0 +1,268 @@
+//! `cargo xtask test`: two lanes.
+//!
+//! 1. **checks**: formatting, clippy on every crate (the eBPF one included, for the host
+//!    target), the crate graph's rules and every unit test. It needs neither root nor
+//!    the BPF toolchain (the binary is built with `ALLOCBPF_BPF_TOOLCHAIN=none`), so a
+//!    contributor's machine runs it as it is: `cargo xtask test --lane checks`.
+//! 2. **end-to-end** (root): installs what is missing, runs the unit tests that need
+//!    root (`#[ignore = "needs root: ..."]`: they open files through
+//!    `/proc/PID/map_files` or mount), builds the real binary and runs the end-to-end
+//!    tests against real processes, probes and servers.
+//!
+//! One closing line counts the tests of both lanes.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    setup,
+    util::{build_allocbpf, cargo, is_root, root, run},
+};
+
+/// Which lanes `cargo xtask test` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lane {
+    /// The checks lane only (no root, no BPF toolchain).
+    Checks,
+    /// The checks lane, then the end-to-end lane (root).
+    All,
+}
+
+/// Runs `lane`; the closing line counts every test run.
+pub fn test(lane: Lane) -> Result<()> {
+    let mut counts = Counts::default();
+    checks(&mut counts)?;
+    if lane == Lane::All {
+        if !is_root() {
+            counts.print();
+            bail!(
+                "the checks lane passed; the end-to-end lane attaches real uprobes: run \
+                 `sudo cargo xtask test` (or `cargo xtask test --lane checks` for the checks alone)"
+            );
+        }
+        end_to_end(&mut counts)?;
+    }
+    counts.print();
+    counts.verdict()
+}
+
+/// Lane 1: everything that needs neither root nor the BPF toolchain.
+fn checks(counts: &mut Counts) -> Result<()> {
+    eprintln!("xtask: lane 1, checks (no root, no BPF toolchain)");
+    setup::ensure_unit_test_packages()?;
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    // The eBPF crate is its own workspace, which `--all` does not reach.
+    let ebpf_manifest = "ebpf/allocbpf-ebpf/Cargo.toml";
+    run(cargo().args(["fmt", "--manifest-path", ebpf_manifest, "--", "--check"]))?;
+    run(cargo()
+        .args([
+            "clippy",
+            "--release",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env("ALLOCBPF_BPF_TOOLCHAIN", "none"))?;
+    // For the host target: the lints see the same code the BPF target compiles.
+    run(cargo()
+        .args([
+            "clippy",
+            "--release",
+            "--locked",
+            "--manifest-path",
+            ebpf_manifest,
+        ])
+        .arg("--target-dir")
+        .arg(root().join("target/ebpf-clippy"))
+        .args(["--", "-D", "warnings"]))?;
+    check_layering()?;
+    let mut command = cargo();
+    command
+        // Every crate's unit tests; the end-to-end crate's need root and the real binary.
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "allocbpf-e2e",
+        ])
+        .args(["--no-fail-fast"])
+        .env("ALLOCBPF_BPF_TOOLCHAIN", "none");
+    counts.run(&mut command)
+}
+
+/// Lane 2 (root): the end-to-end tests with the real binary.
+fn end_to_end(counts: &mut Counts) -> Result<()> {
+    eprintln!("xtask: lane 2, end-to-end (root)");
+    setup::ensure()?;
+    let mut command = cargo();
+    command
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "allocbpf-e2e",
+        ])
+        .args(["--no-fail-fast", "--lib", "--", "--ignored"])
+        .env("ALLOCBPF_BPF_TOOLCHAIN", "none");
+    counts.run(&mut command)?;
+    let allocbpf = build_allocbpf()?;
+    let mut command = cargo();
+    command
+        // --no-fail-fast: one failing test binary must not hide the others' results.
+        .args(["test", "--release", "-p", "allocbpf-e2e", "--no-fail-fast"])
+        .env("ALLOCBPF_BIN", &allocbpf);
+    counts.run(&mut command)
+}
+
+/// Tests passed and failed over the lanes.
+#[derive(Debug, Default)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    /// A test command that exited non-zero (a build failure counts no test).
+    broken: bool,
+}
+
+impl Counts {
+    /// Runs a `cargo test` command, echoing its output and counting its results.
+    fn run(&mut self, command: &mut Command) -> Result<()> {
+        command.stdout(Stdio::piped());
+        eprintln!("xtask: {command:?}");
+        let mut child = command.spawn().context("cannot start cargo test")?;
+        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+            let line = line?;
+            println!("{line}");
+            if let Some((p, f)) = parse_test_result(&line) {
+                self.passed += p;
+                self.failed += f;
+            }
+        }
+        let status = child.wait()?;
+        self.broken |= !status.success();
+        Ok(())
+    }
+
+    /// One closing line over every test binary (cargo's own last lines are doc-test
+    /// binaries with no tests).
+    fn print(&self) {
+        println!("summary: {} passed, {} failed", self.passed, self.failed);
+    }
+
+    fn verdict(&self) -> Result<()> {
+        if self.broken || self.failed > 0 || self.passed == 0 {
+            bail!("tests failed");
+        }
+        Ok(())
+    }
+}
+
+/// The crate graph's rules (docs/design.md, "Crates, in the order data flows"): crates
+/// each library must not link, directly or through another crate.
+const LAYERING: &[(&str, &[&str])] = &[
+    (
+        "allocbpf-profile",
+        &["aya", "tokio", "blazesym", "framehop", "clap"],
+    ),
+    (
+        "allocbpf-export",
+        &["aya", "tokio", "blazesym", "framehop", "clap"],
+    ),
+    (
+        "allocbpf-images",
+        &["aya", "tokio", "blazesym", "framehop", "clap"],
+    ),
+    ("allocbpf-probe", &["clap", "framehop", "blazesym"]),
+    ("allocbpf-stacks", &["clap"]),
+    ("allocbpf-collect", &["clap", "anyhow"]),
+    ("allocbpf-agent", &["clap"]),
+];
+
+/// The one crate with a build script: the binary, which builds the eBPF program. A
+/// library with one could need the BPF toolchain to compile.
+const BUILD_SCRIPTS: &[&str] = &["allocbpf"];
+
+/// Checks [`LAYERING`] on the resolved dependency graph (`cargo tree`), and
+/// [`BUILD_SCRIPTS`] on the workspace's targets (`cargo metadata`).
+fn check_layering() -> Result<()> {
+    for (krate, forbidden) in LAYERING {
+        let tree = output(cargo().args(["tree", "-e", "normal", "--prefix", "none", "-p", krate]))?;
+        let linked: Vec<&str> = tree
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|name| forbidden.contains(name))
+            .collect();
+        if !linked.is_empty() {
+            bail!("{krate} must not link {linked:?} (docs/design.md: the crate graph's rules)");
+        }
+    }
+    let metadata = output(cargo().args(["metadata", "--no-deps", "--format-version", "1"]))?;
+    let metadata: serde_json::Value = serde_json::from_str(&metadata)?;
+    for package in metadata["packages"].as_array().into_iter().flatten() {
+        let name = package["name"].as_str().unwrap_or_default();
+        let builds = package["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| {
+                t["kind"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|k| k == "custom-build")
+            });
+        if builds && !BUILD_SCRIPTS.contains(&name) {
+            bail!("{name} has a build script: only the binary may (docs/build.md)");
+        }
+    }
+    eprintln!("xtask: crate layering as docs/design.md states it");
+    Ok(())
+}
+
+/// Runs `command` and returns its stdout; fails on a non-zero exit.
+fn output(command: &mut Command) -> Result<String> {
+    let output = command.output().context("cannot run cargo")?;
+    if !output.status.success() {
+        bail!("{command:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Reads `test result: ok. 7 passed; 0 failed; ...` into (7, 0).
+fn parse_test_result(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("test result: ")?;
+    // Each `;`-separated part ends in "<number> <word>".
+    let count = |word: &str| {
+        rest.split(';').find_map(|part| {
+            let mut tokens = part.split_whitespace().rev();
+            let (w, n) = (tokens.next()?, tokens.next()?);
+            if w == word {
+                n.parse().ok()
+            } else {
+                None
+            }
+        })
+    };
+    Some((count("passed")?, count("failed")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_test_result;
+
+    #[test]
+    fn cargo_result_lines_are_counted() {
+        let line = "test result: ok. 30 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.02s";
+        assert_eq!(parse_test_result(line), Some((30, 2)));
+        let line = "test result: FAILED. 1 passed; 3 failed; 0 ignored";
+        assert_eq!(parse_test_result(line), Some((1, 3)));
+        assert_eq!(parse_test_result("running 3 tests"), None);
+    }
+}
