@@ -4,7 +4,7 @@
 use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
-    sampler::Decision, Counter, EventKind, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
+    sampler::Decision, Counter, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
 };
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
@@ -14,8 +14,12 @@ use aya_ebpf::{
 };
 
 use crate::{
-    bump, bump_in, lost, pressure, return_address, stack_copy, wakeup::wakeup_flags, EVENTS,
-    STACK_COPY_BYTES,
+    bump, bump_in,
+    call::return_address,
+    header::{write_header, Header},
+    lost, pressure, stack_copy,
+    wakeup::wakeup_flags,
+    EVENTS, STACK_COPY_BYTES,
 };
 
 /// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
@@ -81,50 +85,6 @@ pub(crate) fn emit(
         return 0;
     }
     sample_id
-}
-
-/// The fields of a [`SampleEvent`] every mode fills the same way.
-pub(crate) struct Header {
-    pub(crate) sample_id: u64,
-    pub(crate) timestamp_ns: u64,
-    pub(crate) size: u64,
-    pub(crate) offset: u64,
-    next_interval: u64,
-    caller: u64,
-    pub(crate) pid_tgid: u64,
-    pub(crate) kind: u32,
-    pub(crate) flags: u32,
-    pub(crate) epoch: u64,
-    /// Mean sampling interval of the countdown the sample ended.
-    pub(crate) rate: u64,
-}
-
-/// Writes `header` into a reserved event (stack fields zeroed).
-///
-/// # Safety
-/// `event` must point at a reserved, exclusively owned ring-buffer record.
-#[inline(always)]
-pub(crate) unsafe fn write_header(event: *mut SampleEvent, h: &Header) {
-    unsafe {
-        addr_of_mut!((*event).kind).write(EventKind::Sample as u32);
-        addr_of_mut!((*event).epoch).write(h.epoch as u32);
-        addr_of_mut!((*event).sample_id).write(h.sample_id);
-        addr_of_mut!((*event).timestamp_ns).write(h.timestamp_ns);
-        addr_of_mut!((*event).size).write(h.size);
-        addr_of_mut!((*event).offset).write(h.offset);
-        addr_of_mut!((*event).rate).write(h.rate);
-        addr_of_mut!((*event).next_interval).write(h.next_interval);
-        addr_of_mut!((*event).caller).write(h.caller);
-        addr_of_mut!((*event).pid).write((h.pid_tgid >> 32) as u32);
-        addr_of_mut!((*event).tid).write(h.pid_tgid as u32);
-        addr_of_mut!((*event).alloc_fn).write(h.kind);
-        addr_of_mut!((*event).flags).write(h.flags);
-        addr_of_mut!((*event).stack_len).write(0);
-        addr_of_mut!((*event).stack_error).write(0);
-        addr_of_mut!((*event).user_stack_len).write(0);
-        addr_of_mut!((*event).reserved2).write(0);
-        addr_of_mut!((*event).regs).write([0; 3]);
-    }
 }
 
 /// `--unwind fp`: the kernel walks frame pointers (`bpf_get_stack`).

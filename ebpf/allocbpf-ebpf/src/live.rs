@@ -17,7 +17,12 @@
 use allocbpf_common::{Counter, EventKind, LiveEvent, LiveKey, Shape, ThreadState};
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_user};
 
-use crate::{bump, is_return_trampoline, wakeup::wakeup_flags, Now, EVENTS, LIVE};
+use crate::{
+    bump,
+    call::{is_return_trampoline, Now},
+    wakeup::wakeup_flags,
+    EVENTS, LIVE,
+};
 
 /// True if this program run is the return of the thread's awaited call.
 ///

@@ -5,7 +5,7 @@
 use allocbpf_common::{EventKind, LostSample, LOST_RING_BYTES};
 use aya_ebpf::{macros::map, maps::RingBuf};
 
-use crate::{emit::Header, wakeup::wakeup_flags};
+use crate::{header::Header, wakeup::wakeup_flags};
 
 /// Lost samples ([`LostSample`]).
 #[map]

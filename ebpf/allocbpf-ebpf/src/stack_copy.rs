@@ -12,7 +12,7 @@ use allocbpf_common::SampleEvent;
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext, EbpfContext};
 
 use crate::{
-    emit::{write_header, Header},
+    header::{write_header, Header},
     wakeup::wakeup_flags,
     EVENTS,
 };

@@ -8,7 +8,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use allocbpf_images::procfs::{self, MapsEntry};
+use allocbpf_images::{
+    procfs::{self, MapsEntry},
+    sealed_copy,
+};
 
 /// A process as seen in `/proc` when it was first sampled (or last exec'd). Its names
 /// are bytes, as the kernel gives them: they need not be UTF-8, and are made text
@@ -180,7 +183,7 @@ impl BuildIdCache {
         let Ok(file) = procfs::open_mapped(pid, mapping) else {
             return String::new();
         };
-        let id: String = procfs::build_id(&file)
+        let id: String = sealed_copy::read_build_id(&file)
             .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
             .unwrap_or_default();
         if self.ids.len() >= MAX_BUILD_IDS {

@@ -15,7 +15,7 @@ use std::{
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 
 use allocbpf_images::procfs::{self, MapsEntry};
-use allocbpf_images::sealed_copy::FileIdentity;
+use allocbpf_images::sealed_copy::{self, FileIdentity};
 use allocbpf_profile::frame::{Frame, Module};
 
 /// Interned modules, shared by all samples.
@@ -409,7 +409,7 @@ impl OpenedFile {
         let file = procfs::open_mapped(pid, entry)
             .map_err(|error| tracing::debug!("pid {pid}: {error}"))
             .ok();
-        let build_id = file.as_ref().and_then(procfs::build_id);
+        let build_id = file.as_ref().and_then(sealed_copy::read_build_id);
         OpenedFile {
             file: file.map(Arc::new),
             build_id,

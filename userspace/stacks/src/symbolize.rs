@@ -236,4 +236,67 @@ mod tests {
             "{names:?}"
         );
     }
+
+    /// The C library's frames are named from its detached debug file when one is
+    /// installed (libc6-dbg): static functions too, which its own symbols lack; and
+    /// through the symbolizer's own path (a module table's file).
+    #[test]
+    fn a_detached_debug_file_names_static_functions() {
+        use object::{Object, ObjectSegment, ObjectSymbol};
+        let path = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+        let libc = std::fs::File::open(path).unwrap();
+        let id = allocbpf_images::sealed_copy::read_build_id(&libc).unwrap();
+        let Some(debug) = allocbpf_images::sealed_copy::open_debug_file(&id) else {
+            eprintln!("no debug file for libc installed: nothing to check");
+            return;
+        };
+        // A static function's address, from the debug file, and its file offset in
+        // libc, from libc's segments (`__libc_start_call_main`, which calls main).
+        let debug_data = std::fs::read(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&debug)
+        ))
+        .unwrap();
+        let debug_elf = object::File::parse(&*debug_data).unwrap();
+        let address = debug_elf
+            .symbols()
+            .find(|s| s.name() == Ok("__libc_start_call_main"))
+            .expect("__libc_start_call_main in libc's debug symbols")
+            .address();
+        let libc_data = std::fs::read(path).unwrap();
+        let libc_elf = object::File::parse(&*libc_data).unwrap();
+        assert!(!libc_elf
+            .symbols()
+            .chain(libc_elf.dynamic_symbols())
+            .any(|s| s.name() == Ok("__libc_start_call_main")));
+        let offset = libc_elf
+            .segments()
+            .find_map(|s| {
+                let (start, len) = s.file_range();
+                (s.address() <= address && address < s.address() + len)
+                    .then(|| address - s.address() + start)
+            })
+            .unwrap();
+
+        let mut table = crate::normalize::ModuleTable::default();
+        let module = table.intern(
+            allocbpf_profile::frame::Module {
+                path: path.into(),
+                build_id: Some(id),
+            },
+            None,
+            Some(std::sync::Arc::new(libc)),
+        );
+        // A return address just past the start (the lookup is one byte earlier).
+        let frame = allocbpf_profile::frame::Frame::Module {
+            module,
+            offset: offset + 5,
+        };
+        let mut symbolizer = crate::symbolize::FrameSymbolizer::new();
+        symbolizer.prepare(&table, [frame].iter());
+        let functions = symbolizer.functions(&frame);
+        let names: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+        assert!(names.contains(&"__libc_start_call_main"), "{names:?}");
+        assert!(functions.iter().any(|f| f.line.is_some()), "{functions:?}");
+    }
 }
