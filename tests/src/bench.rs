@@ -106,9 +106,4 @@ pub fn rounds_arg(default: usize) -> Result<usize> {
         .context("--rounds")
 }
 
-/// The median of `values` (the upper one of an even count).
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
+pub use allocbpf_profile::estimate::median;

@@ -22,6 +22,7 @@
 
 use std::{path::Path, process::Command};
 
+use allocbpf_profile::estimate::median;
 use anyhow::{bail, Context, Result};
 
 use crate::{
@@ -128,16 +129,6 @@ fn measure(config: &Config, bench: &Path, allocbpf: &Path, iterations: u64) -> R
     result.trim().parse().context("bench output")
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 /// A part of the benchmark (`--parts`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
@@ -209,7 +200,7 @@ fn pairs(allocbpf: &Path, rounds: usize, iterations: u64) -> Result<()> {
     }
     println!();
     println!("malloc(32)+free pairs, {iterations} per run, {rounds} rounds (median [min, max])");
-    for (config, values) in CONFIGS.iter().zip(results.iter_mut()) {
+    for (config, values) in CONFIGS.iter().zip(results.iter()) {
         let (min, max) = values
             .iter()
             .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
@@ -220,12 +211,12 @@ fn pairs(allocbpf: &Path, rounds: usize, iterations: u64) -> Result<()> {
         );
     }
     for (num, den, label, target) in RATIOS {
-        let mut ratios: Vec<f64> = results[num]
+        let ratios: Vec<f64> = results[num]
             .iter()
             .zip(&results[den])
             .map(|(a, f)| a / f)
             .collect();
-        let ratio = median(&mut ratios);
+        let ratio = median(&ratios);
         let verdict = if target.is_finite() {
             format!(
                 "  (target <= {target:.2}: {})",

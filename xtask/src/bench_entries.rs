@@ -26,6 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocbpf_profile::estimate::median;
 use anyhow::{bail, Context, Result};
 
 use crate::util::{attach, compile_c_with, finish_collecting, Workload};
@@ -149,20 +150,6 @@ struct Row {
     object: String,
     probed_at: String,
     ns: [Vec<f64>; 4],
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    }
 }
 
 /// One line of the entries binary: (entry, ns per call, the file that defines it).

@@ -158,7 +158,7 @@ fn spawn_sleepers(count: usize) -> std::io::Result<Vec<Child>> {
         .collect()
 }
 
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values[values.len() / 2]
+fn median(values: Vec<Duration>) -> Duration {
+    let seconds: Vec<f64> = values.iter().map(Duration::as_secs_f64).collect();
+    Duration::from_secs_f64(allocbpf_profile::estimate::median(&seconds))
 }

@@ -16,6 +16,7 @@ use crate::{
     error::{error_chain, CollectError},
 };
 use allocbpf_common::GateState;
+use allocbpf_profile::estimate::median;
 
 type Result<T> = std::result::Result<T, CollectError>;
 
@@ -42,12 +43,6 @@ impl<T> Context<T> for Option<T> {
     }
 }
 
-/// The median of calibration runs (an odd number of them).
-pub(crate) fn median(mut runs: Vec<f64>) -> f64 {
-    runs.sort_by(f64::total_cmp);
-    runs[runs.len() / 2]
-}
-
 impl Collector {
     /// Measures what a probe hit costs ([`Scope::Host`]): a child process times
     /// malloc/free pairs through the host's probes (its gate open), three times;
@@ -65,7 +60,7 @@ impl Collector {
             probed.push(self.calibration_run(GateState::Open)?);
         }
         Ok(HitCost {
-            hit_ns: ((median(probed) - baseline) / hits_per_pair).max(1.0),
+            hit_ns: ((median(&probed) - baseline) / hits_per_pair).max(1.0),
             stepped_extra_ns: self.stepped_extra_or_default(None),
         })
     }
@@ -83,7 +78,7 @@ impl Collector {
         // The emulated runs serve both figures: the hit, and the single step's extra.
         let emulated = self.step_runs(0)?;
         Ok(HitCost {
-            hit_ns: (emulated - median(bare)).max(1.0),
+            hit_ns: (emulated - median(&bare)).max(1.0),
             stepped_extra_ns: self.stepped_extra_or_default(Some(emulated)),
         })
     }
@@ -120,7 +115,7 @@ impl Collector {
         for _ in 0..3 {
             runs.push(self.child_run(true, GateState::Open, Some((&exe, offset + at)))?);
         }
-        Ok(median(runs))
+        Ok(median(&runs))
     }
 
     pub(super) fn calibration_run(&mut self, gate: GateState) -> Result<f64> {

@@ -9,8 +9,8 @@ use allocbpf_probe::sampler::SamplerConfig;
 use allocbpf_stacks::resolve::StackResolver;
 
 use super::{
-    calibrate, cutter::IntervalCutter, AttachedTarget, Collector, CollectorStats, ExecQueue,
-    ImageSet, ProcessTable,
+    cutter::IntervalCutter, AttachedTarget, Collector, CollectorStats, ExecQueue, ImageSet,
+    ProcessTable,
 };
 use crate::{
     budget::{controller::BudgetController, BudgetOptions, HitCost},
@@ -192,7 +192,7 @@ impl Collector {
                 for _ in 0..3 {
                     runs.push(self.calibration_run(GateState::Open)?);
                 }
-                calibrate::median(runs)
+                allocbpf_profile::estimate::median(&runs)
             }
             None => 0.0,
         };
