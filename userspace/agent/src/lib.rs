@@ -301,20 +301,13 @@ impl Agent {
     fn update_metrics(&mut self, collector: &mut Collector) {
         let kernel = collector.counters();
         let metrics = self.metrics.lock().expect("metrics lock");
-        metrics.update(&collector.stats, &kernel, &self.lanes.stats());
+        metrics.update(&metrics::Sources {
+            engine: &collector.stats,
+            kernel: &kernel,
+            stores: &self.lanes.stats(),
+            writer: &self.writer.stats,
+        });
         metrics.update_budget(&collector.budget_figures());
-        let stats = &self.writer.stats;
-        metrics.total(
-            "profiles_written",
-            stats.profiles_written.load(Ordering::Relaxed),
-        );
-        metrics.total("store_errors", stats.store_errors.load(Ordering::Relaxed));
-        metrics.total("store_deleted", stats.store_deleted.load(Ordering::Relaxed));
-        metrics.total(
-            "profiles_dropped",
-            stats.profiles_dropped.load(Ordering::Relaxed),
-        );
-        metrics.gauge("store_bytes", stats.store_bytes.load(Ordering::Relaxed));
     }
 
     /// SIGHUP: re-reads the config; applies filters, interval, retention and push.

@@ -22,19 +22,33 @@ use tokio::{
 
 mod catalogue;
 
-use self::catalogue::{COUNTERS, GAUGES};
-use super::push::PushStats;
+use self::catalogue::{Metric, Reading, COUNTERS, GAUGES};
+use super::{push::PushStats, writer::WriterStats};
 use allocbpf_collect::engine::{BudgetFigures, CollectorStats};
 use allocbpf_profile::report::Counters;
 
 /// Every metric, registered once.
 pub struct Metrics {
     registry: Registry,
-    counters: Vec<(&'static str, Counter)>,
-    gauges: Vec<(&'static str, Gauge)>,
+    /// [`COUNTERS`], in order.
+    counters: Vec<Counter>,
+    /// [`GAUGES`], in order.
+    gauges: Vec<Gauge>,
     cpu_seconds: Gauge<f64, AtomicU64>,
     budget: BudgetGauges,
     per_store: StoreGauges,
+}
+
+/// What [`Metrics::update`] reads.
+pub struct Sources<'a> {
+    /// The engine's running counts.
+    pub engine: &'a CollectorStats,
+    /// The kernel's counters.
+    pub kernel: &'a Counters,
+    /// Each push lane's counts, by store.
+    pub stores: &'a [(&'static str, Arc<PushStats>)],
+    /// The profile writer's counts.
+    pub writer: &'a WriterStats,
 }
 
 /// A counter per label set (a profile store).
@@ -93,18 +107,18 @@ impl Metrics {
         let mut registry = Registry::with_prefix("allocbpf");
         let counters = COUNTERS
             .iter()
-            .map(|&(name, help)| {
+            .map(|metric| {
                 let counter = Counter::default();
-                registry.register(name, help, counter.clone());
-                (name, counter)
+                registry.register(metric.name, metric.help, counter.clone());
+                counter
             })
             .collect();
         let gauges = GAUGES
             .iter()
-            .map(|&(name, help)| {
+            .map(|metric| {
                 let gauge = Gauge::default();
-                registry.register(name, help, gauge.clone());
-                (name, gauge)
+                registry.register(metric.name, metric.help, gauge.clone());
+                gauge
             })
             .collect();
         let cpu_seconds = Gauge::<f64, AtomicU64>::default();
@@ -178,88 +192,47 @@ impl Metrics {
         }
     }
 
-    /// Sets counter `name` to the running total `value`.
-    pub fn total(&self, name: &str, value: u64) {
-        if let Some((_, counter)) = self.counters.iter().find(|(n, _)| *n == name) {
-            let current = counter.get();
-            if value > current {
-                counter.inc_by(value - current);
+    /// Adds one to counter `name` (a [`Reading::Counted`] one).
+    pub fn count(&self, name: &str) {
+        let known = COUNTERS.iter().position(|metric| metric.name == name);
+        debug_assert!(known.is_some(), "no counter {name}");
+        if let Some(index) = known {
+            self.counters[index].inc();
+        }
+    }
+
+    /// Updates everything from its source: the engine, the kernel, the exporters, the
+    /// writer and this process.
+    pub fn update(&self, sources: &Sources) {
+        let stores = sources.stores;
+        let value = |metric: &Metric| -> Option<u64> {
+            Some(match metric.reading {
+                Reading::Engine(read) => read(sources.engine),
+                Reading::Kernel(read) => read(sources.kernel),
+                // Every store's counts summed; per store under `store="..."` below.
+                Reading::Push(read) => stores
+                    .iter()
+                    .map(|(_, stats)| read(stats).load(Ordering::Relaxed))
+                    .sum(),
+                Reading::Writer(read) => read(sources.writer).load(Ordering::Relaxed),
+                Reading::Process(read) => read(),
+                Reading::Counted => return None,
+            })
+        };
+        for (metric, counter) in COUNTERS.iter().zip(&self.counters) {
+            // Running totals: a counter never goes back.
+            if let Some(total) = value(metric) {
+                let current = counter.get();
+                if total > current {
+                    counter.inc_by(total - current);
+                }
             }
         }
-    }
-
-    /// Adds one to counter `name`.
-    pub fn count(&self, name: &str) {
-        if let Some((_, counter)) = self.counters.iter().find(|(n, _)| *n == name) {
-            counter.inc();
+        for (metric, gauge) in GAUGES.iter().zip(&self.gauges) {
+            if let Some(now) = value(metric) {
+                gauge.set(now as i64);
+            }
         }
-    }
-
-    /// Sets gauge `name`.
-    pub fn gauge(&self, name: &str, value: u64) {
-        if let Some((_, gauge)) = self.gauges.iter().find(|(n, _)| *n == name) {
-            gauge.set(value as i64);
-        }
-    }
-
-    /// Updates everything from the profiler, the kernel and the exporters.
-    pub fn update(
-        &self,
-        system: &CollectorStats,
-        kernel: &Counters,
-        stores: &[(&'static str, Arc<PushStats>)],
-    ) {
-        self.total("samples", system.samples);
-        self.total("ring_buffer_drops", kernel.ring_buffer_drops);
-        self.total("filtered_samples", system.filtered_samples);
-        self.total("attach_failures", system.attach_failures);
-        self.total("exec_events", system.exec_events);
-        self.total("exit_events", system.exit_events);
-        self.total("window_attaches", system.window_attaches);
-        self.total("window_detaches", system.window_detaches);
-        self.total("window_blind_spots", system.window_blind_spots);
-        self.total("unplaced_samples", system.unplaced_samples);
-        self.total("window_expired_blocks", system.window_expired_blocks);
-        self.total("released_images", system.images_released);
-        self.total("lost_frees", system.lost_frees);
-        self.total("module_files_closed", system.module_files_closed);
-        self.gauge("module_files_open", system.module_files_open);
-        self.gauge("module_entries", system.module_entries);
-        self.total("stack_errors", kernel.stack_errors);
-        self.total("thread_map_full", kernel.thread_map_full);
-        self.total("process_map_full", kernel.process_map_full);
-        self.total("live_map_full", kernel.live_map_full);
-        self.total("exec_queue_overflows", system.exec_queue_overflows);
-        self.total("refused_files", system.files_refused);
-        self.total("skipped_images", system.images_skipped);
-        self.total("malformed_records", system.malformed_records);
-        self.total(
-            "descriptor_errors",
-            allocbpf_images::procfs::DESCRIPTOR_ERRORS.load(Ordering::Relaxed),
-        );
-        self.total(
-            "maps_truncated",
-            allocbpf_images::procfs::MAPS_TRUNCATED.load(Ordering::Relaxed),
-        );
-        self.gauge("ring_buffer_peak_bytes", system.ring_peak_bytes);
-        self.gauge("event_queue_peak_bytes", system.queue_peak_bytes);
-        self.gauge("kernel_process_entries", system.kernel_processes);
-        self.gauge("kernel_live_blocks", system.kernel_live_blocks);
-        self.gauge("open_descriptors", open_descriptors());
-        // Every store's counts summed, and per store under `store="..."`.
-        let sum = |field: fn(&PushStats) -> &AtomicU64| -> u64 {
-            stores
-                .iter()
-                .map(|(_, stats)| field(stats).load(Ordering::Relaxed))
-                .sum()
-        };
-        self.total("push_delivered", sum(|s| &s.delivered));
-        self.total("export_errors", sum(|s| &s.errors));
-        self.total("push_dropped", sum(|s| &s.dropped));
-        self.total("push_rejected", sum(|s| &s.rejected));
-        self.total("push_abandoned", sum(|s| &s.abandoned));
-        self.total("push_labels_dropped", sum(|s| &s.labels_dropped));
-        self.total("push_series_dropped", sum(|s| &s.series_dropped));
         for (store, stats) in stores {
             let labels = vec![("store".to_string(), store.to_string())];
             let per_store = &self.per_store;
@@ -278,14 +251,7 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(stats.spool_files.load(Ordering::Relaxed) as f64);
         }
-        self.gauge("attached_images", system.images_attached);
-        self.gauge("tracked_processes", system.processes_tracked);
-        self.gauge("budget_windowed_images", system.budget_windowed_images);
-        self.gauge("spool_bytes", sum(|s| &s.spool_bytes));
-        self.gauge("spool_profiles", sum(|s| &s.spool_files));
-        let (cpu, rss) = own_cpu_and_rss();
-        self.cpu_seconds.set(cpu);
-        self.gauge("resident_memory_bytes", rss);
+        self.cpu_seconds.set(own_cpu_and_rss().0);
     }
 
     /// Replaces the per-image and per-process budget gauges.
@@ -450,23 +416,33 @@ mod tests {
     #[test]
     fn metrics_render_with_totals() {
         let metrics = Metrics::new();
-        metrics.total("samples", 42);
-        metrics.total("samples", 40); // never goes back
-        metrics.gauge("attached_images", 3);
-        metrics.update(
-            &CollectorStats {
-                samples: 50,
-                ..Default::default()
-            },
-            &Counters::default(),
-            &[("otlp", Arc::new(PushStats::default()))],
-        );
+        let engine = |samples| CollectorStats {
+            samples,
+            ..Default::default()
+        };
+        let stores = [("otlp", Arc::new(PushStats::default()))];
+        let writer = WriterStats::default();
+        let update = |engine: &CollectorStats| {
+            metrics.update(&Sources {
+                engine,
+                kernel: &Counters::default(),
+                stores: &stores,
+                writer: &writer,
+            })
+        };
+        update(&engine(50));
+        update(&engine(40)); // a counter never goes back
+        metrics.count("metrics_accept_errors");
         let text = metrics.render();
         assert!(
             text.contains("allocbpf_push_store_delivered_total{store=\"otlp\"} 0"),
             "{text}"
         );
         assert!(text.contains("allocbpf_samples_total 50"), "{text}");
+        assert!(
+            text.contains("allocbpf_metrics_accept_errors_total 1"),
+            "{text}"
+        );
         assert!(text.contains("allocbpf_attached_images 0"), "{text}");
         assert!(text.contains("allocbpf_resident_memory_bytes"), "{text}");
         assert!(own_cpu_and_rss().1 > 0);
