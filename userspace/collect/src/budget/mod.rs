@@ -18,8 +18,7 @@
 //! it is observed that fraction of the time, which the estimates account for.
 
 mod calibration;
-pub(crate) mod controller;
-mod early;
+pub(crate) mod early;
 pub mod pace;
 pub mod windows;
 

@@ -39,6 +39,7 @@ use allocbpf_profile::{
 };
 use allocbpf_stacks::resolve::StackResolver;
 
+mod budget_control;
 mod calibrate;
 mod cut;
 mod cutter;
@@ -52,6 +53,8 @@ mod stats;
 #[cfg(test)]
 mod tests;
 
+use self::budget_control::BudgetController;
+pub use self::budget_control::{ImageFigures, ProcessCostFigures};
 use self::{cutter::IntervalCutter, maps_rescan::MapsRescan};
 pub use self::{cutter::ProcessProfile, maps_rescan::MAPS_RESCAN_INTERVAL, stats::CollectorStats};
 pub(crate) use self::{
@@ -59,9 +62,7 @@ pub(crate) use self::{
     images::ImageSet,
     processes::{Followed, Owner, ProcessTable, Tracked},
 };
-pub use crate::budget::controller::{ImageFigures, ProcessCostFigures};
 use crate::{
-    budget::controller::BudgetController,
     filter::ProcessFilter,
     kernel::{EventSource, Kernel},
     options::{CollectOptions, Scope},

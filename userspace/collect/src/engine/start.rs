@@ -9,11 +9,11 @@ use allocbpf_probe::sampler::SamplerConfig;
 use allocbpf_stacks::resolve::StackResolver;
 
 use super::{
-    cutter::IntervalCutter, AttachedTarget, Collector, CollectorStats, ExecQueue, ImageSet,
-    ProcessTable,
+    budget_control::BudgetController, cutter::IntervalCutter, AttachedTarget, Collector,
+    CollectorStats, ExecQueue, ImageSet, ProcessTable,
 };
 use crate::{
-    budget::{controller::BudgetController, BudgetOptions, HitCost},
+    budget::{BudgetOptions, HitCost},
     error::CollectError,
     kernel::{KernelLoader, Loaded},
     options::{CollectOptions, Scope},

@@ -1,21 +1,24 @@
-//! Applies the budget: reads the kernel's probe hits, turns them into each process's
-//! cost, plans every image's duty ([`plan_duties`]) and moves probes in and out as the
-//! windows open and close ([`WindowSchedule`]).
+//! The engine's part that applies the overhead budget ([`crate::budget`], the policy):
+//! reads the kernel's probe hits, turns them into each process's cost, plans every
+//! image's duty ([`plan_duties`]) and moves probes in and out as the windows open and
+//! close ([`WindowSchedule`]).
 
 use std::collections::HashMap;
 
 use allocbpf_images::{image::ImageKey, procfs};
 use allocbpf_probe::sampler::monotonic_now_ns;
 
-use super::{
-    early::EarlyChecks,
-    pace::{process_cpu_ns, PaceReading},
-    plan_duties,
-    windows::{window_shift, Unplaced, WindowSchedule},
-    BudgetOptions, HitCost, Hits, ProcessCost,
+use super::{CollectorStats, ImageSet, ProcessTable, Tracked};
+use crate::{
+    budget::{
+        early::EarlyChecks,
+        pace::{process_cpu_ns, PaceReading},
+        plan_duties,
+        windows::{window_shift, Unplaced, WindowSchedule},
+        BudgetOptions, HitCost, Hits, ProcessCost,
+    },
+    kernel::Kernel,
 };
-use crate::engine::{CollectorStats, ImageSet, ProcessTable, Tracked};
-use crate::kernel::Kernel;
 use allocbpf_profile::estimate::pace::ProbeState;
 use allocbpf_profile::estimate::windows::SampleWindow;
 
