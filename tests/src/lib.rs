@@ -17,13 +17,9 @@ pub mod slow_proxy;
 pub mod stores;
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::Read,
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, Command, Stdio},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        mpsc,
-    },
+    process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -31,10 +27,7 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
-/// The workspace root.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+pub use allocbpf_harness::{workload_source, workspace_root, Lines, Workload};
 
 /// The allocbpf binary under test.
 pub fn allocbpf_bin() -> PathBuf {
@@ -86,168 +79,20 @@ pub fn compile_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
     compile_source(&format!("{name}.c"), "gcc", flags)
 }
 
-/// Compiles `workloads/<file>` with `compiler` (gcc, g++ or rustc) and `flags`.
+/// Compiles `workloads/<file>` with `compiler` (gcc, g++ or rustc) and `flags`, into
+/// `target/e2e/bin` under a name that says how.
 pub fn compile_source(file: &str, compiler: &str, flags: &[&str]) -> Result<PathBuf> {
     let name = file.split('.').next().unwrap_or(file);
-    let source = workspace_root().join("tests/workloads").join(file);
-    let out_dir = workspace_root().join("target/e2e/bin");
-    std::fs::create_dir_all(&out_dir)?;
     let tag: String = flags
         .join("")
         .chars()
         .filter(char::is_ascii_alphanumeric)
         .collect();
-    let binary = out_dir.join(format!("{name}-{compiler}-{tag}"));
-    // Tests run in parallel and may compile the same workload: build under a unique
-    // name, then rename (atomic), so nobody executes a half-written file.
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let partial = binary.with_extension(format!(
-        "partial-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    // Flags after the source, so libraries (-lm) link under Debian's --as-needed.
-    let status = Command::new(compiler)
-        .arg("-o")
-        .arg(&partial)
-        .arg(&source)
-        .args(flags)
-        .status()
-        .with_context(|| format!("running {compiler} (cargo xtask setup installs it)"))?;
-    ensure!(
-        status.success(),
-        "{compiler} failed on {}",
-        source.display()
-    );
-    std::fs::rename(&partial, &binary)?;
+    let binary = workspace_root()
+        .join("target/e2e/bin")
+        .join(format!("{name}-{compiler}-{tag}"));
+    allocbpf_harness::compile(&workload_source(file), compiler, flags, &binary)?;
     Ok(binary)
-}
-
-/// Reads lines from a child's pipe on a thread, so waits can time out.
-pub struct Lines {
-    rx: mpsc::Receiver<String>,
-    /// Every line received so far.
-    pub seen: Vec<String>,
-}
-
-impl Lines {
-    /// Starts reading `pipe`.
-    pub fn spawn(pipe: impl Read + Send + 'static) -> Self {
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self {
-            rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits for a line containing `needle`.
-    pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> Result<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(needle) {
-                        return Ok(line);
-                    }
-                }
-                Err(_) => bail!(
-                    "no line with {needle:?} within {timeout:?}; saw {:?}",
-                    self.seen
-                ),
-            }
-        }
-    }
-
-    /// Everything received until the pipe closes (or `timeout`).
-    pub fn rest(&mut self, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        while let Ok(line) = self
-            .rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-        {
-            self.seen.push(line);
-        }
-        self.seen.join("\n")
-    }
-}
-
-/// A running workload that waits for a go signal.
-pub struct Workload {
-    /// The process.
-    pub child: Child,
-    /// Its pid.
-    pub pid: u32,
-    stdin: Option<ChildStdin>,
-    /// Its stdout.
-    pub stdout: Lines,
-}
-
-impl Workload {
-    /// Starts `binary` with `args`; waits until it has printed its pid.
-    pub fn start(binary: &Path, args: &[&str]) -> Result<Workload> {
-        Self::start_env(binary, args, &[])
-    }
-
-    /// [`Workload::start`] with extra environment variables (`LD_PRELOAD`).
-    pub fn start_env(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Workload> {
-        let mut child = Command::new(binary)
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        let stdin = child.stdin.take();
-        let mut stdout = Lines::spawn(child.stdout.take().unwrap());
-        let pid_line = stdout.wait_for("", Duration::from_secs(10))?;
-        let pid = pid_line.trim().parse().context("workload pid line")?;
-        Ok(Workload {
-            child,
-            pid,
-            stdin,
-            stdout,
-        })
-    }
-
-    /// Tells the workload to start allocating.
-    pub fn go(&mut self) -> Result<()> {
-        let mut stdin = self.stdin.take().context("already started")?;
-        stdin.write_all(b"go\n")?;
-        Ok(())
-    }
-
-    /// Waits for it to exit successfully.
-    pub fn wait(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                ensure!(status.success(), "workload failed: {status}");
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                bail!("workload did not finish within {timeout:?}");
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Workload {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Stops a server the tests started: SIGTERM, then waits up to `timeout` for a clean

@@ -22,12 +22,13 @@
 
 use std::{path::Path, process::Command};
 
+use allocbpf_harness::Workload;
 use allocbpf_profile::estimate::median;
 use anyhow::{bail, Context, Result};
 
 use crate::{
     setup,
-    util::{attach, build_allocbpf, compile_c, finish, finish_collecting, is_root, Workload},
+    util::{attach, build_allocbpf, compile_c, finish, finish_collecting, is_root, RESULT_TIMEOUT},
 };
 
 /// One benchmark configuration: a name and allocbpf's extra arguments (`None`: no
@@ -99,8 +100,8 @@ const RATIOS: [(usize, usize, &str, f64); 6] = [
 
 /// One run of the bench workload under `config`; returns ns per malloc+free pair.
 fn measure(config: &Config, bench: &Path, allocbpf: &Path, iterations: u64) -> Result<f64> {
-    let mut workload = Workload::start(Command::new(bench).arg(iterations.to_string()))?;
-    let pid = workload.pid.clone();
+    let mut workload = Workload::start(bench, &[&iterations.to_string()])?;
+    let pid = workload.pid.to_string();
     let profiler = match config.args {
         None => None,
         Some([SYSTEM_WIDE, extra @ ..]) => {
@@ -115,7 +116,10 @@ fn measure(config: &Config, bench: &Path, allocbpf: &Path, iterations: u64) -> R
         }
     };
     workload.go()?;
-    let result = workload.stdout.next().context("bench result")??;
+    let result = workload
+        .stdout
+        .wait_for("", RESULT_TIMEOUT)
+        .context("bench result")?;
     workload.child.wait()?;
     if let Some((child, stderr)) = profiler {
         if config.args.is_some_and(|a| a.first() == Some(&SYSTEM_WIDE)) {
@@ -234,8 +238,8 @@ fn pairs(allocbpf: &Path, rounds: usize, iterations: u64) -> Result<()> {
 /// pointers, 6-frame chains) at a 4 KiB rate, figures from allocbpf's own log.
 fn throughput(allocbpf: &Path) -> Result<()> {
     let stacks = compile_c("stacks", &["-O2", "-fomit-frame-pointer", "-g"])?;
-    let mut workload = Workload::start(&mut Command::new(&stacks))?;
-    let pid = workload.pid.clone();
+    let mut workload = Workload::start(&stacks, &[])?;
+    let pid = workload.pid.to_string();
     let (child, stderr) = attach(
         allocbpf,
         &[

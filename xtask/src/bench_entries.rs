@@ -26,10 +26,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocbpf_harness::Workload;
 use allocbpf_profile::estimate::median;
 use anyhow::{bail, Context, Result};
 
-use crate::util::{attach, compile_c_with, finish_collecting, Workload};
+use crate::util::{attach, compile_c_with, finish_collecting, RESULT_TIMEOUT};
 
 /// An allocator family: how the entries binary runs under it, and what to time.
 struct Family {
@@ -170,8 +171,8 @@ fn run_entries(
     if let Some(library) = family.preload {
         command.env("LD_PRELOAD", library);
     }
-    let mut workload = Workload::start(&mut command)?;
-    let pid = workload.pid.clone();
+    let mut workload = Workload::spawn(&mut command)?;
+    let pid = workload.pid.to_string();
     let profiler = match args {
         None => None,
         Some(extra) => {
@@ -183,7 +184,10 @@ fn run_entries(
     workload.go()?;
     let mut rows = Vec::new();
     for _ in family.entries {
-        let line = workload.stdout.next().context("entries output")??;
+        let line = workload
+            .stdout
+            .wait_for("", RESULT_TIMEOUT)
+            .context("entries output")?;
         let mut words = line.split_whitespace();
         let (Some(name), Some(ns), Some(object)) = (words.next(), words.next(), words.next())
         else {

@@ -2,11 +2,12 @@
 
 use std::process::Command;
 
+use allocbpf_harness::Workload;
 use anyhow::{bail, Result};
 
 use crate::{
     setup,
-    util::{attach, build_allocbpf, compile_c, finish, is_root, Workload},
+    util::{attach, build_allocbpf, compile_c, finish, is_root},
 };
 
 /// Builds allocbpf and runs it with `args`, or on the bundled demo workload.
@@ -27,14 +28,14 @@ fn demo(allocbpf: &std::path::Path) -> Result<()> {
         bail!("allocbpf loads eBPF programs: run `sudo cargo xtask run`");
     }
     let binary = compile_c("sites", &["-O1", "-g", "-fno-omit-frame-pointer"])?;
-    let mut workload = Workload::start(&mut Command::new(binary))?;
+    let mut workload = Workload::start(&binary, &[])?;
     eprintln!(
         "xtask: demo workload pid {}: 7 sites, 357.6 MiB in 175,017 calls",
         workload.pid
     );
     let (profiler, stderr) = attach(
         allocbpf,
-        &["--pid", &workload.pid, "--rate", "256KiB"],
+        &["--pid", &workload.pid.to_string(), "--rate", "256KiB"],
         true,
     )?;
     workload.go()?;

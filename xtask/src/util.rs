@@ -1,9 +1,10 @@
 //! Small helpers shared by the tasks.
 
 use std::{
-    io::{BufRead, BufReader, Lines, Write},
+    io::{BufRead, BufReader, Lines},
     path::{Path, PathBuf},
-    process::{Child, ChildStderr, ChildStdout, Command, Stdio},
+    process::{Child, ChildStderr, Command, Stdio},
+    time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
@@ -57,58 +58,22 @@ pub fn compile_c(name: &str, flags: &[&str]) -> Result<PathBuf> {
 
 /// [`compile_c`] with another C compiler (`musl-gcc`); the binary is named after both.
 pub fn compile_c_with(compiler: &str, name: &str, flags: &[&str]) -> Result<PathBuf> {
-    let out_dir = root().join("target/xtask");
-    std::fs::create_dir_all(&out_dir)?;
-    let binary = out_dir.join(if compiler == "gcc" {
+    let binary = root().join("target/xtask").join(if compiler == "gcc" {
         name.to_string()
     } else {
         format!("{name}-{compiler}")
     });
-    run(Command::new(compiler)
-        .args(flags)
-        .arg("-o")
-        .arg(&binary)
-        .arg(root().join("tests/workloads").join(format!("{name}.c"))))?;
+    allocbpf_harness::compile(
+        &allocbpf_harness::workload_source(&format!("{name}.c")),
+        compiler,
+        flags,
+        &binary,
+    )?;
     Ok(binary)
 }
 
-/// A workload from tests/workloads: it prints its pid, then waits for a line on stdin.
-pub struct Workload {
-    /// The process.
-    pub child: Child,
-    /// Its pid, as printed.
-    pub pid: String,
-    /// Its remaining stdout.
-    pub stdout: Lines<BufReader<ChildStdout>>,
-}
-
-impl Workload {
-    /// Starts `command` and reads the pid line.
-    pub fn start(command: &mut Command) -> Result<Workload> {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start {:?}", command.get_program()))?;
-        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        let pid = stdout
-            .next()
-            .context("workload printed no pid")??
-            .trim()
-            .to_string();
-        Ok(Workload { child, pid, stdout })
-    }
-
-    /// Tells the workload to start.
-    pub fn go(&mut self) -> Result<()> {
-        self.child
-            .stdin
-            .take()
-            .context("already started")?
-            .write_all(b"go\n")?;
-        Ok(())
-    }
-}
+/// How long a benchmark workload may take to print its result.
+pub const RESULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// Starts allocbpf with `args` and waits until its probes are attached. Returns the
 /// process and the rest of its stderr, which the caller must keep reading (dropping it
