@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use crate::aggregate::{Aggregate, LeakStats, LiveCounts, StackStats};
 use crate::estimate::{
-    pace::PaceCorrection, windows::TimeSampling, Confidence, Interval, IntervalInputs,
+    pace::{PaceCorrection, PaceTally, MIN_TRAP_SHARE},
+    windows::TimeSampling,
+    Confidence, Interval, IntervalInputs,
 };
 use crate::frame::{Frame, Functions, Module, Symbolize};
 
@@ -161,6 +163,13 @@ pub struct Observed {
     /// not measured (too little time or work to tell, or too few traps to matter),
     /// estimates as time weighting makes them.
     pub pace: Option<PaceCorrection>,
+    /// The probes' share of the process's CPU while probed (measured, else the cost
+    /// model's estimate), unfiltered: the report shows it from [`MIN_TRAP_SHARE`] on
+    /// (the observer effect: docs/statistics.md, "Pace").
+    pub probe_share: Option<f64>,
+    /// The interval's pace tally: without a `pace` correction the estimate's upper
+    /// slack is [`PaceTally::uncorrected_slack`] of it.
+    pub tally: PaceTally,
 }
 
 /// A finished profile.
@@ -256,7 +265,9 @@ impl Report {
                 observed_fraction: observed.fraction,
                 periods: observed.first_period..=observed.last_period,
                 totals: aggregate.periods.clone(),
-                probe_share: None,
+                probe_share: observed
+                    .probe_share
+                    .filter(|&share| share >= MIN_TRAP_SHARE),
                 pace: observed.pace,
                 paced_processes: u32::from(observed.pace.is_some()),
                 pace_slack: Default::default(),
@@ -264,10 +275,16 @@ impl Report {
         };
         if let Some(pace) = observed.and_then(|o| o.pace) {
             report.scale_estimates(pace.factor);
-            let slack = pace.slack(report.totals.estimated_bytes);
-            if let Some(time) = &mut report.time_sampling {
-                time.pace_slack = slack;
-            }
+        }
+        // From the estimate as scaled: the slack is around what the report shows.
+        let estimated = report.totals.estimated_bytes;
+        if let (Some(observed), Some(time)) = (observed, report.time_sampling.as_mut()) {
+            time.pace_slack = match observed.pace {
+                Some(pace) => pace.slack(estimated),
+                // Not corrected: its interval reaches as high as a CPU-bound process
+                // slowed by its measured trap share would be.
+                None => observed.tally.uncorrected_slack(estimated),
+            };
         }
         report
     }

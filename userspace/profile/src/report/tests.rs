@@ -1,6 +1,6 @@
 use super::*;
 use crate::aggregate::{SampledAllocation, StackKey};
-use crate::estimate::windows::SampleWindow;
+use crate::estimate::{pace::ProbeState, windows::SampleWindow};
 
 struct Nothing;
 
@@ -51,6 +51,8 @@ fn time_weights_scale_the_estimates_only() {
             fraction: 0.25,
             first_period: 0,
             last_period: 3,
+            probe_share: None,
+            tally: PaceTally::default(),
         }),
         ..KernelFigures::default()
     };
@@ -98,4 +100,60 @@ fn time_weights_scale_the_estimates_only() {
     );
     assert_eq!(report.totals.exact_bytes, 4 << 20);
     assert_eq!(report.totals.samples, 4);
+}
+
+/// The builder finishes what the collector measured: the probe share only from the
+/// threshold on, and an uncorrected estimate's slack from its pace tally.
+#[test]
+fn the_probe_share_and_the_uncorrected_slack_are_built_in() {
+    let mut aggregate = Aggregate::default();
+    aggregate.add(
+        StackKey {
+            pid: 1,
+            frames: Vec::new(),
+        },
+        &SampledAllocation {
+            sample_id: 0,
+            size: 1 << 20,
+            offset: 0,
+            rate: 4096,
+            certain: true,
+            timestamp_ns: 0,
+            window: Some(SampleWindow {
+                period: 0,
+                inclusion: 0.5,
+            }),
+        },
+    );
+    // Too short probed for a correction, but a fifth of its probed CPU in traps.
+    let mut tally = PaceTally::default();
+    tally.add(ProbeState::Probed, 10e6, 10e6, 2e6);
+    assert_eq!(tally.correction(), None);
+    let kernel = |probe_share| KernelFigures {
+        observed: Some(Observed {
+            fraction: 0.5,
+            first_period: 0,
+            last_period: 0,
+            pace: None,
+            probe_share,
+            tally,
+        }),
+        ..KernelFigures::default()
+    };
+    let build = |kernel| Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, kernel);
+
+    let report = build(kernel(Some(0.04)));
+    let time = report.time_sampling.as_ref().unwrap();
+    assert_eq!(time.probe_share, None);
+
+    let report = build(kernel(Some(0.2)));
+    let time = report.time_sampling.as_ref().unwrap();
+    assert_eq!(time.probe_share, Some(0.2));
+    let slack = tally.uncorrected_slack(report.totals.estimated_bytes);
+    assert!(slack.above > 0.0);
+    assert_eq!(time.pace_slack, slack);
+
+    // Not time-sampled: nothing to show.
+    let report = build(KernelFigures::default());
+    assert!(report.time_sampling.is_none());
 }
