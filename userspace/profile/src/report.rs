@@ -204,13 +204,15 @@ pub struct Report {
 }
 
 impl Report {
-    /// Symbolizes an aggregate into a report.
+    /// Symbolizes an aggregate into a report. `silence`: what its note says if the
+    /// kernel counted no probed call (the one process of a process scope says why).
     pub fn build(
         aggregate: &Aggregate,
         symbolizer: &mut dyn Symbolize,
         rate: u64,
         confidence: Confidence,
         kernel: KernelFigures,
+        silence: Option<&str>,
     ) -> Report {
         let KernelFigures {
             duration,
@@ -260,7 +262,7 @@ impl Report {
             live: aggregate.tracks_live().then_some(aggregate.live_counts),
             leaks,
             symbolized: symbolizer.symbolizes(),
-            note: None,
+            note: silence.filter(|_| exact.calls == 0).map(str::to_string),
             time_sampling: observed.map(|observed| TimeSampling {
                 observed_fraction: observed.fraction,
                 periods: observed.first_period..=observed.last_period,
@@ -316,9 +318,16 @@ impl Report {
         }
     }
 
-    /// A report of nothing: no profiled process allocated in `duration` (system-wide
-    /// mode), said in its note, so every output format is still a valid, empty profile.
-    pub fn empty(rate: u64, confidence: Confidence, duration: Duration, live: bool) -> Report {
+    /// A report of nothing: no profiled process allocated in `duration`, said in its
+    /// note (`note`, else that no profiled process allocated), so every output format is
+    /// still a valid, empty profile.
+    pub fn empty(
+        rate: u64,
+        confidence: Confidence,
+        duration: Duration,
+        live: bool,
+        note: Option<String>,
+    ) -> Report {
         Report {
             rate,
             confidence,
@@ -330,7 +339,7 @@ impl Report {
             live: live.then(LiveCounts::default),
             leaks: None,
             symbolized: true,
-            note: Some("no profiled process allocated anything".into()),
+            note: Some(note.unwrap_or_else(|| "no profiled process allocated anything".into())),
             time_sampling: None,
         }
     }

@@ -181,6 +181,13 @@ impl Collector {
                         tally,
                     }
                 });
+                // Why the one process of a process scope made no probed call, said in
+                // its profile (the first: the process followed).
+                let silence = self
+                    .target
+                    .as_ref()
+                    .filter(|_| profiles.is_empty())
+                    .map(|target| target.silence.to_string());
                 let report = Report::build(
                     &tracked.aggregate,
                     &mut symbolizer.for_modules(&self.stacks.normalizer.modules),
@@ -192,6 +199,7 @@ impl Collector {
                         counters,
                         observed,
                     },
+                    silence.as_deref(),
                 );
                 profiles.push(ProcessProfile {
                     info: tracked.info.clone(),

@@ -56,7 +56,14 @@ fn time_weights_scale_the_estimates_only() {
         }),
         ..KernelFigures::default()
     };
-    let report = Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, kernel);
+    let report = Report::build(
+        &aggregate,
+        &mut Nothing,
+        4096,
+        Confidence::DEFAULT,
+        kernel,
+        None,
+    );
     // Four certain 1 MiB samples, each standing for 4 MiB.
     assert_eq!(report.totals.estimated_bytes, (16 << 20) as f64);
     // Steady periods: no time-sampling variance.
@@ -83,7 +90,14 @@ fn time_weights_scale_the_estimates_only() {
         }),
         ..kernel
     };
-    let report = Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, paced);
+    let report = Report::build(
+        &aggregate,
+        &mut Nothing,
+        4096,
+        Confidence::DEFAULT,
+        paced,
+        None,
+    );
     assert_eq!(report.totals.estimated_bytes, (28 << 20) as f64);
     assert_eq!(report.stacks[0].stats.estimated_bytes, (28 << 20) as f64);
     assert_eq!(report.stacks[0].stats.observed_bytes, (4 << 20) as f64);
@@ -140,7 +154,16 @@ fn the_probe_share_and_the_uncorrected_slack_are_built_in() {
         }),
         ..KernelFigures::default()
     };
-    let build = |kernel| Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, kernel);
+    let build = |kernel| {
+        Report::build(
+            &aggregate,
+            &mut Nothing,
+            4096,
+            Confidence::DEFAULT,
+            kernel,
+            None,
+        )
+    };
 
     let report = build(kernel(Some(0.04)));
     let time = report.time_sampling.as_ref().unwrap();
@@ -156,4 +179,37 @@ fn the_probe_share_and_the_uncorrected_slack_are_built_in() {
     // Not time-sampled: nothing to show.
     let report = build(KernelFigures::default());
     assert!(report.time_sampling.is_none());
+}
+
+/// The silence is the note of a report whose process made no probed call, and only
+/// of such a report.
+#[test]
+fn the_silence_notes_a_report_without_calls() {
+    let aggregate = Aggregate::default();
+    let build = |calls| {
+        let kernel = KernelFigures {
+            exact: allocbpf_common::Totals {
+                calls,
+                ..Default::default()
+            },
+            ..KernelFigures::default()
+        };
+        let quiet = Some("quiet");
+        Report::build(
+            &aggregate,
+            &mut Nothing,
+            4096,
+            Confidence::DEFAULT,
+            kernel,
+            quiet,
+        )
+    };
+    assert_eq!(build(0).note.as_deref(), Some("quiet"));
+    assert_eq!(build(1).note, None);
+    let empty = |note| Report::empty(4096, Confidence::DEFAULT, Duration::ZERO, false, note);
+    assert_eq!(empty(Some("quiet".into())).note.as_deref(), Some("quiet"));
+    assert_eq!(
+        empty(None).note.as_deref(),
+        Some("no profiled process allocated anything")
+    );
 }
