@@ -16,7 +16,8 @@ use regex::Regex;
 use super::store::{age, list};
 use allocbpf_collect::error::error_chain;
 use allocbpf_export::pprof::{
-    decode_file, interval_inputs_from, proto::Profile, INTERVAL_INPUT_LABELS, OBSERVED_BYTES_LABEL,
+    decode_path, interval_inputs_from, proto::Profile, ProfileMeta, INTERVAL_INPUT_LABELS,
+    OBSERVED_BYTES_LABEL,
 };
 use allocbpf_profile::aggregate::{LiveCounts, StackStats};
 use allocbpf_profile::estimate::Confidence;
@@ -53,33 +54,24 @@ pub fn merge_store(
         if since.is_some_and(|since| age(&stored, now) > since) {
             continue;
         }
-        let profile = match decode_file(&stored.path) {
-            Ok(profile) => profile,
+        let (profile, meta) = match decode_path(&stored.path) {
+            Ok(decoded) => decoded,
             Err(error) => {
                 skipped(&stored.path, &error_chain(&error));
                 continue;
             }
         };
-        let profile_comm = comment(&profile, "comm").unwrap_or_else(|| stored.comm.clone());
+        let profile_comm = meta
+            .label("comm")
+            .map(str::to_string)
+            .unwrap_or_else(|| stored.comm.clone());
         if comm.is_some_and(|re| !re.is_match(&profile_comm)) {
             continue;
         }
-        merger.add(&profile);
+        merger.add(&profile, &meta);
         read += 1;
     }
     Ok((merger.finish(), read))
-}
-
-/// The value of a `key=value` comment.
-pub fn comment(profile: &Profile, key: &str) -> Option<String> {
-    profile.comment.iter().find_map(|&i| {
-        profile
-            .string_table
-            .get(i as usize)?
-            .strip_prefix(key)?
-            .strip_prefix('=')
-            .map(str::to_string)
-    })
 }
 
 /// A function of a location: name, file, line.
@@ -105,7 +97,7 @@ struct Merger {
 }
 
 impl Merger {
-    fn add(&mut self, profile: &Profile) {
+    fn add(&mut self, profile: &Profile, meta: &ProfileMeta) {
         let s = |i: i64| {
             profile
                 .string_table
@@ -118,12 +110,8 @@ impl Merger {
         let (inuse_objects, inuse_space) = (column("inuse_objects"), column("inuse_space"));
         self.live |= inuse_space.is_some();
         self.rate = self.rate.max(profile.period as u64);
-        self.exact_bytes += comment(profile, "exact_bytes")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        self.exact_calls += comment(profile, "exact_calls")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        self.exact_bytes += meta.exact_bytes.unwrap_or(0);
+        self.exact_calls += meta.exact_calls.unwrap_or(0);
         self.first_ns = Some(
             self.first_ns
                 .map_or(profile.time_nanos, |t| t.min(profile.time_nanos)),
