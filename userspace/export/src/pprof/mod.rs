@@ -17,10 +17,12 @@
 //! - unsymbolized reports: locations carry addresses only (no lines, no functions) and the
 //!   mappings say so, for a symbolizer that works from build ids.
 //! - the agent's stored profiles also carry their process's labels and exact totals
-//!   ([`ProfileMeta`]: [`encode`] writes them, [`decode`] reads them back).
+//!   ([`ProfileMeta`]: [`encode`] writes them, [`decode`] reads them back); [`read`]
+//!   turns a profile's samples back into stacks.
 
 mod meta;
 pub mod proto;
+mod read;
 
 use std::{
     collections::HashMap,
@@ -36,6 +38,7 @@ pub use self::meta::{
     OBSERVED_FRACTION_LABEL, PER_INTERVAL_LABELS,
 };
 use self::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+pub use self::read::{read, ReadProfile, ReadSample};
 use allocbpf_profile::estimate::IntervalInputs;
 use allocbpf_profile::{
     frame::{Frame, FunctionFrame},
