@@ -1,6 +1,6 @@
 //! What a stored profile carries beyond its report, written and read in one place.
 //!
-//! The agent's per-process profiles add to [`to_profile`]'s message, in this order: a
+//! The agent's per-process profiles add to `to_profile`'s message, in this order: a
 //! string label on every sample and a `key=value` comment for each process label (the
 //! interval's observed fraction last, when time-sampled), then the comments
 //! `exact_bytes=` and `exact_calls=`. `allocbpf report` and the push transports read
@@ -70,7 +70,7 @@ impl ProfileMeta {
     }
 
     /// Reads it back: the labels from the comments after the first (which is
-    /// [`to_profile`]'s summary), each split at its first `=`; each exact total from
+    /// `to_profile`'s summary), each split at its first `=`; each exact total from
     /// the first comment with its key, `None` if that one does not parse (a stored
     /// profile's figures are never guessed from a later line).
     pub fn read(profile: &Profile) -> ProfileMeta {
@@ -117,7 +117,7 @@ impl ProfileMeta {
     }
 }
 
-/// The gzipped pprof of `report` with `meta`: [`to_profile`], [`add_labels`], the exact
+/// The gzipped pprof of `report` with `meta`: `to_profile`, `add_labels`, the exact
 /// totals' comments (appended as they are, never merged with an equal string already
 /// in the table), [`gzip`].
 pub fn encode(report: &Report, meta: &ProfileMeta) -> Vec<u8> {

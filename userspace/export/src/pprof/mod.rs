@@ -128,7 +128,7 @@ pub fn interval_inputs_from(values: [u64; 6], rate: u64) -> IntervalInputs {
 }
 
 /// Converts a report to a `Profile` message.
-pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
+pub(crate) fn to_profile(report: &Report, time_nanos: i64) -> Profile {
     // The string table's order follows the order things are interned in below.
     let mut strings = Strings::new();
     let live = report.live.is_some();
@@ -429,7 +429,7 @@ pub enum DecodeError {
     TooLarge(u64),
 }
 
-/// Reads a gzipped pprof profile (as [`write`] writes them).
+/// Reads a gzipped pprof profile (as [`write()`] writes them).
 pub fn decode_file(path: &Path) -> Result<Profile, DecodeError> {
     let file = std::fs::File::open(path).map_err(DecodeError::Open)?;
     decode_gzipped(file, u64::MAX)
@@ -451,7 +451,7 @@ pub fn decode_gzipped(gzipped: impl Read, max_bytes: u64) -> Result<Profile, Dec
 
 /// Adds string labels to every sample and as `key=value` comments: the process labels
 /// of the agent's per-process profiles (hostname, pid, comm, exe, build ids, cgroup).
-pub fn add_labels<K: AsRef<str>, V: AsRef<str>>(profile: &mut Profile, labels: &[(K, V)]) {
+pub(crate) fn add_labels<K: AsRef<str>, V: AsRef<str>>(profile: &mut Profile, labels: &[(K, V)]) {
     let mut intern = |value: &str| -> i64 {
         match profile.string_table.iter().position(|s| s == value) {
             Some(i) => i as i64,
@@ -483,7 +483,7 @@ pub fn add_labels<K: AsRef<str>, V: AsRef<str>>(profile: &mut Profile, labels: &
 }
 
 /// Adds one comment line to a profile.
-pub fn add_comment(profile: &mut Profile, text: &str) {
+pub(crate) fn add_comment(profile: &mut Profile, text: &str) {
     profile.string_table.push(text.to_string());
     profile.comment.push(profile.string_table.len() as i64 - 1);
 }
@@ -496,17 +496,18 @@ pub fn gzip(profile: &Profile) -> Vec<u8> {
     gz.finish().expect("writing to a Vec cannot fail")
 }
 
-/// Writes the report as a gzipped profile.proto.
+/// Writes the report as a gzipped profile.proto: [`encode`] without labels or exact
+/// totals' comments, started `report.duration` ago.
 pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     let time_nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64 - report.duration.as_nanos() as i64)
         .unwrap_or(0);
-    let bytes = to_profile(report, time_nanos).encode_to_vec();
-    let mut gz = GzEncoder::new(out, Compression::default());
-    gz.write_all(&bytes)?;
-    gz.finish()?;
-    Ok(())
+    let meta = ProfileMeta {
+        time_nanos,
+        ..ProfileMeta::default()
+    };
+    out.write_all(&encode(report, &meta))
 }
 
 #[cfg(test)]

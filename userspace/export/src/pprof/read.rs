@@ -1,4 +1,4 @@
-//! Stacks back from a pprof profile as [`to_profile`] writes them: each sample's
+//! Stacks back from a pprof profile as [`encode`](super::encode) writes them: each sample's
 //! estimates, raw sample count and confidence-interval inputs (its numeric labels), and
 //! its locations as function chains, for `allocbpf report` to merge stored profiles
 //! with exact intervals.

@@ -106,3 +106,22 @@ fn encode_then_decode_round_trips() {
     assert_eq!(label("bytes_ci95_high").num, interval.hi.round() as i64);
     assert_eq!(s(label("bytes_ci95_high").num_unit), "bytes");
 }
+
+/// `allocbpf -o x.pb.gz` writes what [`encode`] makes without meta: the message as
+/// `to_profile` builds it, gzipped.
+#[test]
+fn write_is_encode_without_meta() {
+    let report = test_report();
+    let mut written = Vec::new();
+    write(&report, &mut written).unwrap();
+    let (profile, meta) = decode(&written[..], u64::MAX).unwrap();
+    assert_eq!(
+        meta,
+        ProfileMeta {
+            time_nanos: profile.time_nanos,
+            ..ProfileMeta::default()
+        }
+    );
+    assert_eq!(written, encode(&report, &meta));
+    assert_eq!(written, gzip(&to_profile(&report, profile.time_nanos)));
+}
