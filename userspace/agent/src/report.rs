@@ -1,9 +1,10 @@
 //! Merging the profiles the agent stored into one report.
 //!
 //! Each stored profile is decoded (gzipped pprof), filtered by age and command name,
-//! and turned back into stacks: frames become locations named by their functions, and
-//! each stack keeps its raw sample count and confidence-interval inputs (numeric
-//! labels the agent writes), so the merged report's intervals are exact, not summed.
+//! and turned back into stacks ([`pprof::read`]): frames become locations named by
+//! their functions, and each stack keeps its raw sample count and confidence-interval
+//! inputs (numeric labels the agent writes), so the merged report's intervals are
+//! exact, not summed. Here they are only merged.
 
 use std::{
     collections::HashMap,
@@ -15,13 +16,10 @@ use regex::Regex;
 
 use super::store::{age, list};
 use allocbpf_collect::error::error_chain;
-use allocbpf_export::pprof::{
-    decode_file, interval_inputs_from, proto::Profile, INTERVAL_INPUT_LABELS, OBSERVED_BYTES_LABEL,
-};
-use allocbpf_profile::aggregate::{LiveCounts, StackStats};
+use allocbpf_export::pprof::{self, decode_path, ProfileMeta, ReadProfile};
+use allocbpf_profile::aggregate::LiveCounts;
 use allocbpf_profile::estimate::Confidence;
-use allocbpf_profile::frame::Frame;
-use allocbpf_profile::frame::FunctionFrame;
+use allocbpf_profile::frame::{Frame, FunctionFrame};
 use allocbpf_profile::report::{Location, Report, StackReport, Totals};
 
 /// Why stored profiles could not be read.
@@ -53,37 +51,25 @@ pub fn merge_store(
         if since.is_some_and(|since| age(&stored, now) > since) {
             continue;
         }
-        let profile = match decode_file(&stored.path) {
-            Ok(profile) => profile,
+        let (profile, meta) = match decode_path(&stored.path) {
+            Ok(decoded) => decoded,
             Err(error) => {
                 skipped(&stored.path, &error_chain(&error));
                 continue;
             }
         };
-        let profile_comm = comment(&profile, "comm").unwrap_or_else(|| stored.comm.clone());
+        let profile_comm = meta
+            .label("comm")
+            .map(str::to_string)
+            .unwrap_or_else(|| stored.comm.clone());
         if comm.is_some_and(|re| !re.is_match(&profile_comm)) {
             continue;
         }
-        merger.add(&profile);
+        merger.add(&pprof::read(&profile), &meta);
         read += 1;
     }
     Ok((merger.finish(), read))
 }
-
-/// The value of a `key=value` comment.
-pub fn comment(profile: &Profile, key: &str) -> Option<String> {
-    profile.comment.iter().find_map(|&i| {
-        profile
-            .string_table
-            .get(i as usize)?
-            .strip_prefix(key)?
-            .strip_prefix('=')
-            .map(str::to_string)
-    })
-}
-
-/// A function of a location: name, file, line.
-type FunctionKey = (String, Option<String>, Option<u32>);
 
 /// Accumulates stored profiles into one report.
 #[derive(Default)]
@@ -92,7 +78,7 @@ struct Merger {
     /// Some profile was time-sampled (an overhead budget): said in the merged note.
     time_sampled: bool,
     /// Locations by their function chain, so equal frames share one `Frame`.
-    locations: HashMap<Vec<FunctionKey>, Location>,
+    locations: HashMap<Vec<FunctionFrame>, Location>,
     rate: u64,
     live: bool,
     exact_bytes: u64,
@@ -105,25 +91,11 @@ struct Merger {
 }
 
 impl Merger {
-    fn add(&mut self, profile: &Profile) {
-        let s = |i: i64| {
-            profile
-                .string_table
-                .get(i as usize)
-                .map_or("", String::as_str)
-        };
-        let types: Vec<&str> = profile.sample_type.iter().map(|t| s(t.r#type)).collect();
-        let column = |name: &str| types.iter().position(|t| *t == name);
-        let (alloc_objects, alloc_space) = (column("alloc_objects"), column("alloc_space"));
-        let (inuse_objects, inuse_space) = (column("inuse_objects"), column("inuse_space"));
-        self.live |= inuse_space.is_some();
-        self.rate = self.rate.max(profile.period as u64);
-        self.exact_bytes += comment(profile, "exact_bytes")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        self.exact_calls += comment(profile, "exact_calls")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+    fn add(&mut self, profile: &ReadProfile, meta: &ProfileMeta) {
+        self.live |= profile.live;
+        self.rate = self.rate.max(profile.rate);
+        self.exact_bytes += meta.exact_bytes.unwrap_or(0);
+        self.exact_calls += meta.exact_calls.unwrap_or(0);
         self.first_ns = Some(
             self.first_ns
                 .map_or(profile.time_nanos, |t| t.min(profile.time_nanos)),
@@ -132,72 +104,21 @@ impl Merger {
             .last_ns
             .max(profile.time_nanos + profile.duration_nanos);
 
-        let functions: HashMap<u64, (String, Option<String>)> = profile
-            .function
-            .iter()
-            .map(|f| {
-                let file = s(f.filename);
-                (
-                    f.id,
-                    (
-                        s(f.name).to_string(),
-                        (!file.is_empty()).then(|| file.to_string()),
-                    ),
-                )
-            })
-            .collect();
-        let location_by_id: HashMap<u64, &allocbpf_export::pprof::proto::Location> =
-            profile.location.iter().map(|l| (l.id, l)).collect();
         let mut this_profile: Vec<usize> = Vec::new();
         let mut pid_of_profile = None;
-        for sample in &profile.sample {
-            let value = |column: Option<usize>| {
-                column
-                    .and_then(|c| sample.value.get(c))
-                    .copied()
-                    .unwrap_or(0) as f64
-            };
-            let label = |name: &str| {
-                sample
-                    .label
-                    .iter()
-                    .find(|l| s(l.key) == name)
-                    .map_or(0, |l| l.num.max(0) as u64)
-            };
-            let inputs =
-                interval_inputs_from(INTERVAL_INPUT_LABELS.map(label), profile.period as u64);
-            let estimated_bytes = value(alloc_space);
-            let has_observed = sample
-                .label
-                .iter()
-                .any(|l| s(l.key) == OBSERVED_BYTES_LABEL);
-            self.time_sampled |= has_observed;
-            let stats = StackStats {
-                samples: label("samples"),
-                estimated_bytes,
-                observed_bytes: if has_observed {
-                    label(OBSERVED_BYTES_LABEL) as f64
-                } else {
-                    estimated_bytes
-                },
-                estimated_objects: value(alloc_objects),
-                interval_inputs: inputs,
-                inuse_bytes: value(inuse_space),
-                inuse_objects: value(inuse_objects),
-            };
+        for sample in &profile.samples {
+            self.time_sampled |= sample.time_sampled;
             let locations = sample
-                .location_id
+                .locations
                 .iter()
-                .filter_map(|id| location_by_id.get(id))
-                .map(|location| self.location(location, &functions))
+                .map(|chain| self.location(chain))
                 .collect();
-            let pid = label("pid") as u32;
-            pid_of_profile = Some(pid);
+            pid_of_profile = Some(sample.pid);
             this_profile.push(self.stacks.len());
             self.stacks.push(StackReport {
-                pid,
+                pid: sample.pid,
                 locations,
-                stats,
+                stats: sample.stats,
             });
         }
         if let Some(pid) = pid_of_profile {
@@ -208,37 +129,15 @@ impl Merger {
         }
     }
 
-    fn location(
-        &mut self,
-        location: &allocbpf_export::pprof::proto::Location,
-        functions: &HashMap<u64, (String, Option<String>)>,
-    ) -> Location {
-        let chain: Vec<FunctionKey> = location
-            .line
-            .iter()
-            .map(|line| {
-                let (name, file) = functions
-                    .get(&line.function_id)
-                    .cloned()
-                    .unwrap_or_else(|| (format!("0x{:x}", location.address), None));
-                (name, file, (line.line > 0).then_some(line.line as u32))
-            })
-            .collect();
-        let chain = if chain.is_empty() {
-            vec![(format!("0x{:x}", location.address), None, None)]
-        } else {
-            chain
-        };
+    /// The location of a function chain: one `Frame` per distinct chain, numbered in
+    /// the order they are first seen.
+    fn location(&mut self, chain: &[FunctionFrame]) -> Location {
         let next = self.locations.len() as u64;
         self.locations
-            .entry(chain.clone())
+            .entry(chain.to_vec())
             .or_insert_with(|| Location {
                 frame: Frame::Unknown(next),
-                functions: chain
-                    .into_iter()
-                    .map(|(name, file, line)| FunctionFrame { name, file, line })
-                    .collect::<Vec<_>>()
-                    .into(),
+                functions: chain.into(),
             })
             .clone()
     }

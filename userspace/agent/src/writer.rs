@@ -280,30 +280,16 @@ impl WriterState {
     fn export(&mut self, profiles: Vec<ProcessProfile>) {
         for profile in profiles {
             self.stats.busy();
-            let mut labels = profile.info.labels(&self.hostname);
-            if let Some(time) = &profile.report.time_sampling {
-                // Under the overhead budget: how much of the interval was observed (the
-                // estimates are scaled to the whole interval; see the profile comment).
-                labels.push((
-                    "observed_fraction",
-                    format!("{:.4}", time.observed_fraction),
-                ));
-            }
             let start_ns = profile
                 .started
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as i64);
-            let mut message = pprof::to_profile(&profile.report, start_ns);
-            pprof::add_labels(&mut message, &labels);
-            pprof::add_comment(
-                &mut message,
-                &format!("exact_bytes={}", profile.report.totals.exact_bytes),
+            let meta = pprof::ProfileMeta::of_process(
+                &profile.report,
+                start_ns,
+                &profile.info.labels(&self.hostname),
             );
-            pprof::add_comment(
-                &mut message,
-                &format!("exact_calls={}", profile.report.totals.exact_calls),
-            );
-            let gzipped = pprof::gzip(&message);
+            let gzipped = pprof::encode(&profile.report, &meta);
             match self.store.write(
                 profile.started,
                 profile.ended,
@@ -323,16 +309,15 @@ impl WriterState {
             if !self.pushers.is_empty() {
                 let seconds =
                     |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-                let meta = PushMeta {
-                    labels: labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.clone()))
-                        .collect(),
+                // The profile's labels, observed_fraction included: the spool record
+                // keeps them all, each transport picks its own.
+                let push = PushMeta {
+                    labels: meta.labels,
                     from: seconds(profile.started),
                     until: seconds(profile.ended).max(seconds(profile.started) + 1),
                 };
                 for pusher in &self.pushers {
-                    pusher.enqueue(&meta, &gzipped);
+                    pusher.enqueue(&push, &gzipped);
                 }
             }
         }

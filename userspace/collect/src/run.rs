@@ -179,18 +179,14 @@ pub async fn run(
     let profiles = collector.stop();
     let mut host = None;
     let report = match silence {
-        // One process: its report, whatever it holds.
-        Some(silence) => {
-            let mut report = profiles
-                .into_iter()
-                .next()
-                .map(|p| p.report)
-                .unwrap_or_else(|| Report::empty(rate, confidence, started.elapsed(), live));
-            if report.totals.exact_calls == 0 {
-                report.note = Some(silence);
-            }
-            report
-        }
+        // One process: its report, whatever it holds (a silent one's note says why).
+        Some(silence) => profiles
+            .into_iter()
+            .next()
+            .map(|p| p.report)
+            .unwrap_or_else(|| {
+                Report::empty(rate, confidence, started.elapsed(), live, Some(silence))
+            }),
         None => {
             host = Some(HostFigures {
                 processes: profiles.len(),
@@ -199,7 +195,7 @@ pub async fn run(
                 images: stats.images_attached,
             });
             Report::merge(profiles.into_iter().map(|p| p.report).collect())
-                .unwrap_or_else(|| Report::empty(rate, confidence, started.elapsed(), live))
+                .unwrap_or_else(|| Report::empty(rate, confidence, started.elapsed(), live, None))
         }
     };
     Ok(Finished { report, stop, host })

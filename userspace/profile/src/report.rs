@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use crate::aggregate::{Aggregate, LeakStats, LiveCounts, StackStats};
 use crate::estimate::{
-    pace::PaceCorrection, windows::TimeSampling, Confidence, Interval, IntervalInputs,
+    pace::{PaceCorrection, PaceTally, MIN_TRAP_SHARE},
+    windows::TimeSampling,
+    Confidence, Interval, IntervalInputs,
 };
 use crate::frame::{Frame, Functions, Module, Symbolize};
 
@@ -161,6 +163,13 @@ pub struct Observed {
     /// not measured (too little time or work to tell, or too few traps to matter),
     /// estimates as time weighting makes them.
     pub pace: Option<PaceCorrection>,
+    /// The probes' share of the process's CPU while probed (measured, else the cost
+    /// model's estimate), unfiltered: the report shows it from [`MIN_TRAP_SHARE`] on
+    /// (the observer effect: docs/statistics.md, "Pace").
+    pub probe_share: Option<f64>,
+    /// The interval's pace tally: without a `pace` correction the estimate's upper
+    /// slack is [`PaceTally::uncorrected_slack`] of it.
+    pub tally: PaceTally,
 }
 
 /// A finished profile.
@@ -195,13 +204,15 @@ pub struct Report {
 }
 
 impl Report {
-    /// Symbolizes an aggregate into a report.
+    /// Symbolizes an aggregate into a report. `silence`: what its note says if the
+    /// kernel counted no probed call (the one process of a process scope says why).
     pub fn build(
         aggregate: &Aggregate,
         symbolizer: &mut dyn Symbolize,
         rate: u64,
         confidence: Confidence,
         kernel: KernelFigures,
+        silence: Option<&str>,
     ) -> Report {
         let KernelFigures {
             duration,
@@ -251,12 +262,14 @@ impl Report {
             live: aggregate.tracks_live().then_some(aggregate.live_counts),
             leaks,
             symbolized: symbolizer.symbolizes(),
-            note: None,
+            note: silence.filter(|_| exact.calls == 0).map(str::to_string),
             time_sampling: observed.map(|observed| TimeSampling {
                 observed_fraction: observed.fraction,
                 periods: observed.first_period..=observed.last_period,
                 totals: aggregate.periods.clone(),
-                probe_share: None,
+                probe_share: observed
+                    .probe_share
+                    .filter(|&share| share >= MIN_TRAP_SHARE),
                 pace: observed.pace,
                 paced_processes: u32::from(observed.pace.is_some()),
                 pace_slack: Default::default(),
@@ -264,10 +277,16 @@ impl Report {
         };
         if let Some(pace) = observed.and_then(|o| o.pace) {
             report.scale_estimates(pace.factor);
-            let slack = pace.slack(report.totals.estimated_bytes);
-            if let Some(time) = &mut report.time_sampling {
-                time.pace_slack = slack;
-            }
+        }
+        // From the estimate as scaled: the slack is around what the report shows.
+        let estimated = report.totals.estimated_bytes;
+        if let (Some(observed), Some(time)) = (observed, report.time_sampling.as_mut()) {
+            time.pace_slack = match observed.pace {
+                Some(pace) => pace.slack(estimated),
+                // Not corrected: its interval reaches as high as a CPU-bound process
+                // slowed by its measured trap share would be.
+                None => observed.tally.uncorrected_slack(estimated),
+            };
         }
         report
     }
@@ -299,9 +318,16 @@ impl Report {
         }
     }
 
-    /// A report of nothing: no profiled process allocated in `duration` (system-wide
-    /// mode), said in its note, so every output format is still a valid, empty profile.
-    pub fn empty(rate: u64, confidence: Confidence, duration: Duration, live: bool) -> Report {
+    /// A report of nothing: no profiled process allocated in `duration`, said in its
+    /// note (`note`, else that no profiled process allocated), so every output format is
+    /// still a valid, empty profile.
+    pub fn empty(
+        rate: u64,
+        confidence: Confidence,
+        duration: Duration,
+        live: bool,
+        note: Option<String>,
+    ) -> Report {
         Report {
             rate,
             confidence,
@@ -313,7 +339,7 @@ impl Report {
             live: live.then(LiveCounts::default),
             leaks: None,
             symbolized: true,
-            note: Some("no profiled process allocated anything".into()),
+            note: Some(note.unwrap_or_else(|| "no profiled process allocated anything".into())),
             time_sampling: None,
         }
     }
@@ -460,106 +486,4 @@ fn merge_by_name<'a, T: Copy>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::aggregate::{SampledAllocation, StackKey};
-    use crate::estimate::windows::SampleWindow;
-
-    struct Nothing;
-
-    impl Symbolize for Nothing {
-        fn prepare(&mut self, _: &mut dyn Iterator<Item = &Frame>) {}
-        fn functions(&self, _: &Frame) -> Functions {
-            Functions::default()
-        }
-        fn symbolizes(&self) -> bool {
-            false
-        }
-        fn modules(&self) -> Vec<Module> {
-            Vec::new()
-        }
-    }
-
-    /// A time-sampled report weighs each sample by 1/inclusion (never the exact
-    /// figures).
-    #[test]
-    fn time_weights_scale_the_estimates_only() {
-        let mut aggregate = Aggregate::default();
-        let sample = |period| SampledAllocation {
-            sample_id: period,
-            size: 1 << 20,
-            offset: 0,
-            rate: 4096,
-            certain: true,
-            timestamp_ns: period,
-            window: Some(SampleWindow {
-                period,
-                inclusion: 0.25,
-            }),
-        };
-        for period in 0..4 {
-            let key = StackKey {
-                pid: 1,
-                frames: Vec::new(),
-            };
-            aggregate.add(key, &sample(period));
-        }
-        let kernel = KernelFigures {
-            exact: allocbpf_common::Totals {
-                bytes: 4 << 20,
-                ..Default::default()
-            },
-            observed: Some(Observed {
-                pace: None,
-                fraction: 0.25,
-                first_period: 0,
-                last_period: 3,
-            }),
-            ..KernelFigures::default()
-        };
-        let report = Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, kernel);
-        // Four certain 1 MiB samples, each standing for 4 MiB.
-        assert_eq!(report.totals.estimated_bytes, (16 << 20) as f64);
-        // Steady periods: no time-sampling variance.
-        let interval = report.total_interval();
-        assert_eq!(
-            (interval.lo, interval.hi),
-            ((16 << 20) as f64, (16 << 20) as f64)
-        );
-        assert_eq!(report.stacks[0].stats.estimated_bytes, (16 << 20) as f64);
-        assert_eq!(report.totals.exact_bytes, 4 << 20);
-
-        // A process that worked at half its pace while probed, a quarter of the time:
-        // every estimate and the total's interval scaled by 0.25 + 0.75 / 0.5 = 1.75,
-        // the exact figures and samples untouched.
-        let paced = KernelFigures {
-            observed: kernel.observed.map(|o| Observed {
-                pace: Some(PaceCorrection {
-                    ratio: 0.5,
-                    factor: 1.75,
-                    factor_low: 1.5,
-                    factor_high: 2.5,
-                }),
-                ..o
-            }),
-            ..kernel
-        };
-        let report = Report::build(&aggregate, &mut Nothing, 4096, Confidence::DEFAULT, paced);
-        assert_eq!(report.totals.estimated_bytes, (28 << 20) as f64);
-        assert_eq!(report.stacks[0].stats.estimated_bytes, (28 << 20) as f64);
-        assert_eq!(report.stacks[0].stats.observed_bytes, (4 << 20) as f64);
-        // Steady periods: the interval is the range the factor could take, 1.5 to 2.5
-        // times the 16 MiB time weighting gives.
-        let interval = report.total_interval();
-        assert_eq!(
-            (interval.lo, interval.hi),
-            ((24 << 20) as f64, (40 << 20) as f64)
-        );
-        assert_eq!(
-            report.time_sampling.as_ref().unwrap().pace.map(|p| p.ratio),
-            Some(0.5)
-        );
-        assert_eq!(report.totals.exact_bytes, 4 << 20);
-        assert_eq!(report.totals.samples, 4);
-    }
-}
+mod tests;

@@ -17,8 +17,9 @@ use std::{
 pub const SERVICE_NAME: &str = "service_name";
 
 /// Labels the agent adds to a profile that change every interval: kept in the profile
-/// itself, never in a series' labels (each value would be a new series).
-pub const PER_INTERVAL: &[&str] = &["observed_fraction"];
+/// itself, never in a series' labels (each value would be a new series). The writer's
+/// own list, so the two cannot drift.
+pub use allocbpf_export::pprof::PER_INTERVAL_LABELS as PER_INTERVAL;
 
 /// Pyroscope's default validation limits (`validation.max-label-names-per-series`,
 /// `-max-label-name-length`, `-max-label-value-length`).

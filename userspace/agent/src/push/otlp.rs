@@ -70,9 +70,7 @@ pub fn request_body(
     service_name: &str,
 ) -> anyhow::Result<Vec<u8>> {
     let mut profile = decode_spooled(gzipped)?;
-    for sample in &mut profile.sample {
-        sample.label.clear();
-    }
+    profile.drop_labels();
     let mut resource: Vec<(String, String)> =
         vec![(SERVICE_NAME.to_string(), bounded(service_name))];
     resource.extend(

@@ -26,10 +26,6 @@ fn totals_rank(tracked: &Tracked, position: Option<usize>) -> (u64, usize) {
     )
 }
 
-/// A time-sampled profile says how much of its process's probed time the probes took
-/// from this share on (the observer effect: docs/statistics.md, "Pace").
-const PROBE_SHARE_SHOWN: f64 = 0.05;
-
 impl Collector {
     /// Exact kernel totals and counters of `epoch`, which has ended (or, at stop, is
     /// the current one with every probe detached), after running programs are waited
@@ -169,14 +165,30 @@ impl Collector {
                     .min()
                     .unwrap_or(last_period)
                     .min(last_period);
+                    let tally = tracked.pace.tally;
+                    tracing::trace!("pid {pid}: {tally:?}");
+                    // Measured while probed where it could be; else the cost estimate.
+                    let probe_share = tally.trap_share().or_else(|| {
+                        let cost = budget.costs.get(&pid)?;
+                        Some(cost.full_time_cpu.min(1.0))
+                    });
                     Observed {
                         fraction: tracked.observed.fraction(),
                         first_period,
                         last_period,
-                        pace: tracked.pace.tally.correction(),
+                        pace: tally.correction(),
+                        probe_share,
+                        tally,
                     }
                 });
-                let mut report = Report::build(
+                // Why the one process of a process scope made no probed call, said in
+                // its profile (the first: the process followed).
+                let silence = self
+                    .target
+                    .as_ref()
+                    .filter(|_| profiles.is_empty())
+                    .map(|target| target.silence.to_string());
+                let report = Report::build(
                     &tracked.aggregate,
                     &mut symbolizer.for_modules(&self.stacks.normalizer.modules),
                     self.options.rate,
@@ -187,27 +199,8 @@ impl Collector {
                         counters,
                         observed,
                     },
+                    silence.as_deref(),
                 );
-                if let (Some(time), Some(budget)) =
-                    (report.time_sampling.as_mut(), self.budget.as_ref())
-                {
-                    // Measured while probed where it could be; else the cost estimate.
-                    time.probe_share = tracked
-                        .pace
-                        .tally
-                        .trap_share()
-                        .or_else(|| budget.costs.get(&pid).map(|c| c.full_time_cpu.min(1.0)))
-                        .filter(|&share| share >= PROBE_SHARE_SHOWN);
-                    if time.pace.is_none() {
-                        // Not corrected: its interval reaches as high as a CPU-bound
-                        // process slowed by its measured trap share would be.
-                        time.pace_slack = tracked
-                            .pace
-                            .tally
-                            .uncorrected_slack(report.totals.estimated_bytes);
-                    }
-                    tracing::trace!("pid {pid}: {:?}", tracked.pace.tally);
-                }
                 profiles.push(ProcessProfile {
                     info: tracked.info.clone(),
                     report,

@@ -141,8 +141,8 @@ pub fn resource_from_labels<K: AsRef<str>, V: AsRef<str>>(labels: &[(K, V)]) -> 
     }
 }
 
-/// Converts a pprof profile (as [`crate::pprof::to_profile`] and `add_labels` make
-/// them) to an OTLP export request, as the module documentation describes.
+/// Converts a pprof profile (as [`crate::pprof::encode`] makes them) to an OTLP export
+/// request, as the module documentation describes.
 ///
 /// `resource` is the process's labels ([`resource_from_labels`]). `start_unix_nanos`
 /// and `duration_nanos` are the profile's collection start and length; 0 takes the

@@ -16,8 +16,13 @@
 //! - the profile comment states the rate, the level, and the total's interval.
 //! - unsymbolized reports: locations carry addresses only (no lines, no functions) and the
 //!   mappings say so, for a symbolizer that works from build ids.
+//! - the agent's stored profiles also carry their process's labels and exact totals
+//!   ([`ProfileMeta`]: [`encode`] writes them, [`decode`] reads them back); [`read`]
+//!   turns a profile's samples back into stacks.
 
+mod meta;
 pub mod proto;
+mod read;
 
 use std::{
     collections::HashMap,
@@ -28,7 +33,12 @@ use std::{
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
+pub use self::meta::{
+    decode, decode_path, encode, ProfileMeta, EXACT_BYTES_COMMENT, EXACT_CALLS_COMMENT,
+    OBSERVED_FRACTION_LABEL, PER_INTERVAL_LABELS,
+};
 use self::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+pub use self::read::{read, ReadProfile, ReadSample};
 use allocbpf_profile::estimate::IntervalInputs;
 use allocbpf_profile::{
     frame::{Frame, FunctionFrame},
@@ -118,7 +128,7 @@ pub fn interval_inputs_from(values: [u64; 6], rate: u64) -> IntervalInputs {
 }
 
 /// Converts a report to a `Profile` message.
-pub fn to_profile(report: &Report, time_nanos: i64) -> Profile {
+pub(crate) fn to_profile(report: &Report, time_nanos: i64) -> Profile {
     // The string table's order follows the order things are interned in below.
     let mut strings = Strings::new();
     let live = report.live.is_some();
@@ -419,7 +429,7 @@ pub enum DecodeError {
     TooLarge(u64),
 }
 
-/// Reads a gzipped pprof profile (as [`write`] writes them).
+/// Reads a gzipped pprof profile (as [`write()`] writes them).
 pub fn decode_file(path: &Path) -> Result<Profile, DecodeError> {
     let file = std::fs::File::open(path).map_err(DecodeError::Open)?;
     decode_gzipped(file, u64::MAX)
@@ -441,7 +451,7 @@ pub fn decode_gzipped(gzipped: impl Read, max_bytes: u64) -> Result<Profile, Dec
 
 /// Adds string labels to every sample and as `key=value` comments: the process labels
 /// of the agent's per-process profiles (hostname, pid, comm, exe, build ids, cgroup).
-pub fn add_labels(profile: &mut Profile, labels: &[(&str, String)]) {
+pub(crate) fn add_labels<K: AsRef<str>, V: AsRef<str>>(profile: &mut Profile, labels: &[(K, V)]) {
     let mut intern = |value: &str| -> i64 {
         match profile.string_table.iter().position(|s| s == value) {
             Some(i) => i as i64,
@@ -453,13 +463,14 @@ pub fn add_labels(profile: &mut Profile, labels: &[(&str, String)]) {
     };
     let pairs: Vec<(i64, i64)> = labels
         .iter()
+        .map(|(key, value)| (key.as_ref(), value.as_ref()))
         // The numeric pid label is already there.
         .filter(|(key, value)| *key != "pid" && !value.is_empty())
         .map(|(key, value)| (intern(key), intern(value)))
         .collect();
     let comments: Vec<i64> = labels
         .iter()
-        .map(|(key, value)| intern(&format!("{key}={value}")))
+        .map(|(key, value)| intern(&format!("{}={}", key.as_ref(), value.as_ref())))
         .collect();
     for sample in &mut profile.sample {
         sample.label.extend(pairs.iter().map(|&(key, str)| Label {
@@ -472,7 +483,7 @@ pub fn add_labels(profile: &mut Profile, labels: &[(&str, String)]) {
 }
 
 /// Adds one comment line to a profile.
-pub fn add_comment(profile: &mut Profile, text: &str) {
+pub(crate) fn add_comment(profile: &mut Profile, text: &str) {
     profile.string_table.push(text.to_string());
     profile.comment.push(profile.string_table.len() as i64 - 1);
 }
@@ -485,127 +496,19 @@ pub fn gzip(profile: &Profile) -> Vec<u8> {
     gz.finish().expect("writing to a Vec cannot fail")
 }
 
-/// Writes the report as a gzipped profile.proto.
+/// Writes the report as a gzipped profile.proto: [`encode`] without labels or exact
+/// totals' comments, started `report.duration` ago.
 pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     let time_nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64 - report.duration.as_nanos() as i64)
         .unwrap_or(0);
-    let bytes = to_profile(report, time_nanos).encode_to_vec();
-    let mut gz = GzEncoder::new(out, Compression::default());
-    gz.write_all(&bytes)?;
-    gz.finish()?;
-    Ok(())
+    let meta = ProfileMeta {
+        time_nanos,
+        ..ProfileMeta::default()
+    };
+    out.write_all(&encode(report, &meta))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_report;
-    use flate2::read::GzDecoder;
-    use std::io::Read;
-
-    #[test]
-    fn live_profiles_have_go_heap_inuse_types() {
-        let mut report = test_report();
-        report.live = Some(allocbpf_profile::aggregate::LiveCounts::default());
-        report.stacks[0].stats.inuse_bytes = 4096.0;
-        let profile = to_profile(&report, 0);
-        let s = |i: i64| profile.string_table[i as usize].as_str();
-        let types: Vec<&str> = profile.sample_type.iter().map(|t| s(t.r#type)).collect();
-        assert_eq!(
-            types,
-            [
-                "alloc_objects",
-                "alloc_space",
-                "inuse_objects",
-                "inuse_space"
-            ]
-        );
-        assert_eq!(s(profile.default_sample_type), "inuse_space");
-        assert_eq!(profile.sample[0].value[3], 4096);
-    }
-
-    #[test]
-    fn a_profile_carries_only_the_mappings_its_stacks_use() {
-        let mut report = test_report();
-        report.modules.push(allocbpf_profile::frame::Module {
-            path: "/home/other-tenant/secret-service".into(),
-            build_id: None,
-        });
-        let profile = to_profile(&report, 0);
-        assert_eq!(profile.mapping.len(), 1);
-        assert!(
-            !profile
-                .string_table
-                .iter()
-                .any(|s| s.contains("other-tenant")),
-            "another process's binary leaked into the profile"
-        );
-    }
-
-    #[test]
-    fn encode_then_decode_round_trips() {
-        let report = test_report();
-        let mut gz = Vec::new();
-        write(&report, &mut gz).unwrap();
-        let mut raw = Vec::new();
-        GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
-        let profile = Profile::decode(&raw[..]).unwrap();
-
-        let s = |i: i64| profile.string_table[i as usize].as_str();
-        assert_eq!(s(0), "");
-        let types: Vec<(&str, &str)> = profile
-            .sample_type
-            .iter()
-            .map(|t| (s(t.r#type), s(t.unit)))
-            .collect();
-        assert_eq!(
-            types,
-            [("alloc_objects", "count"), ("alloc_space", "bytes")]
-        );
-        let period_type = profile.period_type.as_ref().unwrap();
-        assert_eq!(
-            (s(period_type.r#type), s(period_type.unit)),
-            ("space", "bytes")
-        );
-        assert_eq!(profile.period, report.rate as i64);
-        assert_eq!(profile.sample.len(), report.stacks.len());
-
-        // Values and leaf-first function names survive.
-        let first = &profile.sample[0];
-        assert_eq!(
-            first.value[1],
-            report.stacks[0].stats.estimated_bytes.round() as i64
-        );
-        let leaf = profile
-            .location
-            .iter()
-            .find(|l| l.id == first.location_id[0])
-            .unwrap();
-        let function = profile
-            .function
-            .iter()
-            .find(|f| f.id == leaf.line[0].function_id)
-            .unwrap();
-        assert_eq!(s(function.name), "inlined_helper");
-        assert_eq!(leaf.line.len(), 2, "inlined frame kept in one location");
-
-        // Mapping carries the build id; address - start is the file offset.
-        let mapping = &profile.mapping[0];
-        assert_eq!(s(mapping.build_id), "abcd");
-        assert_eq!(leaf.address - mapping.memory_start, 0x1234);
-        assert_eq!(first.label[0].num, 42);
-        let label = |key: &str| {
-            first
-                .label
-                .iter()
-                .find(|l| s(l.key) == key)
-                .unwrap_or_else(|| panic!("label {key}"))
-        };
-        let interval = report.interval(&report.stacks[0].stats);
-        assert_eq!(label("bytes_ci95_low").num, interval.lo.round() as i64);
-        assert_eq!(label("bytes_ci95_high").num, interval.hi.round() as i64);
-        assert_eq!(s(label("bytes_ci95_high").num_unit), "bytes");
-    }
-}
+mod tests;
