@@ -3,9 +3,9 @@
 //! It profiles every process of the host (the engine's host scope, [`allocbpf_collect::engine`]) continuously, and every
 //! interval cuts one profile per process that allocated (alloc and, with live tracking,
 //! inuse sample types), labelled with hostname, pid, comm, exe, build id and cgroup /
-//! container id. Profiles go to the local [`store`] (always) and, when configured, to
-//! Pyroscope through the bounded spool of [`push`]. Sampling never waits for either:
-//! encoding, store and spool writes run on the [`writer`] thread, and pushing on its
+//! container id. Profiles go to the local `store` (always) and, when configured, to
+//! Pyroscope through the bounded spool of `push`. Sampling never waits for either:
+//! encoding, store and spool writes run on the `writer` thread, and pushing on its
 //! own thread.
 //!
 //! Signals: SIGTERM (and Ctrl-C) cut the current, partial interval, store it, deliver
@@ -14,20 +14,22 @@
 //!
 //! The agent sits above the collection engine ([`allocbpf_collect`]) and the exporters
 //! ([`allocbpf_export`]). What the binary calls has typed errors
-//! ([`config::ConfigError`], [`report::ReportError`]) except [`run`], the agent's top
+//! ([`config::ConfigError`], [`StoreError`]) except [`run`], the agent's top
 //! level, which returns `anyhow` errors like the private modules below it (store,
 //! spool, push, writer, metrics): nothing else calls them.
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod merge;
 mod metrics;
 mod push;
-pub mod report;
 mod spool;
 mod store;
 mod tls;
 mod watchdog;
 mod writer;
+
+pub use store::StoreError;
 
 use std::{
     path::PathBuf,
@@ -50,9 +52,9 @@ use allocbpf_collect::{
     budget::CalibrationChild,
     engine::{window_wait, Collector, HOUSEKEEPING_TICK},
     filter::ProcessFilter,
+    identity::hostname,
     kernel::KernelLoader,
     options::{CollectOptions, LiveOptions, Scope},
-    process::hostname,
 };
 use allocbpf_probe::preflight;
 use allocbpf_probe::sampler::LiveMechanism;

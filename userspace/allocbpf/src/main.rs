@@ -154,7 +154,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
             args.store.display()
         );
     }
-    let (report, merged) = allocbpf_agent::report::merge_store(
+    let (report, merged) = allocbpf_agent::merge::merge_store(
         &args.store,
         args.since,
         comm.as_ref(),

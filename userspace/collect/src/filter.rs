@@ -9,7 +9,7 @@ use std::{ffi::OsStr, os::unix::ffi::OsStrExt};
 
 use regex::bytes::Regex;
 
-use super::process::ProcessInfo;
+use super::identity::ProcessInfo;
 
 /// What a [`ProcessFilter`] is built from (the command line's filter flags, or the
 /// agent's config keys of the same names).

@@ -7,7 +7,7 @@
 //!   interval cutter), and what it produces ([`engine::ProcessProfile`]);
 //! - [`budget`]: the per-process overhead budget the engine applies (host scope);
 //! - [`run`]: one run until a stop condition, one report (the command line's modes);
-//! - [`filter`], [`process`]: which processes, and the labels of their profiles;
+//! - [`filter`], [`identity`]: which processes, and the labels of their profiles;
 //! - [`raw_samples`]: every raw sample as a JSON line, for offline analysis.
 //!
 //! Above [`allocbpf_probe`] (the sampler and ring buffer), [`allocbpf_stacks`] and
@@ -19,8 +19,8 @@ pub mod budget;
 pub mod engine;
 pub mod error;
 pub mod filter;
+pub mod identity;
 pub mod kernel;
 pub mod options;
-pub mod process;
 pub mod raw_samples;
 pub mod run;

@@ -199,7 +199,7 @@ const MAPS_REFRESH_LIMIT: Duration = Duration::from_secs(1);
 /// Memory maps are cached per process, so samples that arrive after their process
 /// exited are still normalized with the maps it had. When an address falls outside
 /// every cached mapping while the process still lives (a library loaded since), the
-/// maps are re-read, at most once per [`MAPS_REFRESH_LIMIT`]; addresses that stay
+/// maps are re-read, at most once per `MAPS_REFRESH_LIMIT`; addresses that stay
 /// unknown are usually frame-pointer garbage from code built without frame pointers.
 pub struct AddressNormalizer {
     normalizer: Normalizer,
@@ -261,7 +261,7 @@ impl AddressNormalizer {
 
     /// Called when process `pid` exits or execs: drops its normalized frames now, and
     /// the cached maps of every process (blazesym caches per process and cannot forget
-    /// one) at most once per [`MAPS_REFRESH_LIMIT`], so the cache of a long-running
+    /// one) at most once per `MAPS_REFRESH_LIMIT`, so the cache of a long-running
     /// agent stays bounded. The module table (what frames refer to) is kept.
     pub fn forget(&mut self, pid: u32) {
         if let Some(frames) = self.resolved.remove(&pid) {

@@ -6,9 +6,9 @@
 //!
 //! blazesym reads no module's file: only a sealed in-memory copy of it, without debug
 //! links or compressed sections ([`allocbpf_images::sealed_copy`], kept within a byte
-//! budget by [`crate::copies`]), and it is told of no debug directory: it opens
+//! budget by `crate::copies`), and it is told of no debug directory: it opens
 //! nothing by name. Detached debug files in root's `/usr/lib/debug/.build-id` are
-//! opened by [`crate::copies`] itself, checked, and copied the same way.
+//! opened by `crate::copies` itself, checked, and copied the same way.
 
 use std::{collections::HashMap, sync::Arc};
 

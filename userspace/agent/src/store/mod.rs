@@ -44,7 +44,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::{config::Retention, report::ReportError};
+use super::config::Retention;
 
 /// Creates `dir` and its missing parents with mode 0700, and makes `dir` itself 0700 if
 /// it existed with wider permissions.
@@ -263,15 +263,28 @@ pub(super) fn remove_temporary_files(dir: &Path) {
     }
 }
 
+/// Why stored profiles could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store's directory cannot be listed.
+    #[error("reading {}", path.display())]
+    Listing {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// Every stored profile under `root`, oldest (by end time) first.
-pub fn list(root: &Path) -> Result<Vec<StoredProfile>, ReportError> {
+pub fn list(root: &Path) -> Result<Vec<StoredProfile>, StoreError> {
     let profiles = root.join("profiles");
     let mut out = Vec::new();
     let days = match std::fs::read_dir(&profiles) {
         Ok(days) => days,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
         Err(source) => {
-            return Err(ReportError::Store {
+            return Err(StoreError::Listing {
                 path: profiles,
                 source,
             })

@@ -1,5 +1,5 @@
 //! The calibration workload: a child process whose probe hits the engine times to
-//! learn what one hit costs on this machine (the engine's `calibrate.rs`).
+//! learn what one hit costs on this machine (the engine's `hit_cost.rs`).
 
 use std::time::Instant;
 

@@ -3,7 +3,7 @@
 //!
 //! The kernel counts every probe hit per process (`PROCESS_GATES`). A start-up
 //! calibration measures what one hit costs on this machine (the engine's
-//! `calibrate.rs`), so hits per second of probed time become the CPU fraction a process
+//! `hit_cost.rs`), so hits per second of probed time become the CPU fraction a process
 //! would spend in probes were it probed full time. An image then gets a *duty*: the
 //! fraction of time its probes are in, low enough that no process mapping it exceeds
 //! the per-process budget and all together stay within the host's

@@ -12,8 +12,8 @@ use allocbpf_images::procfs;
 use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
-use super::{cutter::IntervalEnd, Collector, ProcessProfile, Tracked, LOST_FREE_MIN_AGE};
-use crate::process;
+use super::{interval::IntervalEnd, Collector, ProcessProfile, Tracked, LOST_FREE_MIN_AGE};
+use crate::identity;
 
 /// Which of the processes that had a pid in one interval (a pid reused after an exit)
 /// gets the kernel's totals of that pid, which count them all: the one with most of
@@ -46,7 +46,7 @@ impl Collector {
 
     /// Cuts one profile per profiled process for the interval that ends now, and starts
     /// the next; processes that exited are forgotten after their last profile. See
-    /// [`cutter`] for how the interval's records are told from the next one's.
+    /// `interval` for how the interval's records are told from the next one's.
     pub fn cut(&mut self) -> Vec<ProcessProfile> {
         let end = self.cutter.end_now();
         let ended = match self.kernel().next_epoch() {
@@ -138,7 +138,7 @@ impl Collector {
                 });
                 self.stats.lost_frees += lost;
             }
-            if !tracked.exited && !process::is_alive(pid, tracked.info.start_time) {
+            if !tracked.exited && !identity::is_alive(pid, tracked.info.start_time) {
                 // Its exit event was lost (full ring): same outcome. A later process
                 // with its pid is not taken for it (the start time differs), but its
                 // samples until now are in this profile.

@@ -6,9 +6,9 @@
 //! process → per-process reports ([`ProcessProfile`]), cut on demand (the agent cuts
 //! one per interval; a one-shot run cuts once, at [`Collector::stop`]).
 //!
-//! Its parts, one job each: the [`ProcessTable`] (who is followed), the [`ImageSet`]
-//! (what is attached), the [`ExecQueue`] (who exec'd and is examined next), the
-//! [`BudgetController`] (the overhead budget) and the [`IntervalCutter`] (where an
+//! Its parts, one job each: the `ProcessTable` (who is followed), the `ImageSet`
+//! (what is attached), the `ExecQueue` (who exec'd and is examined next), the
+//! `BudgetController` (the overhead budget) and the `IntervalCutter` (where an
 //! interval ends). The engine routes records between them and owns the kernel side ([`crate::kernel`]).
 //!
 //! With [`Scope::Process`], the images are the target's, attached at start, and the
@@ -40,13 +40,13 @@ use allocbpf_profile::{
 use allocbpf_stacks::resolve::StackResolver;
 
 mod budget_control;
-mod calibrate;
 mod cut;
-mod cutter;
 mod exec_queue;
+mod hit_cost;
 mod images;
+mod interval;
 mod maps_rescan;
-mod processes;
+mod process_table;
 mod release;
 mod start;
 mod stats;
@@ -55,18 +55,20 @@ mod tests;
 
 use self::budget_control::BudgetController;
 pub use self::budget_control::{ImageFigures, ProcessCostFigures};
-use self::{cutter::IntervalCutter, maps_rescan::MapsRescan};
-pub use self::{cutter::ProcessProfile, maps_rescan::MAPS_RESCAN_INTERVAL, stats::CollectorStats};
 pub(crate) use self::{
     exec_queue::ExecQueue,
     images::ImageSet,
-    processes::{Followed, Owner, ProcessTable, Tracked},
+    process_table::{Followed, Owner, ProcessTable, Tracked},
+};
+use self::{interval::IntervalCutter, maps_rescan::MapsRescan};
+pub use self::{
+    interval::ProcessProfile, maps_rescan::MAPS_RESCAN_INTERVAL, stats::CollectorStats,
 };
 use crate::{
     filter::ProcessFilter,
+    identity::{self, ProcessInfo},
     kernel::{EventSource, Kernel},
     options::{CollectOptions, Scope},
-    process::{self, ProcessInfo},
     raw_samples::RawSampleLog,
 };
 
@@ -303,7 +305,7 @@ impl Collector {
                     // (a late sample), or a new one, looked at first (a pid reused
                     // after an exit is another process: `sample_owner`). After stop
                     // (no kernel) only processes already known count.
-                    let mut owner = self.processes.sample_owner(pid, process::start_time);
+                    let mut owner = self.processes.sample_owner(pid, identity::start_time);
                     if owner == Owner::Unknown
                         && !self.processes.unreadable(pid)
                         && self.kernel.is_some()

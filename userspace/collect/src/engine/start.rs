@@ -9,15 +9,15 @@ use allocbpf_probe::sampler::SamplerConfig;
 use allocbpf_stacks::resolve::StackResolver;
 
 use super::{
-    budget_control::BudgetController, cutter::IntervalCutter, AttachedTarget, Collector,
+    budget_control::BudgetController, interval::IntervalCutter, AttachedTarget, Collector,
     CollectorStats, ExecQueue, ImageSet, ProcessTable,
 };
 use crate::{
     budget::{BudgetOptions, HitCost},
     error::CollectError,
+    identity::ProcessInfo,
     kernel::{KernelLoader, Loaded},
     options::{CollectOptions, Scope},
-    process::ProcessInfo,
     raw_samples::RawSampleLog,
 };
 

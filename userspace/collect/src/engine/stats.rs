@@ -11,7 +11,7 @@ pub struct CollectorStats {
     pub images_attached: u64,
     /// Images that could not be attached.
     pub attach_failures: u64,
-    /// Allocator images found but not attached because [`super::images::MAX_IMAGES`]
+    /// Allocator images found but not attached because `super::images::MAX_IMAGES`
     /// were attached already (total; counted at each look at a process mapping one).
     pub images_skipped: u64,
     /// Mapped files refused unread for a hostile ELF layout (too many section headers,

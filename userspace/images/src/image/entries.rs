@@ -27,7 +27,7 @@ pub struct ResolvedEntries {
     /// Entries not probed.
     pub skipped: Vec<SkippedEntry>,
     /// The frames of unprobed entries at their calls to probed ones, for unwinding
-    /// stacks sampled in the callee ([`frame`]).
+    /// stacks sampled in the callee (`frame`).
     pub call_frames: Vec<CallFrame>,
 }
 

@@ -195,7 +195,7 @@ pub struct Lookup {
     pub prefixes: Vec<String>,
     /// Stacks are unwound from a stack copy with unwind tables (in userspace). An entry that *calls* its forward keeps a frame between the probed
     /// function and the program; it is left unprobed only when that frame can be
-    /// unwound (the entry has its own table entry, [`cfi`]). Kernel frame-pointer
+    /// unwound (the entry has its own table entry, `cfi`). Kernel frame-pointer
     /// stacks cannot unwind it (allocators omit frame pointers): such entries stay
     /// probed, as wrappers, when frame pointers are walked in the kernel.
     pub unwind_tables: bool,

@@ -14,7 +14,7 @@
 //! Files on FUSE and network file systems are not opened at all: every open and read of
 //! such a file is a request answered by a user-space daemon (which any user may run:
 //! fusermount is setuid) or a server, either of which may never answer
-//! ([`may_stall`]). Nor are files whose mount is in no mount table (lazily unmounted):
+//! (`may_stall`). Nor are files whose mount is in no mount table (lazily unmounted):
 //! their file system cannot be told. The mapping is pinned with an `O_PATH` descriptor
 //! (no request to its file system), its mount looked up by id in the process's own
 //! `/proc/PID/mountinfo` (or ours), and only then is that very file opened
@@ -235,7 +235,7 @@ pub enum MappedFileError {
         size: u64,
     },
     /// On a file system whose opens and reads a user-space daemon or a server answers
-    /// ([`may_stall`]).
+    /// (`may_stall`).
     #[error(
         "{path} is on a {fstype} file system, whose daemon or server could stall any open \
          or read: not opened"
@@ -298,11 +298,11 @@ pub static DESCRIPTOR_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::
 /// that it is a regular file with the mapping's device and inode. In that order,
 /// failing closed (a file system that cannot be told is not taken for a safe one):
 /// 1. the mapping's device is looked up in the process's mount table: a file system
-///    that may stall ([`may_stall`]) is refused without touching the file;
-/// 2. the map_files link is opened `O_PATH` ([`pin`]): the kernel resolves it to the
+///    that may stall (`may_stall`) is refused without touching the file;
+/// 2. the map_files link is opened `O_PATH` (`pin`): the kernel resolves it to the
 ///    file mapped there now and opens nothing, asking its file system nothing;
-/// 3. the mount that descriptor was reached through ([`fdinfo_mount_id`]) is looked up
-///    by id in the process's mount table, else in ours ([`mount_type`]): a type that
+/// 3. the mount that descriptor was reached through (`fdinfo_mount_id`) is looked up
+///    by id in the process's mount table, else in ours (`mount_type`): a type that
 ///    may stall is refused, and so is a mount in neither (detached by `umount -l`:
 ///    FUSE, NFS or tmpfs, nobody can tell);
 /// 4. the pinned file itself is opened, through `/proc/self/fd/N` (the file just

@@ -10,7 +10,7 @@ use super::{
 
 /// The GNU build id of `file` (opened by [`crate::procfs::open_mapped`]): the
 /// `NT_GNU_BUILD_ID` note named `GNU` in its note segments, else in its note sections,
-/// read with bounded positioned reads (nothing mapped, at most [`MAX_NOTES_READ`] note
+/// read with bounded positioned reads (nothing mapped, at most `MAX_NOTES_READ` note
 /// bytes). `None` if it has none, or is not a 64-bit little-endian ELF file. Metadata
 /// for reports only: anyone can put any build id in a file of theirs, so it never
 /// identifies a file.

@@ -148,7 +148,7 @@ impl EventReader {
     }
 
     /// Waits until records are available, or at most [`RING_POLL_EVERY`], then appends
-    /// up to [`BATCH_CHUNKS`] chunks of queued records to `out` (possibly none). A read
+    /// up to `BATCH_CHUNKS` chunks of queued records to `out` (possibly none). A read
     /// error of the ring is returned once, after the records read before it.
     pub async fn read_batch(&mut self, out: &mut Vec<Event>) -> io::Result<()> {
         if let Some(error) = self.pending_error.take() {

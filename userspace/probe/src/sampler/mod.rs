@@ -231,7 +231,7 @@ impl Sampler {
         Ok(sampler)
     }
 
-    /// Writes a fresh table of exponential intervals (see [`intervals`]).
+    /// Writes a fresh table of exponential intervals (see `intervals`).
     pub fn refresh_intervals(&mut self) -> Result<(), ProbeError> {
         let Some(map) = self.intervals.as_mut() else {
             return Ok(());

@@ -10,7 +10,7 @@
 //! at most once a second, when an address falls outside every known module). Files are
 //! opened through `/proc/PID/map_files/`, so deleted or replaced binaries and
 //! containers' files are the ones the process runs. Their unwind sections are cached by
-//! build id (or path for files without one) in a cache bounded in bytes ([`cache`]), so
+//! build id (or path for files without one) in a cache bounded in bytes (`cache`), so
 //! many processes of one program share one copy.
 //!
 //! One more rule comes from the code itself: an allocation entry left unprobed because

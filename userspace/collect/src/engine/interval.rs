@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use allocbpf_probe::{events::Event, sampler::monotonic_now_ns};
 use allocbpf_profile::report::Report;
 
-use crate::process::ProcessInfo;
+use crate::identity::ProcessInfo;
 
 /// One process's profile for one interval.
 #[derive(Clone, Debug)]

@@ -14,26 +14,13 @@ use std::{
 
 use regex::Regex;
 
-use super::store::{age, list};
+use super::store::{age, list, StoreError};
 use allocbpf_collect::error::error_chain;
 use allocbpf_export::pprof::{self, decode_path, ProfileMeta, ReadProfile};
 use allocbpf_profile::aggregate::LiveCounts;
 use allocbpf_profile::estimate::Confidence;
 use allocbpf_profile::frame::{Frame, FunctionFrame};
 use allocbpf_profile::report::{Location, Report, StackReport, Totals};
-
-/// Why stored profiles could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ReportError {
-    /// The store's directory cannot be listed.
-    #[error("reading {}", path.display())]
-    Store {
-        /// The directory.
-        path: std::path::PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-}
 
 /// Merges the profiles stored under `store` that ended at most `since` ago and whose
 /// process's command name matches `comm` into one report; also returns how many were
@@ -43,7 +30,7 @@ pub fn merge_store(
     since: Option<Duration>,
     comm: Option<&Regex>,
     mut skipped: impl FnMut(&Path, &str),
-) -> Result<(Report, usize), ReportError> {
+) -> Result<(Report, usize), StoreError> {
     let now = SystemTime::now();
     let mut merger = Merger::default();
     let mut read = 0;

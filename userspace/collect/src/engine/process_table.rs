@@ -11,7 +11,7 @@ use allocbpf_profile::aggregate::Aggregate;
 
 use crate::{
     budget::pace::PaceMeter,
-    process::{BuildIdCache, ProcessInfo},
+    identity::{BuildIdCache, ProcessInfo},
 };
 
 /// One followed process.
@@ -200,7 +200,7 @@ impl ProcessTable {
     /// `pid` is gone (samples its threads sent as it exited) or is still the process
     /// that started then (threads that outlive its main thread); a process that
     /// started since is a new one (`Unknown`). `start_time` reads a pid's start time
-    /// ([`crate::process::start_time`]), only then.
+    /// ([`crate::identity::start_time`]), only then.
     pub fn sample_owner(&self, pid: u32, start_time: impl FnOnce(u32) -> Option<u64>) -> Owner {
         if self.tracked.contains_key(&pid) {
             return Owner::Tracked;
