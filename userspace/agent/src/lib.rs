@@ -23,7 +23,6 @@ pub mod config;
 pub mod merge;
 mod metrics;
 mod push;
-mod spool;
 mod store;
 mod tls;
 mod watchdog;

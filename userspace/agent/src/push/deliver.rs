@@ -10,8 +10,8 @@ use std::{
 
 use anyhow::Context;
 
+use super::spool::{Next, Retry, Spool};
 use super::{http::Failure, publish_sizes, Message, PushMeta, PushStats, Transport};
-use crate::spool::{Next, Retry, Spool};
 
 const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
 /// The longest back-off.

@@ -7,7 +7,7 @@
 //!   profiles ([`otlp`]).
 //!
 //! Every profile is first written to each store's spool (`STORE/spool/`,
-//! `STORE/spool-otlp/`, [`crate::spool`]), then delivered by that store's thread
+//! `STORE/spool-otlp/`, [`spool`]), then delivered by that store's thread
 //! ([`deliver`]), oldest first, and deleted once the server answered 2xx: a store that
 //! fails never makes another receive a profile twice. Failures are of three kinds
 //! ([`http::status_kind`]), so one bad record cannot stop delivery:
@@ -48,15 +48,13 @@ mod http;
 pub mod labels;
 mod otlp;
 mod pyroscope;
+pub(crate) mod spool;
 #[cfg(test)]
 mod tests;
 
 pub use self::credentials::Credentials;
-use self::{deliver::deliver, http::Failure, labels::SeriesLimit};
-use super::{
-    config::{Destination, PushConfig, PushTarget},
-    spool::Spool,
-};
+use self::{deliver::deliver, http::Failure, labels::SeriesLimit, spool::Spool};
+use super::config::{Destination, PushConfig, PushTarget};
 
 /// Delivery counts, shared with the metrics endpoint.
 #[derive(Debug, Default)]

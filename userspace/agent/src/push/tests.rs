@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
+use super::spool::{Next, Retry};
 use super::{
     deliver::{after_failure, BACKOFF_MAX, MAX_STRIKES},
     *,
 };
-use crate::spool::{Next, Retry};
 
 /// A stand-in for the server: answers by the profile's `pid` label, and records
 /// each request's pid and body.

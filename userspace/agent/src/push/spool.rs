@@ -27,14 +27,12 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::{
-    push::PushMeta,
-    store::{create_private_dir, remove_temporary_files, sync_directory, write_private},
-};
+use super::PushMeta;
+use crate::store::{create_private_dir, remove_temporary_files, sync_directory, write_private};
 
 /// The bounded on-disk queue of undelivered profiles.
 #[derive(Debug)]
-pub(super) struct Spool {
+pub(crate) struct Spool {
     dir: PathBuf,
     max_bytes: AtomicU64,
     queue: Mutex<Queue>,
@@ -59,7 +57,7 @@ struct Entry {
 
 /// How a record that failed on its own is retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Retry {
+pub(crate) struct Retry {
     /// Its failures so far.
     pub failures: u32,
     /// Failures after which other records had been delivered: evidence that the
@@ -73,7 +71,7 @@ pub(super) struct Retry {
 
 /// What the delivery should do next.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Next {
+pub(crate) enum Next {
     /// Send this record (with its retry state, if it failed before).
     Ready(PathBuf, Option<Retry>),
     /// Every record waits for its retry time; the earliest.
@@ -83,7 +81,7 @@ pub(super) enum Next {
 }
 
 impl Spool {
-    pub(super) fn open(dir: &Path, max_bytes: u64) -> Result<Spool> {
+    pub(crate) fn open(dir: &Path, max_bytes: u64) -> Result<Spool> {
         create_private_dir(dir)
             .with_context(|| format!("creating the spool directory {}", dir.display()))?;
         // A crash between write and rename leaves a .tmp: never delivered, so removed.
@@ -118,7 +116,7 @@ impl Spool {
 
     /// Changes the bound (a reload); drops the oldest while the spool is larger.
     /// Returns how many were dropped.
-    pub(super) fn set_max_bytes(&self, max_bytes: u64) -> u64 {
+    pub(crate) fn set_max_bytes(&self, max_bytes: u64) -> u64 {
         self.max_bytes.store(max_bytes, Ordering::Relaxed);
         let mut queue = self.queue.lock().expect("spool lock");
         self.trim(&mut queue)
@@ -142,7 +140,7 @@ impl Spool {
 
     /// Adds a profile; drops the oldest while it does not fit. Returns how many were
     /// dropped.
-    pub(super) fn push(&self, meta: &PushMeta, gzipped: &[u8]) -> Result<u64> {
+    pub(crate) fn push(&self, meta: &PushMeta, gzipped: &[u8]) -> Result<u64> {
         let mut record = serde_json::to_vec(meta)?;
         record.push(b'\n');
         record.extend_from_slice(gzipped);
@@ -171,7 +169,7 @@ impl Spool {
 
     /// The oldest record.
     #[cfg(test)]
-    pub(super) fn front(&self) -> Option<PathBuf> {
+    pub(crate) fn front(&self) -> Option<PathBuf> {
         let queue = self.queue.lock().expect("spool lock");
         queue.entries.front().map(|e| e.path.clone())
     }
@@ -179,7 +177,7 @@ impl Spool {
     /// The record to send at `now`: the oldest that never failed; else the oldest of
     /// those that failed on their own whose retry time has come. A failed record goes
     /// behind every other, so it never holds them back.
-    pub(super) fn next(&self, now: Instant) -> Next {
+    pub(crate) fn next(&self, now: Instant) -> Next {
         let queue = self.queue.lock().expect("spool lock");
         let mut retried: Option<&Entry> = None;
         let mut earliest: Option<Instant> = None;
@@ -202,7 +200,7 @@ impl Spool {
     }
 
     /// Records `retry` for `path` (if it is still spooled).
-    pub(super) fn set_retry(&self, path: &Path, retry: Retry) {
+    pub(crate) fn set_retry(&self, path: &Path, retry: Retry) {
         let mut queue = self.queue.lock().expect("spool lock");
         if let Some(entry) = queue.entries.iter_mut().find(|e| e.path == path) {
             entry.retry = Some(retry);
@@ -211,7 +209,7 @@ impl Spool {
 
     /// Removes `path` (delivered, or dropped) and deletes its file. False if it was no
     /// longer spooled (dropped meanwhile to keep the bound: counted then).
-    pub(super) fn remove(&self, path: &Path) -> bool {
+    pub(crate) fn remove(&self, path: &Path) -> bool {
         let mut queue = self.queue.lock().expect("spool lock");
         let Some(at) = queue.entries.iter().position(|e| e.path == path) else {
             return false;
@@ -225,7 +223,7 @@ impl Spool {
     }
 
     /// (records, bytes) spooled.
-    pub(super) fn sizes(&self) -> (u64, u64) {
+    pub(crate) fn sizes(&self) -> (u64, u64) {
         let queue = self.queue.lock().expect("spool lock");
         (queue.entries.len() as u64, queue.bytes)
     }
@@ -233,7 +231,7 @@ impl Spool {
     /// Makes the records added and removed since the last call durable: fsyncs the
     /// directory (a renamed or deleted file is only sure to stay so after that). Once
     /// per cut, not per record.
-    pub(super) fn sync_dir(&self) -> std::io::Result<()> {
+    pub(crate) fn sync_dir(&self) -> std::io::Result<()> {
         if !self.dirty.swap(false, Ordering::Relaxed) {
             return Ok(());
         }
