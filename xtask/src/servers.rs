@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::util::{root, run};
 
-/// Where the tests find the collector (tests/src/otelcol.rs reads it).
+/// Where the tests find the collector (`tests/src/otelcol/mod.rs` reads it).
 pub const OTELCOL_ENV: &str = "ALLOCBPF_OTELCOL";
 
 /// The collector's binary name (`dist.name` in the manifest).

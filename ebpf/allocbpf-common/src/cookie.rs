@@ -1,7 +1,7 @@
 //! The attach cookie: what a probe must know about the instruction it sits on.
 //!
 //! A probe is placed at the first instruction of an entry that the kernel emulates
-//! (userspace's `probe/point.rs`), which may lie a few instructions after the entry.
+//! (userspace's `images/src/image/point.rs`), which may lie a few instructions after the entry.
 //! By then the arguments may have moved to other registers (`mov %rdi,%rbx`), or two
 //! of them may have been multiplied already (`reallocarray`'s `mul`); the stack pointer
 //! has not moved (a probe is never placed after a stack-pointer move: a return probe

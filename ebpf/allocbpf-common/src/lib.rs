@@ -64,7 +64,7 @@ pub const MAX_LIVE_SAMPLES: u32 = 1 << 16;
 ///
 /// The discriminant is what [`SampleEvent::alloc_fn`] carries and what a probe's
 /// attach cookie names ([`cookie::ProbeCookie::function`]). Which symbols of which
-/// family map to which variant is userspace's catalogue (`userspace/src/allocators.rs`);
+/// family map to which variant is userspace's catalogue (`userspace/images/src/allocators.rs`);
 /// how the probe reads the call's arguments is its [`Shape`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,4 +1,4 @@
-//! JSON: the schema the Foundation issue fixed (docs/output.md).
+//! JSON: the schema the Foundation issue fixed (README.md, "Formats").
 //!
 //! ```text
 //! {"rate": bytes, "confidence": level,

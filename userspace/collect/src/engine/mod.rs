@@ -446,7 +446,7 @@ impl Collector {
             .kernel
             .as_deref_mut()
             .expect("the kernel lives until stop");
-        // Exited threads' entries stay frozen until collected (probe/totals.rs): free
+        // Exited threads' entries stay frozen until collected (`probe/src/sampler/totals.rs`): free
         // them often enough that a program churning threads keeps finding slots.
         if now.duration_since(self.last_collect) >= COLLECT_EXITED_EVERY {
             self.last_collect = now;

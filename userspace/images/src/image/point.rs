@@ -3,7 +3,7 @@
 //!
 //! A uprobe replaces an instruction with `int3`. On the hit the kernel either emulates
 //! the original instruction or single-steps a copy of it out of line, which costs
-//! ~30x more here (14 us against 0.44 us per call, shared/docs/uprobe-costs.md).
+//! far more (docs/design.md has the figures, from `../shared/docs/uprobe-costs.md`).
 //! x86-64 Linux emulates (arch/x86/kernel/uprobes.c, `branch_setup_xol_ops` and
 //! `push_setup_xol_ops`; costs measured on this kernel, docs/design.md):
 //! - relative branches: `jmp rel8/rel32`, `jcc rel8/rel32`, `call rel32`, without an

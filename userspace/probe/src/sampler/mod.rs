@@ -320,7 +320,7 @@ impl Sampler {
     }
 
     /// Starts a new epoch and returns the one that ended: an interval cut that does
-    /// not stop the probes (`probe/totals.rs`).
+    /// not stop the probes (`totals.rs`).
     pub fn next_epoch(&mut self) -> Result<u64, ProbeError> {
         self.book.next_epoch(&mut self.ebpf)
     }
