@@ -199,7 +199,7 @@ pub fn filter_error(error: allocbpf_collect::filter::FilterError) -> anyhow::Err
 pub enum FormatArg {
     /// A table of the top stacks, exact vs estimated totals and drops.
     Text,
-    /// Machine-readable JSON (schema in `allocbpf_export::json`, summed up in README.md).
+    /// Machine-readable JSON (schema: README.md, "Formats").
     Json,
     /// gzipped pprof profile.proto (Go heap conventions).
     Pprof,

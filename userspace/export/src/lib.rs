@@ -20,7 +20,7 @@ use allocbpf_profile::report::Report;
 pub enum Format {
     /// A table of the top stacks, exact vs estimated totals and drops.
     Text,
-    /// Machine-readable JSON (schema in [`json`], summed up in README.md).
+    /// Machine-readable JSON (schema: README.md, "Formats"; [`json`]).
     Json,
     /// gzipped pprof profile.proto (Go heap conventions).
     Pprof,

@@ -22,7 +22,7 @@ use allocbpf_probe::{
     events::{Event, RawSample},
     sampler::monotonic_now_ns,
 };
-use allocbpf_profile::estimate::interval_table::REFRESH_INTERVAL;
+use allocbpf_profile::{estimate::interval_table::REFRESH_INTERVAL, frame::Frame};
 use allocbpf_stacks::resolve::UnwindMode;
 
 use super::{Collector, ProcessProfile};
@@ -199,6 +199,31 @@ fn a_cut_has_exactly_its_epochs_samples_and_the_kernels_totals() {
     let weight = 4096.0 / (1.0 - (-1.0f64).exp());
     assert!((next.totals.estimated_bytes - weight).abs() < 1e-6 * weight);
     assert!((report.totals.estimated_bytes - 3.0 * weight).abs() < 1e-6 * weight);
+}
+
+/// A sample the ring had no room for arrives through the ring of lost samples: it keeps
+/// its weight in every total, under one frame that says its stack is lost.
+#[test]
+fn a_lost_sample_counts_under_a_lost_stack() {
+    let me = std::process::id();
+    let fake = FakeLoader::new(false);
+    let mut collector = one_process(&fake, vec![own_executable()]);
+    let Event::Sample(mut lost) = sample(me, 1, 4096, 0) else {
+        unreachable!()
+    };
+    lost.lost = true;
+    fake.send([Event::Sample(lost), sample(me, 2, 4096, 0)]);
+    let profiles = collector.cut();
+    let report = &profile_of(&profiles, me).report;
+    assert_eq!(collector.stats.lost_samples, 1);
+    assert_eq!(report.totals.samples, 2);
+    let lost_stacks: Vec<_> = report
+        .stacks
+        .iter()
+        .filter(|stack| stack.locations.len() == 1 && stack.locations[0].frame == Frame::Lost)
+        .collect();
+    assert_eq!(lost_stacks.len(), 1);
+    assert_eq!(lost_stacks[0].stats.samples, 1);
 }
 
 #[test]
