@@ -82,9 +82,14 @@ fn checks(counts: &mut Counts) -> Result<()> {
         .arg(root().join("target/ebpf-clippy"))
         .args(["--", "-D", "warnings"]))?;
     check_layering()?;
+    counts.run(&mut unit_tests(&[]))
+}
+
+/// Every crate's unit tests (the end-to-end crate's need root and the real binary),
+/// with the binary built without its eBPF program; `extra` after `--no-fail-fast`.
+fn unit_tests(extra: &[&str]) -> Command {
     let mut command = cargo();
     command
-        // Every crate's unit tests; the end-to-end crate's need root and the real binary.
         .args([
             "test",
             "--release",
@@ -92,27 +97,18 @@ fn checks(counts: &mut Counts) -> Result<()> {
             "--exclude",
             "allocbpf-e2e",
         ])
-        .args(["--no-fail-fast"])
+        .arg("--no-fail-fast")
+        .args(extra)
         .env("ALLOCBPF_BPF_TOOLCHAIN", "none");
-    counts.run(&mut command)
+    command
 }
 
 /// Lane 2 (root): the end-to-end tests with the real binary.
 fn end_to_end(counts: &mut Counts) -> Result<()> {
     eprintln!("xtask: lane 2, end-to-end (root)");
     setup::ensure()?;
-    let mut command = cargo();
-    command
-        .args([
-            "test",
-            "--release",
-            "--workspace",
-            "--exclude",
-            "allocbpf-e2e",
-        ])
-        .args(["--no-fail-fast", "--lib", "--", "--ignored"])
-        .env("ALLOCBPF_BPF_TOOLCHAIN", "none");
-    counts.run(&mut command)?;
+    // The unit tests that need root (`#[ignore = "needs root: ..."]`).
+    counts.run(&mut unit_tests(&["--lib", "--", "--ignored"]))?;
     let allocbpf = build_allocbpf()?;
     let mut command = cargo();
     command
