@@ -32,22 +32,32 @@ pub enum Lane {
     All,
 }
 
-/// Runs `lane`; the closing line counts every test run.
+/// Runs `lane`; the closing line counts every test run, whatever stopped the lanes.
 pub fn test(lane: Lane) -> Result<()> {
     let mut counts = Counts::default();
-    checks(&mut counts)?;
-    if lane == Lane::All {
-        if !is_root() {
-            counts.print();
-            bail!(
-                "the checks lane passed; the end-to-end lane attaches real uprobes: run \
-                 `sudo cargo xtask test` (or `cargo xtask test --lane checks` for the checks alone)"
-            );
-        }
-        end_to_end(&mut counts)?;
-    }
+    let result = lanes(lane, &mut counts);
     counts.print();
-    counts.verdict()
+    result.and_then(|()| counts.verdict())
+}
+
+/// The lanes in order. A failed unit test does not stop the end-to-end lane (one
+/// failure must not hide the other results); a failed format or lint check does.
+fn lanes(lane: Lane, counts: &mut Counts) -> Result<()> {
+    checks(counts)?;
+    if lane == Lane::Checks {
+        return Ok(());
+    }
+    if !is_root() {
+        let verdict = match counts.verdict() {
+            Ok(()) => "passed",
+            Err(_) => "failed",
+        };
+        bail!(
+            "the checks lane {verdict}; the end-to-end lane attaches real uprobes: run \
+             `sudo cargo xtask test` (or `cargo xtask test --lane checks` for the checks alone)"
+        );
+    }
+    end_to_end(counts)
 }
 
 /// Lane 1: everything that needs neither root nor the BPF toolchain.

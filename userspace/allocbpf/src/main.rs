@@ -218,25 +218,18 @@ fn announce(started: &Started) {
             images,
             probes,
             rate,
-            live,
-        } => {
-            eprintln!(
-                "allocbpf: profiling pid {pid} ({}) through {}: {probes} probes, mean sampling interval {rate} bytes",
-                comm.to_string_lossy(),
-                images.join("; "),
-            );
-            if let Some((mode, frees)) = live {
-                let how = match mode {
-                    LiveMode::Session => {
-                        "uprobe session links (only sampled calls pay for the return)"
-                    }
-                    LiveMode::Uretprobe => "uretprobes on every allocation call (no session links)",
-                    LiveMode::Off => "no return probes (benchmark floor)",
-                };
-                eprintln!(
-                    "allocbpf: live tracking through {how}; {frees} deallocation entries probed"
-                );
-            }
+        } => eprintln!(
+            "allocbpf: profiling pid {pid} ({}) through {}: {probes} probes, mean sampling interval {rate} bytes",
+            comm.to_string_lossy(),
+            images.join("; "),
+        ),
+        Started::LiveTracking { mode, frees } => {
+            let how = match mode {
+                LiveMode::Session => "uprobe session links (only sampled calls pay for the return)",
+                LiveMode::Uretprobe => "uretprobes on every allocation call (no session links)",
+                LiveMode::Off => "no return probes (benchmark floor)",
+            };
+            eprintln!("allocbpf: live tracking through {how}; {frees} deallocation entries probed");
         }
     }
 }

@@ -52,7 +52,9 @@ impl std::fmt::Display for StopReason {
     }
 }
 
-/// What is profiled, through what: known once every probe is attached.
+/// What is profiled, through what: known once every probe is attached. A run says
+/// [`Started::Process`] or [`Started::Host`], then [`Started::LiveTracking`] when it
+/// tracks live blocks (its probe points are logged between the two).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Started {
     /// [`Scope::Process`]: the target as attached.
@@ -69,9 +71,13 @@ pub enum Started {
         probes: usize,
         /// The mean sampling interval, bytes.
         rate: u64,
-        /// With live tracking: how returns are observed, and how many deallocation
-        /// entries are probed.
-        live: Option<(LiveMode, usize)>,
+    },
+    /// [`Scope::Process`] with live tracking: how returns are observed...
+    LiveTracking {
+        /// ...through which mechanism...
+        mode: LiveMode,
+        /// ...and how many deallocation entries are probed.
+        frees: usize,
     },
     /// [`Scope::Host`]: every process, through this many allocator images.
     Host {
@@ -121,7 +127,7 @@ fn wait_error<E: std::error::Error + Send + Sync + 'static>(
 }
 
 /// Profiles `scope` through the kernel side `loader` loads until `duration` elapses, a
-/// signal arrives or (one process) the target exits; tells `started` what is profiled
+/// signal arrives or (one process) the target exits; tells `tell` what is profiled
 /// once it is attached, and returns the report and why it stopped. Every process: one
 /// report of all of them (an empty one, with a note, if nothing allocated).
 pub async fn run(
@@ -129,7 +135,7 @@ pub async fn run(
     options: CollectOptions,
     scope: Scope,
     duration: Option<Duration>,
-    started_with: impl FnOnce(&Started),
+    mut tell: impl FnMut(&Started),
 ) -> Result<Finished, CollectError> {
     let (rate, confidence, live) = (options.rate, options.confidence, options.live.is_some());
     let started = std::time::Instant::now();
@@ -143,12 +149,7 @@ pub async fn run(
         .transpose()
         .map_err(wait_error("pidfd"))?;
     let mut collector = Collector::start(loader, options, scope)?;
-    started_with(&start_summary(&collector, rate));
-    if let Some(target) = collector.target() {
-        for image in &target.images {
-            image.log_probe_points();
-        }
-    }
+    announce(&collector, rate, &mut tell);
     let mut sigterm = signal(SignalKind::terminate()).map_err(wait_error("SIGTERM handler"))?;
     let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
@@ -201,19 +202,28 @@ pub async fn run(
     Ok(Finished { report, stop, host })
 }
 
-/// What is profiled, through what.
-fn start_summary(collector: &Collector, rate: u64) -> Started {
+/// Tells `started` what is profiled, through what, and logs every probe point.
+fn announce(collector: &Collector, rate: u64, started: &mut impl FnMut(&Started)) {
     let Some(target) = collector.target() else {
-        return Started::Host {
+        started(&Started::Host {
             images: collector.stats.images_attached,
-        };
+        });
+        return;
     };
-    Started::Process {
+    started(&Started::Process {
         pid: target.pid,
         comm: target.comm.clone(),
         images: target.images.iter().map(|image| image.describe()).collect(),
         probes: target.probes,
         rate,
-        live: target.live_mode.map(|mode| (mode, target.frees)),
+    });
+    for image in &target.images {
+        image.log_probe_points();
+    }
+    if let Some(mode) = target.live_mode {
+        started(&Started::LiveTracking {
+            mode,
+            frees: target.frees,
+        });
     }
 }

@@ -125,10 +125,11 @@ impl Sleeper {
     /// what it keeps: a later look at its maps finds nothing new).
     fn start() -> Self {
         let child = Command::new("sleep").arg("60").spawn().unwrap();
+        // The loader maps libc's text after its first pages: wait for the text.
         let loaded = |pid| {
             procfs::read_maps(pid)
                 .iter()
-                .any(|entry| entry.name.to_string_lossy().contains("libc"))
+                .any(|entry| entry.executable && entry.name.to_string_lossy().contains("libc"))
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !loaded(child.id()) && std::time::Instant::now() < deadline {

@@ -1,10 +1,11 @@
 //! The engine's seam to the kernel: the narrow interface through which the
 //! [`Collector`](crate::engine::Collector) drives the probes and receives their events.
 //!
-//! The engine owns these traits; [`EbpfObject`] implements them over the real eBPF
-//! sampler (`allocbpf_probe`), and the engine's unit tests over a fake kernel
-//! (`fake.rs`), so event handling, cuts, budget control and image release are checked
-//! without root and without the BPF toolchain.
+//! The engine owns these traits. [`EbpfObject`] loads the real side: the eBPF sampler
+//! (`allocbpf_probe`) behind [`Kernel`] and its ring-buffer reader as the
+//! [`EventSource`]; the engine's unit tests load a fake kernel (`fake.rs`), so event
+//! handling, cuts, budget control and image release are checked without root and
+//! without the BPF toolchain.
 //!
 //! - [`Kernel`]: gates, epochs, totals and counters, attach and detach, upkeep;
 //! - [`EventSource`]: the events, fed from a queue (the ring-buffer reader's, or a
