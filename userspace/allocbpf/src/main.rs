@@ -207,21 +207,22 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
 }
 
 /// Says on stderr what is profiled, through what (tests and xtask wait for these lines).
-fn announce(started: &Started) {
+fn announce(started: &Started<'_>) {
     match started {
         Started::Host { images } => eprintln!(
             "allocbpf: profiling every process through {images} allocator image(s); Ctrl-C to stop"
         ),
-        Started::Process {
-            pid,
-            comm,
-            images,
-            probes,
-            rate,
-        } => eprintln!(
-            "allocbpf: profiling pid {pid} ({}) through {}: {probes} probes, mean sampling interval {rate} bytes",
-            comm.to_string_lossy(),
-            images.join("; "),
+        Started::Process { target, rate } => eprintln!(
+            "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {rate} bytes",
+            target.pid,
+            target.comm.to_string_lossy(),
+            target
+                .images
+                .iter()
+                .map(|image| image.describe())
+                .collect::<Vec<_>>()
+                .join("; "),
+            target.probes,
         ),
         Started::LiveTracking { mode, frees } => {
             let how = match mode {

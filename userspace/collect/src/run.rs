@@ -12,8 +12,6 @@ use std::{
     time::Duration,
 };
 
-use std::ffi::OsString;
-
 use allocbpf_common::LiveMode;
 use allocbpf_profile::report::Report;
 use tokio::{
@@ -22,7 +20,7 @@ use tokio::{
 };
 
 use crate::{
-    engine::{window_wait, Collector, HOUSEKEEPING_TICK},
+    engine::{window_wait, AttachedTarget, Collector, HOUSEKEEPING_TICK},
     error::CollectError,
     kernel::KernelLoader,
     options::{CollectOptions, Scope},
@@ -55,21 +53,12 @@ impl std::fmt::Display for StopReason {
 /// What is profiled, through what: known once every probe is attached. A run says
 /// [`Started::Process`] or [`Started::Host`], then [`Started::LiveTracking`] when it
 /// tracks live blocks (its probe points are logged between the two).
-#[derive(Clone, Debug, PartialEq)]
-pub enum Started {
-    /// [`Scope::Process`]: the target as attached.
+pub enum Started<'a> {
+    /// [`Scope::Process`]: the target as attached...
     Process {
-        /// Its pid.
-        pid: u32,
-        /// Its command name (bytes, not necessarily UTF-8).
-        comm: OsString,
-        /// Each allocator image as [`AllocatorImage::describe`] says it.
-        ///
-        /// [`AllocatorImage::describe`]: allocbpf_images::image::AllocatorImage::describe
-        images: Vec<String>,
-        /// Probes attached, over all images.
-        probes: usize,
-        /// The mean sampling interval, bytes.
+        /// ...its pid, name, images and probes...
+        target: &'a AttachedTarget,
+        /// ...and the mean sampling interval, bytes.
         rate: u64,
     },
     /// [`Scope::Process`] with live tracking: how returns are observed...
@@ -135,7 +124,7 @@ pub async fn run(
     options: CollectOptions,
     scope: Scope,
     duration: Option<Duration>,
-    mut tell: impl FnMut(&Started),
+    mut tell: impl FnMut(&Started<'_>),
 ) -> Result<Finished, CollectError> {
     let (rate, confidence, live) = (options.rate, options.confidence, options.live.is_some());
     let started = std::time::Instant::now();
@@ -203,20 +192,14 @@ pub async fn run(
 }
 
 /// Tells `started` what is profiled, through what, and logs every probe point.
-fn announce(collector: &Collector, rate: u64, started: &mut impl FnMut(&Started)) {
+fn announce(collector: &Collector, rate: u64, started: &mut impl FnMut(&Started<'_>)) {
     let Some(target) = collector.target() else {
         started(&Started::Host {
             images: collector.stats.images_attached,
         });
         return;
     };
-    started(&Started::Process {
-        pid: target.pid,
-        comm: target.comm.clone(),
-        images: target.images.iter().map(|image| image.describe()).collect(),
-        probes: target.probes,
-        rate,
-    });
+    started(&Started::Process { target, rate });
     for image in &target.images {
         image.log_probe_points();
     }

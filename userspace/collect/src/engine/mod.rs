@@ -9,7 +9,8 @@
 //! Its parts, one job each: the `ProcessTable` (who is followed), the `ImageSet`
 //! (what is attached), the `ExecQueue` (who exec'd and is examined next), the
 //! `BudgetController` (the overhead budget) and the `IntervalCutter` (where an
-//! interval ends). The engine routes records between them and owns the kernel side ([`crate::kernel`]).
+//! interval ends). The engine routes records between them and owns the kernel side
+//! ([`crate::kernel`]).
 //!
 //! With [`Scope::Process`], the images are the target's, attached at start, and the
 //! kernel filters on its pid. With [`Scope::Host`], new images are found from exec
