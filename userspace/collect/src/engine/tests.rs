@@ -28,6 +28,7 @@ use allocbpf_stacks::resolve::UnwindMode;
 use super::{Collector, ProcessProfile};
 use crate::{
     budget::{BudgetOptions, HitCost},
+    error::CollectError,
     filter::{FilterOptions, ProcessFilter},
     kernel::fake::FakeLoader,
     options::{CollectOptions, Scope},
@@ -95,6 +96,11 @@ fn sample(pid: u32, id: u64, size: u64, epoch: u32) -> Event {
 
 /// This process profiled through `images`, as `--pid` would attach it.
 fn one_process(fake: &FakeLoader, images: Vec<ImageKey>) -> Collector {
+    try_one_process(fake, images).unwrap()
+}
+
+/// [`one_process`], failing as [`Collector::start`] would.
+fn try_one_process(fake: &FakeLoader, images: Vec<ImageKey>) -> Result<Collector, CollectError> {
     let me = std::process::id();
     let target = Target {
         pid: me,
@@ -103,7 +109,7 @@ fn one_process(fake: &FakeLoader, images: Vec<ImageKey>) -> Collector {
         silence: Silence::NotYet,
         cache: ImageCache::default(),
     };
-    Collector::start_resolved(fake, options(), Scope::Process(me), Some(target)).unwrap()
+    Collector::start_resolved(fake, options(), Scope::Process(me), Some(target))
 }
 
 /// Every process but those named `exclude` (a regex on the command name), with
@@ -225,6 +231,17 @@ fn a_lost_sample_counts_under_a_lost_stack() {
         .collect();
     assert_eq!(lost_stacks.len(), 1);
     assert_eq!(lost_stacks[0].stats.samples, 1);
+}
+
+/// One process: an image of the target that cannot be attached fails the start (the
+/// target would be profiled in part, silently).
+#[test]
+fn a_target_whose_image_cannot_be_attached_is_refused() {
+    let fake = FakeLoader::new(false);
+    fake.state.borrow_mut().refuse_attach = true;
+    let error = try_one_process(&fake, vec![own_executable()]).err();
+    assert!(matches!(error, Some(CollectError::Probe(_))), "{error:?}");
+    assert!(fake.attached_images().is_empty());
 }
 
 #[test]
