@@ -324,8 +324,10 @@ pub struct IntervalQuality {
     pub draws: usize,
     /// KS distance to floor(Exp(rate)).
     pub ks_distance: f64,
-    /// KS critical distance at significance 0.001.
+    /// KS critical distance at significance `ks_alpha`.
     pub ks_critical: f64,
+    /// The significance of `ks_critical`.
+    pub ks_alpha: f64,
     /// Lag-1..=5 autocorrelations of one thread's draws.
     pub autocorrelations: Vec<f64>,
     /// Correlation between two threads' i-th draws.
@@ -344,18 +346,21 @@ pub fn interval_quality(rate: u64, draws: usize, seed: u64) -> IntervalQuality {
         a.push(sim.draw_interval());
         b.push(sim.draw_interval());
     }
-    interval_quality_of(&a, &b, rate)
+    // Seeded: the same draws every run, so the textbook significance is enough.
+    interval_quality_of(&a, &b, rate, 0.001)
 }
 
-/// Table-quality figures for two threads' observed draws (simulated or from the kernel).
-pub fn interval_quality_of(a: &[u64], b: &[u64], rate: u64) -> IntervalQuality {
+/// Table-quality figures for two threads' observed draws (simulated or from the kernel),
+/// with the KS critical distance at significance `ks_alpha`.
+pub fn interval_quality_of(a: &[u64], b: &[u64], rate: u64, ks_alpha: f64) -> IntervalQuality {
     let af: Vec<f64> = a.iter().map(|&x| x as f64).collect();
     let bf: Vec<f64> = b.iter().map(|&x| x as f64).collect();
     let all: Vec<u64> = a.iter().chain(b).copied().collect();
     IntervalQuality {
         draws: all.len(),
         ks_distance: ks_distance_floor_exponential(&all, rate as f64),
-        ks_critical: ks_critical_0001(all.len()),
+        ks_critical: ks_critical(all.len(), ks_alpha),
+        ks_alpha,
         autocorrelations: (1..=5).map(|k| autocorrelation(&af, k)).collect(),
         cross_thread: correlation(&af, &bf),
         mean_ratio: all.iter().map(|&x| x as f64).sum::<f64>() / all.len() as f64 / rate as f64,

@@ -67,11 +67,12 @@ pub fn probability_table(rows: &[ProbabilityCheck]) -> String {
 /// The interval-table quality lines.
 pub fn quality_lines(label: &str, q: &IntervalQuality) -> String {
     format!(
-        "{label}: {} draws, mean/rate {:.4}, KS distance {:.5} (critical at 0.001: {:.5}), \
+        "{label}: {} draws, mean/rate {:.4}, KS distance {:.5} (critical at {}: {:.5}), \
          lag-1..5 autocorrelation {:?}, cross-thread correlation {:+.4} (5 sd = {:.4})\n",
         q.draws,
         q.mean_ratio,
         q.ks_distance,
+        q.ks_alpha,
         q.ks_critical,
         q.autocorrelations
             .iter()

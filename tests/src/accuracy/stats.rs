@@ -86,10 +86,11 @@ pub fn ks_distance_floor_exponential(values: &[u64], mean: f64) -> f64 {
     d
 }
 
-/// The Kolmogorov-Smirnov critical distance for `n` draws at significance 0.001
-/// (asymptotic: 1.949 / sqrt(n)).
-pub fn ks_critical_0001(n: usize) -> f64 {
-    1.949 / (n as f64).sqrt()
+/// The Kolmogorov-Smirnov critical distance for `n` draws at significance `alpha`
+/// (asymptotic: `sqrt(ln(2/alpha)/2) / sqrt(n)`, from `P(sqrt(n) D > x) <= 2 exp(-2 x^2)`;
+/// 1.949 / sqrt(n) at 0.001).
+pub fn ks_critical(n: usize, alpha: f64) -> f64 {
+    ((2.0 / alpha).ln() / 2.0).sqrt() / (n as f64).sqrt()
 }
 
 #[cfg(test)]
@@ -105,6 +106,12 @@ mod tests {
         assert!((correlation(&xs, &[8.0, 6.0, 4.0, 2.0]) + 1.0).abs() < 1e-12);
         // Uniform on 4 points: excess kurtosis -1.36.
         assert!((excess_kurtosis(&xs) + 1.36).abs() < 1e-9);
+    }
+
+    #[test]
+    fn ks_critical_values_match_the_tables() {
+        assert!((ks_critical(1, 0.001) - 1.949).abs() < 0.001);
+        assert!((ks_critical(1, 1e-6) - 2.693).abs() < 0.001);
     }
 
     #[test]
