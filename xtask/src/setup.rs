@@ -25,6 +25,10 @@ const UNIT_TEST_PACKAGES: &[&str] = &[
     "libc6-dev",
     "musl-tools",
     "libtcmalloc-minimal4",
+    // CPython 3.11 and its headers: the Python layout table is checked against them,
+    // and the end-to-end Python tests profile Debian's interpreter.
+    "python3.11",
+    "libpython3.11-dev",
 ];
 
 /// Debian packages beyond [`UNIT_TEST_PACKAGES`]: the eBPF toolchain, LLVM for

@@ -18,7 +18,8 @@
 //! | 33 | the entry may forward by a tail jump (its return address must be kept) |
 //! | 34 | the entry's tail jumps happen only for a null block |
 //! | 35 | the probed instruction is single-stepped |
-//! | 36..38 | reserved (0) |
+//! | 36 | the entry reaches its forwards through code of its own image that is not its own (function pointers): any probed call beneath it while its return address is in place is its nested call |
+//! | 37 | reserved (0) |
 //! | 38..50 | three 4-bit [`Reg`] codes: where input 0, 1 and 2 are |
 //! | 50 | the inputs' product overflowed if the CPU's overflow flag is set |
 //! | 51 | the entry may call another probed entry (its nested call is not counted) |
@@ -117,6 +118,11 @@ pub struct ProbeCookie {
     /// call is recognised by its stack pointer alone (0: not known; see
     /// [`forward_call_slots`]).
     pub forward_call_slots: u8,
+    /// The entry reaches other probed entries through other functions (CPython's
+    /// allocators call each other through function pointers): every probed call made
+    /// beneath it while it runs is its nested call, recognised by the wrapper's return
+    /// address still being at its stack pointer.
+    pub nests: bool,
     /// Under time sampling, how much denser the probe samples than the configured rate:
     /// its countdowns have mean `rate >> window_shift` (0 when probed full time).
     pub window_shift: u8,
@@ -143,6 +149,7 @@ const ABI_BIT: u32 = 32;
 const TAIL_BIT: u32 = 33;
 const TAIL_IF_NULL_BIT: u32 = 34;
 const STEPPED_BIT: u32 = 35;
+const NESTS_BIT: u32 = 36;
 const OVERFLOW_BIT: u32 = 50;
 const WRAPPER_BIT: u32 = 51;
 const FUNCTION_SHIFT: u32 = 52;
@@ -172,6 +179,7 @@ impl ProbeCookie {
             | (self.tail_forward as u64) << TAIL_BIT
             | (self.tail_only_if_null as u64) << TAIL_IF_NULL_BIT
             | (self.stepped as u64) << STEPPED_BIT
+            | (self.nests as u64) << NESTS_BIT
             | ((self.function & 0x3f) as u64) << FUNCTION_SHIFT
             | ((self.forward_call_slots & 0x3f) as u64) << FORWARD_CALL_SHIFT
     }
@@ -193,6 +201,7 @@ impl ProbeCookie {
             tail_forward: (cookie >> TAIL_BIT) & 1 == 1,
             tail_only_if_null: (cookie >> TAIL_IF_NULL_BIT) & 1 == 1,
             stepped: (cookie >> STEPPED_BIT) & 1 == 1,
+            nests: (cookie >> NESTS_BIT) & 1 == 1,
             function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
             forward_call_slots: ((cookie >> FORWARD_CALL_SHIFT) & 0x3f) as u8,
             window_shift: ((cookie >> WINDOW_SHIFT) & 0xf) as u8,
@@ -218,6 +227,7 @@ mod tests {
             stepped: true,
             function: 16,
             forward_call_slots: 63,
+            nests: true,
             window_shift: 9,
         };
         assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
@@ -233,6 +243,7 @@ mod tests {
             stepped: false,
             function: 0,
             forward_call_slots: 0,
+            nests: false,
             window_shift: 0,
         };
         assert_eq!(plain.encode(), 10);
@@ -253,6 +264,7 @@ mod tests {
             stepped: false,
             function: 0,
             forward_call_slots: 0,
+            nests: false,
             window_shift: 0,
         };
         let back = ProbeCookie::decode(cookie.encode());

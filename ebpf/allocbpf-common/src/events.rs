@@ -1,10 +1,30 @@
 //! The ring-buffer records: what the eBPF program sends and userspace decodes.
 
-use crate::MAX_STACK_DEPTH;
+use crate::{
+    python::{PythonFrameRecord, MAX_PYTHON_FRAMES},
+    MAX_STACK_DEPTH,
+};
 
 /// Set in [`SampleEvent::flags`] when the allocation was at least the large-allocation
 /// threshold and was therefore recorded with probability 1 (heapprofd's shortcut).
 pub const SAMPLE_FLAG_CERTAIN: u32 = 1;
+
+/// Set in [`SampleEvent::flags`] when the record ends with a [`PythonStack`] (samples
+/// of registered Python processes only: the others do not carry its bytes).
+pub const SAMPLE_FLAG_PYTHON: u32 = 2;
+
+/// The interpreter frames of a sampled thread: the last bytes of a sample record whose
+/// flags have [`SAMPLE_FLAG_PYTHON`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PythonStack {
+    /// A [`PythonStatus`](crate::python::PythonStatus).
+    pub status: u32,
+    /// Valid records in `frames`.
+    pub len: u32,
+    /// Innermost first.
+    pub frames: [PythonFrameRecord; MAX_PYTHON_FRAMES],
+}
 
 /// The first field of every ring-buffer record: which record it is.
 #[repr(u32)]

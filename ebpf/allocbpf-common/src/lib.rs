@@ -9,10 +9,12 @@
 
 pub mod cookie;
 mod events;
+pub mod python;
 pub mod sampler;
 
 pub use events::{
-    EventKind, LiveEvent, LostSample, ProcessEvent, SampleEvent, SAMPLE_FLAG_CERTAIN,
+    EventKind, LiveEvent, LostSample, ProcessEvent, PythonStack, SampleEvent, SAMPLE_FLAG_CERTAIN,
+    SAMPLE_FLAG_PYTHON,
 };
 
 /// Number of user stack frames captured per sample by `bpf_get_stack`.
@@ -483,4 +485,5 @@ mod pod {
     unsafe impl aya::Pod for super::ProcessCounts {}
     unsafe impl aya::Pod for super::LiveKey {}
     unsafe impl aya::Pod for super::ProcessGate {}
+    unsafe impl aya::Pod for super::python::PythonWalk {}
 }

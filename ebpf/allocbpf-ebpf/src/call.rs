@@ -133,6 +133,12 @@ pub(crate) fn is_forwarded(state: &ThreadState, entry: &Entry) -> bool {
     {
         return true;
     }
+    if entry.sp < state.forward_sp && state.forward_hi == NESTING_WRAPPER {
+        // Anything probed beneath a nesting wrapper while it runs is its own call: the
+        // wrapper runs while its return address is still at its stack pointer.
+        return state.forward_return != 0
+            && return_address(state.forward_sp) == state.forward_return;
+    }
     if entry.sp < state.forward_sp {
         let ret = return_address(entry.sp);
         return ret >= state.forward_lo && ret < state.forward_hi;
@@ -156,6 +162,10 @@ pub(crate) fn is_return_trampoline(ret: u64) -> bool {
     ret & !0xfff == UPROBE_TRAMPOLINE_PAGE
 }
 
+/// `forward_hi` of a nesting wrapper ([`ProbeCookie::nests`]): no code range, any
+/// probed call beneath it is nested while its return address is in place.
+const NESTING_WRAPPER: u64 = u64::MAX;
+
 /// Records that a wrapper (an entry that may call another probed entry) is running.
 /// `old`: the block a resize entry was given (0 for none, and for other shapes).
 #[inline(always)]
@@ -167,6 +177,13 @@ pub(crate) fn remember_wrapper(
 ) {
     // The code size comes from the cookie: one program serves every image of the host.
     state.forward_sp = entry.sp;
+    if cookie.nests {
+        state.forward_return = return_address(entry.sp);
+        state.forward_lo = entry.ip;
+        state.forward_hi = NESTING_WRAPPER;
+        state.forward_call_depth = 0;
+        return;
+    }
     // Only a tail jump leaves nothing but the return address to recognise it by. A
     // resize of a real block cannot end in a tail jump to an entry that does not
     // resize (it must still copy and release the block): glibc's realloc(p, n) skips

@@ -4,7 +4,8 @@
 use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
-    sampler::Decision, Counter, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
+    sampler::Decision, Counter, PythonStack, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
+    SAMPLE_FLAG_PYTHON,
 };
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
@@ -87,13 +88,32 @@ pub(crate) fn emit(
     sample_id
 }
 
-/// `--unwind fp`: the kernel walks frame pointers (`bpf_get_stack`).
+/// A frame-pointer sample record, with `P` (0 or 1) Python stacks after it.
+#[repr(C)]
+struct FpSample<const P: usize> {
+    event: SampleEvent,
+    python: [PythonStack; P],
+}
+
+/// `--unwind fp`: the kernel walks frame pointers (`bpf_get_stack`); samples of Python
+/// processes also carry their Python frames.
 #[inline(always)]
 fn emit_fp(ctx: &ProbeContext, header: &Header) -> bool {
-    let Some(mut entry) = EVENTS.reserve::<SampleEvent>(0) else {
+    if crate::python::is_python((header.pid_tgid >> 32) as u32) {
+        emit_fp_record::<1>(ctx, header)
+    } else {
+        emit_fp_record::<0>(ctx, header)
+    }
+}
+
+#[inline(always)]
+fn emit_fp_record<const P: usize>(ctx: &ProbeContext, header: &Header) -> bool {
+    let Some(mut entry) = EVENTS.reserve::<FpSample<P>>(0) else {
         return false;
     };
-    let event = entry.as_mut_ptr();
+    let record = entry.as_mut_ptr();
+    // SAFETY: a field of the reserved record.
+    let event = unsafe { addr_of_mut!((*record).event) };
     // SAFETY: `event` points at a reserved, exclusively owned ring-buffer record of the
     // right size; every field is written before submit.
     unsafe {
@@ -110,6 +130,15 @@ fn emit_fp(ctx: &ProbeContext, header: &Header) -> bool {
             addr_of_mut!((*event).stack_error).write(written as i32);
         } else {
             addr_of_mut!((*event).stack_len).write((written as u32) / 8);
+        }
+        if P == 1 {
+            let python = addr_of_mut!((*record).python).cast::<PythonStack>();
+            crate::python::walk(
+                python,
+                (header.pid_tgid >> 32) as u32,
+                header.pid_tgid as u32,
+            );
+            addr_of_mut!((*event).flags).write(header.flags | SAMPLE_FLAG_PYTHON);
         }
     }
     entry.submit(wakeup_flags(header.timestamp_ns));

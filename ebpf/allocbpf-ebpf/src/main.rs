@@ -35,6 +35,7 @@ mod live;
 mod lost;
 mod pressure;
 mod process;
+mod python;
 mod stack_copy;
 mod threads;
 mod wakeup;

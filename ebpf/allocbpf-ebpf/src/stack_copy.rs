@@ -8,7 +8,7 @@
 
 use core::ptr::addr_of_mut;
 
-use allocbpf_common::SampleEvent;
+use allocbpf_common::{PythonStack, SampleEvent, SAMPLE_FLAG_PYTHON};
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext, EbpfContext};
 
 use crate::{
@@ -19,17 +19,29 @@ use crate::{
 
 const PAGE: usize = 4096;
 
-/// A sample record with `N` bytes of user stack after the header.
+/// A sample record with `N` bytes of user stack after the header, and `P` (0 or 1)
+/// Python stacks after that.
 #[repr(C)]
-pub(crate) struct SampleWithStack<const N: usize> {
+pub(crate) struct SampleWithStack<const N: usize, const P: usize> {
     event: SampleEvent,
     stack: [u8; N],
+    python: [PythonStack; P],
 }
 
-/// Reserves, fills and submits a record with up to `N` bytes of stack.
+/// Reserves, fills and submits a record with up to `N` bytes of stack, with the
+/// thread's Python frames when its process is a Python process.
 #[inline(always)]
 pub(crate) fn emit<const N: usize>(ctx: &ProbeContext, header: &Header) -> bool {
-    let Some(mut entry) = EVENTS.reserve::<SampleWithStack<N>>(0) else {
+    if crate::python::is_python((header.pid_tgid >> 32) as u32) {
+        emit_record::<N, 1>(ctx, header)
+    } else {
+        emit_record::<N, 0>(ctx, header)
+    }
+}
+
+#[inline(always)]
+fn emit_record<const N: usize, const P: usize>(ctx: &ProbeContext, header: &Header) -> bool {
+    let Some(mut entry) = EVENTS.reserve::<SampleWithStack<N, P>>(0) else {
         return false;
     };
     let record = entry.as_mut_ptr();
@@ -46,6 +58,15 @@ pub(crate) fn emit<const N: usize>(ctx: &ProbeContext, header: &Header) -> bool 
         let stack = addr_of_mut!((*record).stack).cast::<u8>();
         let copied = copy_stack::<N>(stack, sp);
         addr_of_mut!((*event).user_stack_len).write(copied as u32);
+        if P == 1 {
+            let python = addr_of_mut!((*record).python).cast::<PythonStack>();
+            crate::python::walk(
+                python,
+                (header.pid_tgid >> 32) as u32,
+                header.pid_tgid as u32,
+            );
+            addr_of_mut!((*event).flags).write(header.flags | SAMPLE_FLAG_PYTHON);
+        }
     }
     entry.submit(wakeup_flags(header.timestamp_ns));
     true

@@ -24,6 +24,9 @@ pub struct EntrySpec {
     pub shape: Shape,
     /// Which arguments the shape's inputs are, in order.
     pub inputs: &'static [Input],
+    /// It reaches other entries through function pointers and functions of its own
+    /// (CPython's allocators): probed as a wrapper whose every nested call is its own.
+    pub nests: bool,
 }
 
 const fn entry(
@@ -37,6 +40,20 @@ const fn entry(
         function,
         shape,
         inputs,
+        nests: false,
+    }
+}
+
+/// A CPython allocator entry: see [`EntrySpec::nests`].
+const fn python(
+    name: &'static str,
+    function: AllocFn,
+    shape: Shape,
+    inputs: &'static [Input],
+) -> EntrySpec {
+    EntrySpec {
+        nests: true,
+        ..entry(name, function, shape, inputs)
     }
 }
 
@@ -171,6 +188,21 @@ pub const NAMED: &[EntrySpec] = &[
     entry("mi_free_size", F::Free, S::Free, ARG0),
     entry("mi_free_aligned", F::Free, S::Free, ARG0),
     entry("mi_free_size_aligned", F::Free, S::Free, ARG0),
+    // CPython's object and memory allocators (pymalloc serves requests up to 512 bytes
+    // from its own arenas, never reaching malloc; larger ones forward to it and are
+    // counted there once). In the executable or in libpython3.x.so.
+    python("PyObject_Malloc", F::Malloc, S::Size, ARG0),
+    python("PyObject_Calloc", F::Calloc, S::Array, PRODUCT01),
+    python("PyObject_Realloc", F::Realloc, S::Resize, ARG0_ARG1),
+    python("PyObject_Free", F::Free, S::Free, ARG0),
+    python("PyMem_Malloc", F::Malloc, S::Size, ARG0),
+    python("PyMem_Calloc", F::Calloc, S::Array, PRODUCT01),
+    python("PyMem_Realloc", F::Realloc, S::Resize, ARG0_ARG1),
+    python("PyMem_Free", F::Free, S::Free, ARG0),
+    python("PyMem_RawMalloc", F::Malloc, S::Size, ARG0),
+    python("PyMem_RawCalloc", F::Calloc, S::Array, PRODUCT01),
+    python("PyMem_RawRealloc", F::Realloc, S::Resize, ARG0_ARG1),
+    python("PyMem_RawFree", F::Free, S::Free, ARG0),
 ];
 
 /// Every (symbol, entry) pair searched in a file, given the user's extra prefixes.

@@ -5,7 +5,11 @@
 //! frame. [`Symbolize`] is the step a report asks of whoever owns the modules' files
 //! (`allocbpf-stacks`), so the model itself reads no file.
 
-use std::{path::PathBuf, sync::Arc};
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, OnceLock, RwLock},
+};
 
 /// An executable or shared object that frames point into.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -51,6 +55,115 @@ pub enum Frame {
     /// The only frame of samples the kernel's sample ring had no room for: they kept
     /// their weight but not their stack ([`LOST_SAMPLES_NAME`]).
     Lost,
+    /// A Python function at a line: an index into [`python_locations`].
+    Python(u32),
+}
+
+/// Where a Python frame was: function (qualified name where the version has one),
+/// file and line (0 when the line table gave none).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PythonLocation {
+    /// `co_qualname` (3.11+) or `co_name`.
+    pub function: String,
+    /// `co_filename`.
+    pub file: String,
+    /// The line of the frame's current instruction; 0 when unknown.
+    pub line: u32,
+}
+
+/// Most distinct Python locations a session keeps; later new ones share one frame
+/// ([`PYTHON_LOCATIONS_FULL`]). Frames in aggregated stacks refer to them for the whole
+/// session, so they are never released; the bound keeps a hostile process that forges
+/// endless names from growing the agent without limit.
+pub const MAX_PYTHON_LOCATIONS: usize = 1 << 18;
+
+/// How the location of a Python frame past [`MAX_PYTHON_LOCATIONS`] reads.
+pub const PYTHON_LOCATIONS_FULL: &str = "[python: location table full]";
+
+/// The session's Python locations, interned: a [`Frame::Python`] is an index here.
+/// One table per process (not per report): frames cross from the engine to the
+/// agent's writer, and every report of the session names them the same way.
+#[derive(Default)]
+pub struct PythonLocations {
+    ids: HashMap<Arc<PythonLocation>, u32>,
+    all: Vec<Arc<PythonLocation>>,
+}
+
+impl PythonLocations {
+    /// The frame of `location`, interned on first sight.
+    pub fn intern(&mut self, location: PythonLocation) -> Frame {
+        if let Some(&id) = self.ids.get(&location) {
+            return Frame::Python(id);
+        }
+        if self.all.len() >= MAX_PYTHON_LOCATIONS {
+            return self.intern_full();
+        }
+        let location = Arc::new(location);
+        let id = self.all.len() as u32;
+        self.all.push(location.clone());
+        self.ids.insert(location, id);
+        Frame::Python(id)
+    }
+
+    fn intern_full(&mut self) -> Frame {
+        let full = PythonLocation {
+            function: PYTHON_LOCATIONS_FULL.to_string(),
+            file: String::new(),
+            line: 0,
+        };
+        match self.ids.get(&full) {
+            Some(&id) => Frame::Python(id),
+            None => {
+                let full = Arc::new(full);
+                let id = self.all.len() as u32;
+                self.all.push(full.clone());
+                self.ids.insert(full, id);
+                Frame::Python(id)
+            }
+        }
+    }
+
+    /// The location of frame id `id`.
+    pub fn get(&self, id: u32) -> Option<Arc<PythonLocation>> {
+        self.all.get(id as usize).cloned()
+    }
+
+    /// Locations interned.
+    pub fn len(&self) -> usize {
+        self.all.len()
+    }
+
+    /// No location interned yet.
+    pub fn is_empty(&self) -> bool {
+        self.all.is_empty()
+    }
+}
+
+/// The session's Python location table.
+pub fn python_locations() -> &'static RwLock<PythonLocations> {
+    static TABLE: OnceLock<RwLock<PythonLocations>> = OnceLock::new();
+    TABLE.get_or_init(Default::default)
+}
+
+/// The functions of a Python frame, for reports.
+pub fn python_functions(id: u32) -> Functions {
+    let location = python_locations()
+        .read()
+        .ok()
+        .and_then(|table| table.get(id));
+    let frame = match location {
+        Some(location) => FunctionFrame {
+            name: location.function.clone(),
+            file: (!location.file.is_empty()).then(|| location.file.clone()),
+            line: (location.line != 0).then_some(location.line),
+        },
+        None => FunctionFrame {
+            name: format!("[python location {id}]"),
+            file: None,
+            line: None,
+        },
+    };
+    Arc::new([frame])
 }
 
 /// How a [`Frame::Lost`] reads in reports.

@@ -13,6 +13,7 @@
 
 mod copies;
 pub mod normalize;
+pub mod python;
 pub mod resolve;
 pub mod symbolize;
 pub mod unwind;

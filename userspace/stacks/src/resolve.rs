@@ -3,6 +3,7 @@
 //! module + offset while the process's maps are still readable.
 
 use crate::normalize::AddressNormalizer;
+use crate::python::PythonStacks;
 use crate::unwind::{Fallback, StackUnwinder};
 use allocbpf_probe::events::RawSample;
 use allocbpf_profile::frame::Frame;
@@ -13,6 +14,8 @@ pub struct StackResolver {
     pub normalizer: AddressNormalizer,
     /// Unwinds copied stacks (auto/dwarf); `None` with frame pointers.
     pub unwinder: Option<StackUnwinder>,
+    /// Python processes: their frames, merged into the native ones.
+    pub python: PythonStacks,
 }
 
 impl StackResolver {
@@ -27,6 +30,7 @@ impl StackResolver {
                 UnwindMode::Auto => Some(StackUnwinder::new(Fallback::FramePointers, prefixes)),
                 UnwindMode::Dwarf => Some(StackUnwinder::new(Fallback::Stop, prefixes)),
             },
+            python: PythonStacks::default(),
         }
     }
 
@@ -41,6 +45,7 @@ impl StackResolver {
     /// Drops what is cached about `pid` (it exited, or it exec'd a new program).
     pub fn forget(&mut self, pid: u32) {
         self.normalizer.forget(pid);
+        self.python.forget(pid);
         if let Some(unwinder) = self.unwinder.as_mut() {
             unwinder.forget(pid);
         }
@@ -61,7 +66,8 @@ impl StackResolver {
             }
             _ => &sample.stack,
         };
-        self.normalizer.normalize(sample.pid, stack)
+        let native = self.normalizer.normalize(sample.pid, stack);
+        self.python.merge(sample, stack, native)
     }
 }
 

@@ -15,7 +15,7 @@ use std::{collections::HashMap, sync::Arc};
 use blazesym::symbolize::{Symbolized, Symbolizer};
 
 use allocbpf_profile::frame::{
-    Frame, FunctionFrame, Functions, Module, Symbolize, LOST_SAMPLES_NAME,
+    python_functions, Frame, FunctionFrame, Functions, Module, Symbolize, LOST_SAMPLES_NAME,
 };
 
 use crate::copies::{Copies, COPY_BUDGET_BYTES};
@@ -98,6 +98,9 @@ impl FrameSymbolizer {
                 Frame::Lost => {
                     self.cache
                         .insert(*frame, unresolved(LOST_SAMPLES_NAME.to_string()));
+                }
+                Frame::Python(id) => {
+                    self.cache.insert(*frame, python_functions(id));
                 }
             }
         }

@@ -140,6 +140,8 @@ mod tests {
             stack: Vec::new(),
             stack_error: 0,
             regs: [0; 3],
+            python: Vec::new(),
+            python_status: 0,
             user_stack: Vec::new(),
             lost: false,
         })

@@ -48,6 +48,7 @@ mod images;
 mod interval;
 mod maps_rescan;
 mod process_table;
+mod python;
 mod release;
 mod start;
 mod stats;
@@ -224,6 +225,7 @@ impl Collector {
         // an image it mapped since it was resolved is examined and attached here.
         if admitted {
             self.attach_images_of(pid, &maps);
+            self.look_for_python(pid, &maps);
         }
     }
 
@@ -380,6 +382,9 @@ impl Collector {
                 Event::Exec { pid } => {
                     self.stats.exec_events += 1;
                     self.stacks.forget(pid);
+                    if let Some(kernel) = self.kernel.as_deref_mut() {
+                        kernel.forget_python(pid);
+                    }
                     self.processes.set_readable(pid, true);
                     let host = matches!(self.scope, Scope::Host { .. });
                     // Its images are the new program's, known once it is examined:

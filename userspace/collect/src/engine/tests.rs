@@ -89,6 +89,8 @@ fn sample(pid: u32, id: u64, size: u64, epoch: u32) -> Event {
         stack: Vec::new(),
         stack_error: 0,
         regs: [0; 3],
+        python: Vec::new(),
+        python_status: 0,
         user_stack: Vec::new(),
         lost: false,
     })

@@ -5,7 +5,7 @@ use std::{
     path::Path,
 };
 
-use allocbpf_common::{GateState, ProcessGate, Totals};
+use allocbpf_common::{python::PythonWalk, GateState, ProcessGate, Totals};
 use allocbpf_images::image::AllocatorImage;
 use allocbpf_probe::{
     events::{Event, EventReader},
@@ -195,6 +195,14 @@ impl Kernel for EbpfKernel {
 
     fn forget_processes(&mut self, pids: &HashSet<u32>) {
         self.sampler.forget_processes(pids);
+    }
+
+    fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), ProbeError> {
+        self.sampler.set_python(pid, walk)
+    }
+
+    fn forget_python(&mut self, pid: u32) {
+        self.sampler.forget_python(pid);
     }
 }
 

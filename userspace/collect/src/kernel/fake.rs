@@ -9,7 +9,7 @@ use std::{
     rc::Rc,
 };
 
-use allocbpf_common::{GateState, LiveMode, ProcessGate, Totals};
+use allocbpf_common::{python::PythonWalk, GateState, LiveMode, ProcessGate, Totals};
 use allocbpf_images::image::{AllocatorImage, ImageKey};
 use allocbpf_probe::{
     events::Event,
@@ -50,6 +50,8 @@ pub(crate) struct FakeState {
     pub pids: HashSet<u32>,
     /// Pids it was asked to forget.
     pub forgotten: HashSet<u32>,
+    /// Processes whose Python frames are walked.
+    pub python: HashSet<u32>,
     /// The ring's pressure level.
     pub pressure_level: u32,
     /// Interval tables written.
@@ -256,6 +258,15 @@ impl Kernel for FakeKernel {
             }
         }
         forgotten
+    }
+
+    fn set_python(&mut self, pid: u32, _walk: PythonWalk) -> Result<(), ProbeError> {
+        self.0.borrow_mut().python.insert(pid);
+        Ok(())
+    }
+
+    fn forget_python(&mut self, pid: u32) {
+        self.0.borrow_mut().python.remove(&pid);
     }
 
     fn forget_processes(&mut self, pids: &HashSet<u32>) {

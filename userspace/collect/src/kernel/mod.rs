@@ -20,7 +20,7 @@ use std::{
     pin::Pin,
 };
 
-use allocbpf_common::{GateState, LiveMode, ProcessGate, Totals};
+use allocbpf_common::{python::PythonWalk, GateState, LiveMode, ProcessGate, Totals};
 use allocbpf_images::image::AllocatorImage;
 use allocbpf_probe::{
     events::Event,
@@ -146,6 +146,10 @@ pub trait Kernel {
     fn forget_live_blocks(&mut self, expired: &HashSet<(u32, u64)>) -> usize;
     /// Forgets everything the kernel holds for `pids`.
     fn forget_processes(&mut self, pids: &HashSet<u32>);
+    /// Has the program walk `pid`'s Python frames at its samples.
+    fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), ProbeError>;
+    /// Stops walking `pid`'s Python frames.
+    fn forget_python(&mut self, pid: u32);
 }
 
 /// How the ring buffer's reader is doing.

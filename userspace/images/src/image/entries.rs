@@ -302,7 +302,8 @@ impl<'a> Resolution<'a> {
             address: candidate.address,
             size: candidate.size,
             point: point::choose_for_run(prologue, candidate.address, candidate.spec.inputs),
-            wrapper: !forwards.targets.is_empty(),
+            wrapper: !forwards.targets.is_empty() || candidate.spec.nests,
+            nests: candidate.spec.nests,
             forward_call_depth: (!forwards.targets.is_empty())
                 .then(|| {
                     frame::straight_call_depth(prologue, candidate.address, |call| {

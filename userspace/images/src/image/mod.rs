@@ -109,6 +109,9 @@ pub struct ProbedEntry {
     pub point: ProbePoint,
     /// It may call another probed entry: its nested call is not counted again.
     pub wrapper: bool,
+    /// It reaches other probed entries through other code (function pointers): any
+    /// probed call beneath it while it runs is nested (see `ProbeCookie::nests`).
+    pub nests: bool,
     /// A wrapper whose code runs straight to a call of its forward: how far below its
     /// stack pointer the forward's is at the forward's entry (`frame::straight_call_depth`).
     pub forward_call_depth: Option<u32>,
@@ -140,6 +143,7 @@ impl ProbedEntry {
             inputs: self.point.registers.map(|r| r as u8),
             overflow_check: self.point.overflow_check,
             wrapper: self.wrapper,
+            nests: self.nests,
             abi_inputs: self.point.registers[..self.shape.inputs()]
                 == Reg::ARGUMENTS[..self.shape.inputs()],
             tail_forward: self.tail_forward,

@@ -3,8 +3,9 @@
 //! kernel ring drained whatever the consumer is busy with.
 
 use allocbpf_common::{
-    AllocFn, EventKind, LiveEvent, LostSample, ProcessEvent, SampleEvent, MAX_STACK_DEPTH,
-    SAMPLE_FLAG_CERTAIN,
+    python::{PythonFrameRecord, MAX_PYTHON_FRAMES},
+    AllocFn, EventKind, LiveEvent, LostSample, ProcessEvent, PythonStack, SampleEvent,
+    MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN, SAMPLE_FLAG_PYTHON,
 };
 use allocbpf_profile::aggregate::SampledAllocation;
 
@@ -78,6 +79,10 @@ pub struct RawSample {
     pub stack_error: i32,
     /// Userspace unwinding: `ip`, `sp`, `bp` at the probe.
     pub regs: [u64; 3],
+    /// The thread's interpreter frames, innermost first (Python processes only).
+    pub python: Vec<PythonFrameRecord>,
+    /// Why `python` is empty, if it is ([`PythonStatus`] as sent).
+    pub python_status: u32,
     /// Userspace unwinding: the user stack copied from `sp` up (empty otherwise).
     pub user_stack: Vec<u8>,
     /// The sample ring was full: this came through the ring of lost samples, with
@@ -149,6 +154,22 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
     // SAFETY: the length was checked, SampleEvent is plain integers (any bit pattern is
     // valid) and read_unaligned has no alignment requirement.
     let event: SampleEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    // A Python process's record ends with its Python frames.
+    let python_bytes = std::mem::size_of::<PythonStack>();
+    let python = (event.flags & SAMPLE_FLAG_PYTHON != 0
+        && bytes.len() >= std::mem::size_of::<SampleEvent>() + python_bytes)
+        .then(|| {
+            // SAFETY: the length was checked; PythonStack is plain integers.
+            unsafe {
+                std::ptr::read_unaligned::<PythonStack>(
+                    bytes[bytes.len() - python_bytes..].as_ptr().cast(),
+                )
+            }
+        });
+    let bytes = match python {
+        Some(_) => &bytes[..bytes.len() - python_bytes],
+        None => bytes,
+    };
     let depth = (event.stack_len as usize).min(MAX_STACK_DEPTH);
     let mut stack = Vec::with_capacity(depth + 1);
     if event.caller != 0 {
@@ -177,6 +198,10 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
         stack,
         stack_error: event.stack_error,
         regs: event.regs,
+        python: python.map_or_else(Vec::new, |stack| {
+            stack.frames[..(stack.len as usize).min(MAX_PYTHON_FRAMES)].to_vec()
+        }),
+        python_status: python.map_or(0, |stack| stack.status),
         user_stack: {
             let header = std::mem::size_of::<SampleEvent>();
             let len = (event.user_stack_len as usize).min(bytes.len() - header);
@@ -207,6 +232,8 @@ fn decode_lost(bytes: &[u8]) -> Option<RawSample> {
         stack: Vec::new(),
         stack_error: 0,
         regs: [0; 3],
+        python: Vec::new(),
+        python_status: 0,
         user_stack: Vec::new(),
         lost: true,
     })

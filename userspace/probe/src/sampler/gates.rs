@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use allocbpf_common::{GateState, LiveKey, ProcessCounts, ProcessGate};
+use allocbpf_common::{python::PythonWalk, GateState, LiveKey, ProcessCounts, ProcessGate};
 use aya::maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues};
 
 use super::{map_error, ProbeError, Sampler};
@@ -185,6 +185,9 @@ impl Sampler {
                 }
             }
         }
+        for pid in pids {
+            self.forget_python(*pid);
+        }
         if let Some(map) = self.ebpf.map_mut("LIVE") {
             if let Ok(mut live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) {
                 let stale: Vec<LiveKey> = live
@@ -208,5 +211,27 @@ fn summed(values: &PerCpuValues<ProcessGate>) -> ProcessGate {
         sample_ns: values.iter().map(|g| g.sample_ns).sum(),
         state: values.iter().map(|g| g.state).max().unwrap_or(0),
         reserved: 0,
+    }
+}
+
+impl Sampler {
+    /// Has the program walk `pid`'s Python frames at its samples, as `walk` says.
+    pub fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), ProbeError> {
+        let map = self
+            .ebpf
+            .map_mut("PYTHON")
+            .ok_or_else(|| super::load_error(super::missing("PYTHON")))?;
+        let mut python =
+            BpfHashMap::<_, u32, PythonWalk>::try_from(map).map_err(map_error("PYTHON"))?;
+        python.insert(pid, walk, 0).map_err(map_error("PYTHON"))
+    }
+
+    /// Stops walking `pid`'s Python frames (it exited or exec'd another program).
+    pub fn forget_python(&mut self, pid: u32) {
+        if let Some(map) = self.ebpf.map_mut("PYTHON") {
+            if let Ok(mut python) = BpfHashMap::<_, u32, PythonWalk>::try_from(map) {
+                let _ = python.remove(&pid);
+            }
+        }
     }
 }

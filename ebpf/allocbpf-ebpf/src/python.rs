@@ -1,0 +1,125 @@
+//! Python frames at sample time: the sampled thread's interpreter frames, read from the
+//! interpreter's heap (they are not on the copied stack), for samples of processes
+//! userspace registered in `PYTHON`. Only samples pay for the walk.
+//!
+//! The walk believes nothing: the thread state must name the sampled thread, every
+//! read is bounded, and the loop stops at `MAX_PYTHON_FRAMES`, so a forged frame chain
+//! (a cycle, garbage pointers) costs at most that many reads and yields records that
+//! userspace then validates.
+
+use core::ptr::addr_of_mut;
+
+use allocbpf_common::{
+    python::{
+        PythonFrameRecord, PythonStatus, PythonWalk, MAX_PYTHON_FRAMES, MAX_PYTHON_PROCESSES,
+        NO_OFFSET,
+    },
+    PythonStack,
+};
+use aya_ebpf::{helpers::bpf_probe_read_user, macros::map, maps::HashMap};
+
+/// How to walk each Python process's frames, by pid; written by userspace.
+#[map]
+static PYTHON: HashMap<u32, PythonWalk> = HashMap::with_max_entries(MAX_PYTHON_PROCESSES, 0);
+
+/// The word at `address + offset` in the current process.
+#[inline(always)]
+fn read_word(address: u64, offset: u32) -> Option<u64> {
+    // SAFETY: a user-memory read through the helper, which faults safely.
+    unsafe { bpf_probe_read_user((address.wrapping_add(offset as u64)) as *const u64) }.ok()
+}
+
+/// Whether `pid`'s samples carry Python frames (a [`PythonStack`] at their end).
+#[inline(always)]
+pub(crate) fn is_python(pid: u32) -> bool {
+    PYTHON.get_ptr(&pid).is_some()
+}
+
+/// Fills `stack` with the Python frames of thread `tid` of process `pid`.
+///
+/// # Safety
+/// `stack` must point into a reserved, exclusively owned ring-buffer record.
+#[inline(always)]
+pub(crate) unsafe fn walk(stack: *mut PythonStack, pid: u32, tid: u32) {
+    let (status, len) = match PYTHON.get_ptr(&pid) {
+        // SAFETY: a live map value; userspace writes it whole before the process's
+        // samples can need it.
+        Some(walk) => unsafe { walk_frames(stack, &*walk, tid) },
+        None => (PythonStatus::NotPython, 0),
+    };
+    unsafe {
+        addr_of_mut!((*stack).status).write(status as u32);
+        addr_of_mut!((*stack).len).write(len);
+    }
+}
+
+/// The thread state of `tid`, if it is the GIL holder's.
+#[inline(always)]
+fn thread_state(walk: &PythonWalk, tid: u32) -> Result<u64, PythonStatus> {
+    let tstate = read_word(walk.holder, 0).ok_or(PythonStatus::Unreadable)?;
+    if tstate == 0 {
+        return Err(PythonStatus::NotHolder);
+    }
+    let owner_tid = if walk.thread_native_id != NO_OFFSET {
+        read_word(tstate, walk.thread_native_id).ok_or(PythonStatus::Unreadable)?
+    } else {
+        let pthread = read_word(tstate, walk.thread_pthread).ok_or(PythonStatus::Unreadable)?;
+        read_word(pthread, walk.pthread_tid).ok_or(PythonStatus::Unreadable)?
+    };
+    if owner_tid as u32 != tid {
+        return Err(PythonStatus::NotHolder);
+    }
+    Ok(tstate)
+}
+
+/// Walks from the thread state to at most `MAX_PYTHON_FRAMES` frames.
+///
+/// # Safety
+/// As [`walk`].
+#[inline(always)]
+unsafe fn walk_frames(stack: *mut PythonStack, walk: &PythonWalk, tid: u32) -> (PythonStatus, u32) {
+    let tstate = match thread_state(walk, tid) {
+        Ok(tstate) => tstate,
+        Err(status) => return (status, 0),
+    };
+    let Some(mut frame) = read_word(tstate, walk.thread_frame) else {
+        return (PythonStatus::Unreadable, 0);
+    };
+    if walk.cframe_current_frame != NO_OFFSET && frame != 0 {
+        match read_word(frame, walk.cframe_current_frame) {
+            Some(current) => frame = current,
+            None => return (PythonStatus::Unreadable, 0),
+        }
+    }
+    let mut len = 0u32;
+    for index in 0..MAX_PYTHON_FRAMES {
+        if frame == 0 {
+            break;
+        }
+        let (Some(code), Some(instruction)) = (
+            read_word(frame, walk.frame_code),
+            read_word(frame, walk.frame_instruction),
+        ) else {
+            break;
+        };
+        let owner = if walk.frame_owner != NO_OFFSET {
+            read_word(frame, walk.frame_owner).unwrap_or(0) as u8
+        } else {
+            0
+        };
+        let record = PythonFrameRecord {
+            code,
+            instruction,
+            owner,
+            reserved: [0; 7],
+        };
+        // SAFETY: index < MAX_PYTHON_FRAMES, inside the record.
+        unsafe { addr_of_mut!((*stack).frames[index]).write(record) };
+        len = index as u32 + 1;
+        match read_word(frame, walk.frame_back) {
+            Some(back) => frame = back,
+            None => break,
+        }
+    }
+    (PythonStatus::Walked, len)
+}

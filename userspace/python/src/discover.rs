@@ -1,0 +1,249 @@
+//! Is a process a CPython interpreter, and where are its runtime, its code type and its
+//! eval loop? Found from the dynamic symbols of the file that defines `_PyRuntime` (the
+//! executable, as Debian links it, or `libpython3.x.so`): no debug symbols needed.
+//!
+//! Files are read through the kernel's link to the very file mapped
+//! (`allocbpf_images::procfs::open_mapped`: checked, size-capped); the runtime's
+//! pointers are read from the process's memory and believed only as far as the eBPF
+//! walk needs them (it checks the thread state against the thread it samples).
+
+use std::{ops::Range, path::Path};
+
+use allocbpf_common::python::{PythonWalk, NO_OFFSET};
+use allocbpf_images::procfs::{self, MapsEntry};
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use crate::{layout::Layout, memory::ProcessMemory};
+
+/// Where libc's thread descriptor (`struct pthread`) keeps the kernel thread id in
+/// glibc on x86-64; used before 3.11 (no `native_thread_id`) when the descriptor of
+/// no thread could be read to find it.
+const GLIBC_PTHREAD_TID: u32 = 0x2d0;
+
+/// Bytes of a thread descriptor searched for its thread id.
+const PTHREAD_SEARCH_BYTES: usize = 2048;
+
+/// Thread states followed at most when looking at a process's threads.
+const MAX_THREAD_STATES: usize = 256;
+
+/// A CPython process, as the walk and the resolution of its frames need it.
+#[derive(Clone, Debug)]
+pub struct PythonProcess {
+    /// Process id.
+    pub pid: u32,
+    /// `3.minor`.
+    pub minor: u8,
+    /// Its structures' offsets.
+    pub layout: &'static Layout,
+    /// What the eBPF program follows at a sample.
+    pub walk: PythonWalk,
+    /// Address of `PyCode_Type`: a frame's code object must have it as its type.
+    pub code_type: u64,
+    /// Address of `PyUnicode_Type`, when exported: names must be `str`.
+    pub unicode_type: Option<u64>,
+    /// The eval loop's code (`_PyEval_EvalFrameDefault`): the native frames that the
+    /// Python frames replace.
+    pub eval_loop: Option<Range<u64>>,
+    /// The file that holds the interpreter.
+    pub image: std::path::PathBuf,
+}
+
+/// Why a process that looks like Python gets no Python frames.
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    /// A version this build has no layout for.
+    #[error("CPython 3.{minor} is not a version allocbpf knows the layout of (3.9 to 3.13)")]
+    UnknownVersion {
+        /// The minor version found.
+        minor: u8,
+    },
+    /// The file defines `_PyRuntime` but its version could not be told.
+    #[error("{path}: defines _PyRuntime but no Py_Version and no python3.N name")]
+    NoVersion {
+        /// The interpreter's file.
+        path: String,
+    },
+    /// The process's memory did not hold what the layout says.
+    #[error("pid {pid}: {what} could not be read from the interpreter's memory")]
+    Unreadable {
+        /// Process id.
+        pid: u32,
+        /// What.
+        what: &'static str,
+    },
+}
+
+/// The interpreter in `pid`'s mappings, if any: `Ok(None)` when no mapped file whose
+/// name says Python defines `_PyRuntime`.
+pub fn discover(pid: u32, maps: &[MapsEntry]) -> Result<Option<PythonProcess>, PythonError> {
+    let mut seen = Vec::new();
+    for mapping in maps {
+        let Some(path) = mapping.file_path() else {
+            continue;
+        };
+        if mapping.offset != 0 || seen.contains(&mapping.inode) || !names_python(path) {
+            continue;
+        }
+        seen.push(mapping.inode);
+        let Ok(file) = procfs::open_mapped(pid, mapping) else {
+            continue;
+        };
+        let Ok(data) = procfs::read_mapped(&file, path) else {
+            continue;
+        };
+        let Ok(elf) = object::File::parse(&*data) else {
+            continue;
+        };
+        let symbol = |name: &str| {
+            elf.dynamic_symbols()
+                .find(|s| s.name() == Ok(name) && s.is_definition())
+                .map(|s| (s.address(), s.size()))
+        };
+        let Some((runtime, _)) = symbol("_PyRuntime") else {
+            continue;
+        };
+        let minor = match symbol("Py_Version").and_then(|(address, _)| read_u32(&elf, address)) {
+            Some(hex) if hex >> 24 == 3 => ((hex >> 16) & 0xff) as u8,
+            _ => minor_from_name(path).ok_or_else(|| PythonError::NoVersion {
+                path: path.display().to_string(),
+            })?,
+        };
+        let layout =
+            crate::layout::for_minor(minor).ok_or(PythonError::UnknownVersion { minor })?;
+        // The first loadable segment starts at file offset 0, as this mapping does.
+        let first = elf
+            .segments()
+            .map(|segment| segment.address())
+            .min()
+            .unwrap_or(0);
+        let bias = mapping.range.start.wrapping_sub(first & !0xfff);
+        let code_type = symbol("PyCode_Type").ok_or(PythonError::Unreadable {
+            pid,
+            what: "PyCode_Type",
+        })?;
+        let process = PythonProcess {
+            pid,
+            minor,
+            layout,
+            walk: walk_of(pid, layout, bias.wrapping_add(runtime))?,
+            code_type: bias.wrapping_add(code_type.0),
+            unicode_type: symbol("PyUnicode_Type").map(|(a, _)| bias.wrapping_add(a)),
+            eval_loop: symbol("_PyEval_EvalFrameDefault")
+                .map(|(a, size)| bias.wrapping_add(a)..bias.wrapping_add(a + size.max(1))),
+            image: path.to_path_buf(),
+        };
+        return Ok(Some(process));
+    }
+    Ok(None)
+}
+
+/// A file name that can hold an interpreter: `python3.11`, `libpython3.11.so.1.0`,
+/// `python3.13-dbg`... (a cheap filter before any file is read).
+fn names_python(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.contains("python"))
+}
+
+/// `11` of `python3.11` or `libpython3.11.so.1.0`.
+fn minor_from_name(path: &Path) -> Option<u8> {
+    let name = path.file_name()?.to_str()?;
+    let rest = &name[name.find("python3.")? + "python3.".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// The u32 at virtual address `address` in the file's data.
+fn read_u32(elf: &object::File, address: u64) -> Option<u32> {
+    elf.segments().find_map(|segment| {
+        let data = segment.data_range(address, 4).ok()??;
+        Some(u32::from_le_bytes(data.try_into().ok()?))
+    })
+}
+
+/// The walk of process `pid` whose `_PyRuntime` is at `runtime`.
+fn walk_of(pid: u32, layout: &Layout, runtime: u64) -> Result<PythonWalk, PythonError> {
+    let memory = ProcessMemory::new(pid);
+    let unreadable = |what| PythonError::Unreadable { pid, what };
+    let interpreter = memory
+        .u64(runtime + layout.runtime_main_interpreter as u64)
+        .map_err(|_| unreadable("the main interpreter"))?;
+    let holder = match (layout.runtime_tstate_current, layout.interpreter_gil) {
+        (Some(current), _) => runtime + current as u64,
+        (None, Some(gil)) => {
+            let gil = memory
+                .u64(interpreter + gil as u64)
+                .map_err(|_| unreadable("the GIL"))?;
+            if gil == 0 {
+                return Err(unreadable("the GIL"));
+            }
+            gil + layout.gil_last_holder.unwrap_or(8) as u64
+        }
+        (None, None) => return Err(unreadable("the GIL holder")),
+    };
+    let pthread_tid = match layout.thread_native_id {
+        Some(_) => NO_OFFSET,
+        None => pthread_tid_offset(&memory, layout, interpreter).unwrap_or(GLIBC_PTHREAD_TID),
+    };
+    let opt = |offset: Option<u32>| offset.unwrap_or(NO_OFFSET);
+    Ok(PythonWalk {
+        holder,
+        thread_native_id: opt(layout.thread_native_id),
+        thread_pthread: layout.thread_pthread,
+        pthread_tid,
+        thread_frame: layout.thread_frame,
+        cframe_current_frame: opt(layout.cframe_current_frame),
+        frame_code: layout.frame_code,
+        frame_back: layout.frame_back,
+        frame_instruction: layout.frame_instruction,
+        frame_owner: opt(layout.frame_owner),
+    })
+}
+
+/// Where this process's libc keeps a thread's id in its thread descriptor: the offset
+/// at which some thread state's descriptor holds one of the process's thread ids.
+fn pthread_tid_offset(memory: &ProcessMemory, layout: &Layout, interpreter: u64) -> Option<u32> {
+    let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{}/task", memory.pid()))
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut thread = memory
+        .u64(interpreter + layout.interpreter_threads_head as u64)
+        .ok()?;
+    let mut descriptor = vec![0u8; PTHREAD_SEARCH_BYTES];
+    for _ in 0..MAX_THREAD_STATES {
+        if thread == 0 {
+            break;
+        }
+        let pthread = memory.u64(thread + layout.thread_pthread as u64).ok()?;
+        if memory.read(pthread, &mut descriptor).is_ok() {
+            let found = descriptor.chunks_exact(4).position(|word| {
+                tids.contains(&i32::from_le_bytes(word.try_into().unwrap_or_default()))
+            });
+            // The descriptor starts with pointers (to itself first): a small offset is
+            // a pointer's half, not the thread id.
+            if let Some(index) = found.filter(|&i| i >= 4) {
+                return Some(index as u32 * 4);
+            }
+        }
+        thread = memory.u64(thread + layout.thread_next as u64).ok()?;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_from_file_names() {
+        assert_eq!(minor_from_name(Path::new("/usr/bin/python3.11")), Some(11));
+        assert_eq!(
+            minor_from_name(Path::new("/x/lib/libpython3.9.so.1.0")),
+            Some(9)
+        );
+        assert_eq!(minor_from_name(Path::new("/usr/bin/python3")), None);
+        assert!(names_python(Path::new("/usr/lib/libpython3.13.so.1.0")));
+        assert!(!names_python(Path::new("/usr/lib/libc.so.6")));
+    }
+}

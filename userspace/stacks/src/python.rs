@@ -1,0 +1,131 @@
+//! Python frames in native stacks, the way `py-spy --native` shows them: each native
+//! frame of the interpreter's eval loop is replaced by the Python frames that call of
+//! the loop was running, so a C extension's allocation shows the Python line that
+//! called it.
+
+use std::collections::HashMap;
+
+use allocbpf_common::python::PythonWalk;
+use allocbpf_images::procfs::MapsEntry;
+use allocbpf_probe::events::RawSample;
+use allocbpf_profile::frame::{python_locations, Frame, PythonLocation};
+use allocbpf_python::{
+    code::{CodeResolver, ResolvedFrame},
+    discover::{discover, PythonError, PythonProcess},
+};
+
+/// What is known of one process.
+enum Known {
+    /// A CPython process whose frames are walked.
+    Python(Box<CodeResolver>),
+    /// Not Python, or Python allocbpf cannot walk (the reason was said once).
+    Other,
+}
+
+/// The Python processes of a session and the resolution of their frames.
+#[derive(Default)]
+pub struct PythonStacks {
+    processes: HashMap<u32, Known>,
+}
+
+impl PythonStacks {
+    /// Looks at `pid` (mapping `maps`) once: the walk the eBPF program must do for it,
+    /// if it is a CPython process allocbpf knows. `Err` says why a Python process gets
+    /// no Python frames (it is still profiled natively).
+    pub fn look_at(
+        &mut self,
+        pid: u32,
+        maps: &[MapsEntry],
+    ) -> Result<Option<&PythonProcess>, PythonError> {
+        if self.processes.contains_key(&pid) {
+            return Ok(None);
+        }
+        match discover(pid, maps) {
+            Ok(Some(process)) => {
+                let resolver = Box::new(CodeResolver::new(process));
+                let known = self.processes.entry(pid).or_insert(Known::Python(resolver));
+                match known {
+                    Known::Python(resolver) => Ok(Some(resolver.process())),
+                    Known::Other => Ok(None),
+                }
+            }
+            Ok(None) => {
+                self.processes.insert(pid, Known::Other);
+                Ok(None)
+            }
+            Err(error) => {
+                self.processes.insert(pid, Known::Other);
+                Err(error)
+            }
+        }
+    }
+
+    /// The walk of `pid`, if it is a known Python process.
+    pub fn walk_of(&self, pid: u32) -> Option<PythonWalk> {
+        match self.processes.get(&pid)? {
+            Known::Python(resolver) => Some(resolver.process().walk),
+            Known::Other => None,
+        }
+    }
+
+    /// The CPython version of `pid` (`"3.11"`), if it is a known Python process.
+    pub fn version_of(&self, pid: u32) -> Option<String> {
+        match self.processes.get(&pid)? {
+            Known::Python(resolver) => Some(format!("3.{}", resolver.process().minor)),
+            Known::Other => None,
+        }
+    }
+
+    /// Forgets `pid` (it exited, or exec'd another program).
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
+    /// `native` (the sample's frames, innermost first, `addresses` their return
+    /// addresses) with each eval-loop frame replaced by its Python frames. Python
+    /// frames left over (the native unwind stopped early) go outermost.
+    pub fn merge(
+        &mut self,
+        sample: &RawSample,
+        addresses: &[u64],
+        native: Vec<Frame>,
+    ) -> Vec<Frame> {
+        if sample.python.is_empty() {
+            return native;
+        }
+        let Some(Known::Python(resolver)) = self.processes.get_mut(&sample.pid) else {
+            return native;
+        };
+        let eval_loop = resolver.process().eval_loop.clone();
+        let segments = resolver.segments(&sample.python);
+        if segments.is_empty() {
+            return native;
+        }
+        let Ok(mut table) = python_locations().write() else {
+            return native;
+        };
+        let mut intern = |frame: &ResolvedFrame| {
+            table.intern(PythonLocation {
+                function: frame.function.clone(),
+                file: frame.file.clone(),
+                line: frame.line,
+            })
+        };
+        let mut segments = segments.iter();
+        let mut merged = Vec::with_capacity(native.len() + sample.python.len());
+        for (index, frame) in native.into_iter().enumerate() {
+            let in_eval_loop = addresses
+                .get(index)
+                .zip(eval_loop.as_ref())
+                .is_some_and(|(address, range)| range.contains(&address.wrapping_sub(1)));
+            match in_eval_loop.then(|| segments.next()).flatten() {
+                Some(segment) => merged.extend(segment.iter().map(&mut intern)),
+                None => merged.push(frame),
+            }
+        }
+        for segment in segments {
+            merged.extend(segment.iter().map(&mut intern));
+        }
+        merged
+    }
+}
