@@ -34,7 +34,10 @@ fn storm(seconds: u32) -> Child {
          \x20   calls += 1000\n\
          print(calls, flush=True)\n"
     );
-    Command::new("python3")
+    // Debian's interpreter by its path: a `python3` found on PATH may be a version
+    // manager's shim (pyenv's), a chain of scripts exec'ing each other whose last exec
+    // starts the storm while the agent is still examining the earlier ones.
+    Command::new("/usr/bin/python3")
         .args(["-c", &script])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

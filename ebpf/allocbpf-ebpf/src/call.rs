@@ -126,18 +126,15 @@ pub(crate) fn return_address(sp: u64) -> u64 {
 /// tail-jump (`forward_return` is 0 for the others).
 #[inline(always)]
 pub(crate) fn is_forwarded(state: &ThreadState, entry: &Entry) -> bool {
+    if state.forward_call_depth == NESTING_WRAPPER {
+        return is_nested(state, entry);
+    }
     // The wrapper's first call is its forward (`cookie::forward_call_slots`): the first
     // probed entry at exactly the forward's stack pointer is that call.
     if state.forward_call_depth != 0
         && entry.sp + state.forward_call_depth as u64 == state.forward_sp
     {
         return true;
-    }
-    if entry.sp < state.forward_sp && state.forward_hi == NESTING_WRAPPER {
-        // Anything probed beneath a nesting wrapper while it runs is its own call: the
-        // wrapper runs while its return address is still at its stack pointer.
-        return state.forward_return != 0
-            && return_address(state.forward_sp) == state.forward_return;
     }
     if entry.sp < state.forward_sp {
         let ret = return_address(entry.sp);
@@ -162,9 +159,33 @@ pub(crate) fn is_return_trampoline(ret: u64) -> bool {
     ret & !0xfff == UPROBE_TRAMPOLINE_PAGE
 }
 
-/// `forward_hi` of a nesting wrapper ([`ProbeCookie::nests`]): no code range, any
-/// probed call beneath it is nested while its return address is in place.
-const NESTING_WRAPPER: u64 = u64::MAX;
+/// `forward_call_depth` of a nesting wrapper ([`ProbeCookie::nests`]); its
+/// `forward_lo` is the wrapper's entry and `forward_hi` the half-width of the span
+/// around it that holds its image's allocator code.
+const NESTING_WRAPPER: u32 = u32::MAX;
+
+/// A call recorded under a nesting wrapper is its own while the wrapper runs (its
+/// return address is still at its stack pointer), and
+/// - made from the image's allocator code (its return address lies within the span
+///   around the wrapper's entry): a stale slot that still holds the wrapper's return
+///   address after it returned does not make a program's own `malloc` nested;
+/// - or a tail jump of the wrapper itself (same stack pointer and return address, and
+///   another entry: the same entry from the same site is the next call of a loop).
+#[inline(always)]
+fn is_nested(state: &ThreadState, entry: &Entry) -> bool {
+    if entry.sp > state.forward_sp || state.forward_return == 0 {
+        return false;
+    }
+    if return_address(state.forward_sp) != state.forward_return {
+        return false;
+    }
+    if entry.sp == state.forward_sp {
+        return entry.ip != state.forward_lo;
+    }
+    let ret = return_address(entry.sp);
+    ret >= state.forward_lo.wrapping_sub(state.forward_hi)
+        && ret < state.forward_lo.wrapping_add(state.forward_hi)
+}
 
 /// Records that a wrapper (an entry that may call another probed entry) is running.
 /// `old`: the block a resize entry was given (0 for none, and for other shapes).
@@ -180,8 +201,8 @@ pub(crate) fn remember_wrapper(
     if cookie.nests {
         state.forward_return = return_address(entry.sp);
         state.forward_lo = entry.ip;
-        state.forward_hi = NESTING_WRAPPER;
-        state.forward_call_depth = 0;
+        state.forward_hi = cookie.code_size;
+        state.forward_call_depth = NESTING_WRAPPER;
         return;
     }
     // Only a tail jump leaves nothing but the return address to recognise it by. A

@@ -53,6 +53,7 @@ pub(crate) fn test_report() -> Report {
         name: name.to_string(),
         file: Some("work.c".to_string()),
         line: Some(line),
+        shown: None,
     };
     let stack = |pid, bytes: f64, samples, leaf: Vec<FunctionFrame>| StackReport {
         pid,

@@ -152,15 +152,20 @@ pub fn python_functions(id: u32) -> Functions {
         .ok()
         .and_then(|table| table.get(id));
     let frame = match location {
-        Some(location) => FunctionFrame {
-            name: location.function.clone(),
-            file: (!location.file.is_empty()).then(|| location.file.clone()),
-            line: (location.line != 0).then_some(location.line),
-        },
+        Some(location) => {
+            let line = (location.line != 0).then_some(location.line);
+            FunctionFrame {
+                name: location.function.clone(),
+                file: (!location.file.is_empty()).then(|| location.file.clone()),
+                line,
+                shown: Some(python_shown_name(&location.function, &location.file, line)),
+            }
+        }
         None => FunctionFrame {
             name: format!("[python location {id}]"),
             file: None,
             line: None,
+            shown: None,
         },
     };
     Arc::new([frame])
@@ -178,6 +183,26 @@ pub struct FunctionFrame {
     pub file: Option<String>,
     /// Source line, where debug info exists.
     pub line: Option<u32>,
+    /// How reports that show names only (text, json, folded, svg) show it, when not
+    /// by `name`: a Python frame is `function (file.py:line)`, the way Python
+    /// developers read a traceback's lines, and its lines stay apart when stacks are
+    /// merged by name. pprof and OTLP carry name, file and line apart instead.
+    pub shown: Option<String>,
+}
+
+impl FunctionFrame {
+    /// The name reports that show names only use.
+    pub fn shown_name(&self) -> &str {
+        self.shown.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// How a Python frame reads where only a name is shown: `function (file:line)`.
+pub fn python_shown_name(function: &str, file: &str, line: Option<u32>) -> String {
+    match line {
+        Some(line) => format!("{function} ({file}:{line})"),
+        None => format!("{function} ({file})"),
+    }
 }
 
 /// The functions at one address: innermost (inlined callee) first, the function that

@@ -98,7 +98,7 @@ fn names_of(locations: &[Location]) -> Vec<&str> {
     locations
         .iter()
         .rev()
-        .flat_map(|l| l.functions.iter().rev().map(|f| f.name.as_str()))
+        .flat_map(|l| l.functions.iter().rev().map(|f| f.shown_name()))
         .collect()
 }
 

@@ -137,6 +137,7 @@ impl FrameSymbolizer {
                                 name: inlined.name.to_string(),
                                 file: location.0.take(),
                                 line: location.1.take(),
+                                shown: None,
                             });
                             location = code_location(inlined.code_info.as_ref());
                         }
@@ -144,6 +145,7 @@ impl FrameSymbolizer {
                             name: sym.name.to_string(),
                             file: location.0,
                             line: location.1,
+                            shown: None,
                         });
                         functions.into()
                     }
@@ -209,6 +211,7 @@ fn unresolved(name: String) -> Functions {
         name,
         file: None,
         line: None,
+        shown: None,
     }])
 }
 

@@ -197,6 +197,7 @@ pub(super) mod tests {
                 name: "exact_bytes=30000".into(),
                 file: None,
                 line: None,
+                shown: None,
             }]
             .into(),
         }];

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use allocbpf_profile::aggregate::StackStats;
-use allocbpf_profile::frame::FunctionFrame;
+use allocbpf_profile::frame::{python_shown_name, FunctionFrame};
 
 use super::{
     interval_inputs_from,
@@ -151,10 +151,18 @@ fn chain(
                 .get(&line.function_id)
                 .cloned()
                 .unwrap_or_else(|| (unnamed(), None));
+            let line = (line.line > 0).then_some(line.line as u32);
+            // A location without a mapping but with a source file is a Python frame
+            // (native frames have their module's mapping).
+            let shown = match (&file, location.mapping_id) {
+                (Some(file), 0) => Some(python_shown_name(&name, file, line)),
+                _ => None,
+            };
             FunctionFrame {
                 name,
                 file,
-                line: (line.line > 0).then_some(line.line as u32),
+                line,
+                shown,
             }
         })
         .collect();
@@ -163,6 +171,7 @@ fn chain(
             name: unnamed(),
             file: None,
             line: None,
+            shown: None,
         }]
     } else {
         chain
@@ -257,6 +266,7 @@ mod tests {
             name: name.to_string(),
             file: None,
             line,
+            shown: None,
         };
         let sample = &read.samples[0];
         assert_eq!(

@@ -69,7 +69,10 @@ pub fn resolve_entries(
             });
             continue;
         }
-        let entry = resolution.probed_entry(i);
+        let mut entry = resolution.probed_entry(i);
+        if entry.nests {
+            entry.nest_span = allocator_span(&by_name, entry.address);
+        }
         if entry.shape == Shape::Free {
             out.frees.push(entry);
         } else {
@@ -87,6 +90,37 @@ pub fn resolve_entries(
         ));
     }
     Ok(out)
+}
+
+/// How far from `entry`, either way, the image's CPython allocator functions reach
+/// (the exported `PyObject_*`/`PyMem_*` entries and, where the symbol table is kept,
+/// obmalloc's own `_PyObject_*`, `_PyMem_*` and `pymalloc_*`): a call nested in a
+/// CPython allocator returns into that span (`ProbeCookie::nests`).
+fn allocator_span(by_name: &HashMap<&str, (u64, u64)>, entry: u64) -> u64 {
+    const ALLOCATORS: &[&str] = &[
+        "PyObject_Malloc",
+        "PyObject_Calloc",
+        "PyObject_Realloc",
+        "PyObject_Free",
+        "PyMem_",
+        "_PyMem_",
+        "_PyObject_Malloc",
+        "_PyObject_Calloc",
+        "_PyObject_Realloc",
+        "_PyObject_Free",
+        "pymalloc_",
+        "allocate_from_new_pool",
+    ];
+    by_name
+        .iter()
+        .filter(|(name, _)| ALLOCATORS.iter().any(|prefix| name.starts_with(prefix)))
+        .map(|(_, &(address, size))| {
+            let end = address + size.max(1);
+            entry.abs_diff(address).max(entry.abs_diff(end))
+        })
+        .max()
+        .unwrap_or(0)
+        .min(allocbpf_common::cookie::MAX_CODE_SIZE)
 }
 
 /// Defined function symbols by name (dynamic first): (address, size).
@@ -304,6 +338,7 @@ impl<'a> Resolution<'a> {
             point: point::choose_for_run(prologue, candidate.address, candidate.spec.inputs),
             wrapper: !forwards.targets.is_empty() || candidate.spec.nests,
             nests: candidate.spec.nests,
+            nest_span: 0,
             forward_call_depth: (!forwards.targets.is_empty())
                 .then(|| {
                     frame::straight_call_depth(prologue, candidate.address, |call| {

@@ -109,9 +109,13 @@ pub struct ProbedEntry {
     pub point: ProbePoint,
     /// It may call another probed entry: its nested call is not counted again.
     pub wrapper: bool,
-    /// It reaches other probed entries through other code (function pointers): any
-    /// probed call beneath it while it runs is nested (see `ProbeCookie::nests`).
+    /// It reaches other probed entries through other code (function pointers): a
+    /// probed call beneath it while it runs, from code within `nest_span` bytes of its
+    /// entry, is nested (see `ProbeCookie::nests`).
     pub nests: bool,
+    /// With `nests`: how far from the entry, either way, the image's allocator code
+    /// lies (the span a nested call returns into).
+    pub nest_span: u64,
     /// A wrapper whose code runs straight to a call of its forward: how far below its
     /// stack pointer the forward's is at the forward's entry (`frame::straight_call_depth`).
     pub forward_call_depth: Option<u32>,
@@ -138,7 +142,11 @@ impl ProbedEntry {
     /// configured rate (inside observation windows).
     pub fn cookie_in_windows(&self, window_shift: u8) -> u64 {
         ProbeCookie {
-            code_size: self.size,
+            code_size: if self.nests {
+                self.nest_span
+            } else {
+                self.size
+            },
             probe_offset: self.point.offset as u8,
             inputs: self.point.registers.map(|r| r as u8),
             overflow_check: self.point.overflow_check,
