@@ -374,3 +374,38 @@ pub fn one_profiler_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// A Debian root made with `debootstrap --variant=minbase` for `suite`, with the
+/// packages `include` (a container's view: its own libc and programs), made once under
+/// `target/e2e/roots/` and kept for later runs. Serialized across test processes by a
+/// lock file; a root left half-made by an interrupted run is made again.
+pub fn debian_root(suite: &str, include: &[&str]) -> Result<PathBuf> {
+    let roots = workspace_root().join("target/e2e/roots");
+    std::fs::create_dir_all(&roots)?;
+    let root = roots.join(suite);
+    let done = roots.join(format!("{suite}.done"));
+    let lock = std::fs::File::create(roots.join(format!("{suite}.lock")))?;
+    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
+    ensure!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } == 0,
+        "locking the {suite} root"
+    );
+    if done.exists() {
+        return Ok(root);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let status = Command::new("debootstrap")
+        .args([
+            "--variant=minbase",
+            &format!("--include={}", include.join(",")),
+            suite,
+            root.to_str().context("path")?,
+            "http://deb.debian.org/debian",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .context("debootstrap (apt-get install debootstrap; cargo xtask setup installs it)")?;
+    ensure!(status.success(), "debootstrap {suite} failed: {status}");
+    std::fs::write(&done, b"")?;
+    Ok(root)
+}

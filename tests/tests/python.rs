@@ -10,11 +10,14 @@
 //! below 1e-6). `bytes(N)` is one `PyObject_Calloc(1, N + 33)`: under 512 bytes pymalloc
 //! serves it, over it reaches `calloc` through the interpreter and must be counted once.
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use allocbpf_e2e::{
-    attach_json, go_pprof, one_profiler_at_a_time, require_root, scratch_dir, workspace_root,
-    Profiler, Workload,
+    attach_json, debian_root, go_pprof, one_profiler_at_a_time, require_root, scratch_dir,
+    workspace_root, Profiler, Workload,
 };
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -122,21 +125,52 @@ fn script() -> std::path::PathBuf {
     workspace_root().join("tests/workloads/python_sites.py")
 }
 
-fn start_workload() -> Result<Workload> {
-    let script = script();
-    Workload::start(
-        Path::new(DEBIAN_PYTHON),
-        &[script.to_str().context("path")?, ROUNDS],
-    )
+/// How to run the workload: a command, and the script's path as the interpreter sees it.
+struct Interpreter {
+    program: PathBuf,
+    args: Vec<String>,
+    script: PathBuf,
 }
 
-#[test]
-fn debian_python_by_pid_sites_lines_and_estimates() -> Result<()> {
-    require_root();
-    let _one = one_profiler_at_a_time();
-    let dir = scratch_dir("python-pid");
+impl Interpreter {
+    /// `python` on this machine's root.
+    fn host(python: &Path) -> Interpreter {
+        Interpreter {
+            program: python.to_path_buf(),
+            args: vec![],
+            script: script(),
+        }
+    }
+
+    /// `python` (its path inside `root`) run with `chroot`, the script copied in.
+    fn chrooted(root: &Path, python: &str) -> Result<Interpreter> {
+        std::fs::copy(script(), root.join("python_sites.py"))?;
+        Ok(Interpreter {
+            program: PathBuf::from("chroot"),
+            args: vec![
+                root.to_str().context("path")?.to_string(),
+                python.to_string(),
+            ],
+            script: PathBuf::from("/python_sites.py"),
+        })
+    }
+
+    fn start(&self) -> Result<Workload> {
+        let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        args.extend([self.script.to_str().context("path")?, ROUNDS]);
+        Workload::start(&self.program, &args)
+    }
+}
+
+fn start_workload() -> Result<Workload> {
+    Interpreter::host(Path::new(DEBIAN_PYTHON)).start()
+}
+
+/// Profiles the workload under `python` by pid and checks its sites with bounds.
+fn check_by_pid(python: &Interpreter, scratch: &str) -> Result<()> {
+    let dir = scratch_dir(scratch);
     let out = dir.join("profile.json");
-    let mut workload = start_workload()?;
+    let mut workload = python.start()?;
     let profiler = attach_json(&workload, &out)?;
     workload.go()?;
     workload.wait(Duration::from_secs(120))?;
@@ -145,18 +179,19 @@ fn debian_python_by_pid_sites_lines_and_estimates() -> Result<()> {
     assert_eq!(finished.code, Some(0), "{}", finished.stderr);
     let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
     assert_eq!(profile["totals"]["drops"], 0);
-    check_sites(&profile, &script(), &parse_truth(&output), true);
+    println!("{}:", python.program.display());
+    check_sites(&profile, &python.script, &parse_truth(&output), true);
     Ok(())
 }
 
-#[test]
-fn debian_python_system_wide_and_in_pprof() -> Result<()> {
-    require_root();
-    let _one = one_profiler_at_a_time();
-    let dir = scratch_dir("python-host");
+/// Profiles the workload under `python` system-wide (`--comm ^python3`) and checks its
+/// sites' names and lines (the overhead budget observes the interpreter part of the
+/// time: the estimates' bounds are the pid tests').
+fn check_system_wide(python: &Interpreter, scratch: &str) -> Result<Vec<Site>> {
+    let dir = scratch_dir(scratch);
     let json = dir.join("profile.json");
-    let mut workload = start_workload()?;
-    let profiler = Profiler::spawn(&[
+    let mut workload = python.start()?;
+    let mut profiler = Profiler::spawn(&[
         "--comm",
         "^python3",
         "--rate",
@@ -168,7 +203,6 @@ fn debian_python_system_wide_and_in_pprof() -> Result<()> {
         "--output",
         json.to_str().context("path")?,
     ])?;
-    let mut profiler = profiler;
     profiler
         .stderr
         .wait_for("allocbpf: profiling every process", Duration::from_secs(60))?;
@@ -179,10 +213,68 @@ fn debian_python_system_wide_and_in_pprof() -> Result<()> {
     assert_eq!(finished.code, Some(0), "{}", finished.stderr);
     let profile: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
     let sites = parse_truth(&output);
-    // System-wide the overhead budget observes the interpreter part of the time (it
-    // would spend more than a CPU in probes): names and lines only, the estimates'
-    // bounds are the pid test's.
-    check_sites(&profile, &script(), &sites, false);
+    check_sites(&profile, &python.script, &sites, false);
+    Ok(sites)
+}
+
+/// CPython 3.13 in a Debian trixie root (a container's view: its own libc and
+/// interpreter, paths that mean nothing outside it), by pid and system-wide.
+#[test]
+fn trixie_python_3_13_in_its_own_root() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let root = debian_root("trixie", &["python3.13"])?;
+    let python = Interpreter::chrooted(&root, "/usr/bin/python3.13")?;
+    check_by_pid(&python, "python-trixie-pid")?;
+    check_system_wide(&python, "python-trixie-host")?;
+    Ok(())
+}
+
+#[test]
+fn debian_python_by_pid_sites_lines_and_estimates() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    check_by_pid(&Interpreter::host(Path::new(DEBIAN_PYTHON)), "python-pid")
+}
+
+/// The same over every CPython 3.9-3.13 pyenv has built on this machine (each as
+/// `libpython3.x.so`, without link-time optimisation), if any: not required.
+#[test]
+fn pyenv_pythons_by_pid_when_present() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
+    let Ok(versions) = std::fs::read_dir(Path::new(&root).join("versions")) else {
+        println!("no pyenv: nothing to check");
+        return Ok(());
+    };
+    let mut checked = Vec::new();
+    for entry in versions.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.split('.');
+        let (Some("3"), Some(minor)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(minor) = minor.parse::<u32>() else {
+            continue;
+        };
+        let python = entry.path().join(format!("bin/python3.{minor}"));
+        if !(9..=13).contains(&minor) || !python.exists() {
+            continue;
+        }
+        check_by_pid(&Interpreter::host(&python), &format!("python-pyenv-{name}"))?;
+        checked.push(name);
+    }
+    println!("pyenv versions checked: {checked:?}");
+    Ok(())
+}
+
+#[test]
+fn debian_python_system_wide_and_in_pprof() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let sites = check_system_wide(&Interpreter::host(Path::new(DEBIAN_PYTHON)), "python-host")?;
+    let dir = scratch_dir("python-pprof");
 
     // pprof: the function, its file and the line, as go tool pprof reads them.
     let pprof = dir.join("profile.pb.gz");

@@ -56,6 +56,8 @@ const APT_PACKAGES: &[&str] = &[
     "libjemalloc2",
     "libmimalloc2.0",
     "bindfs",
+    // A Debian trixie root for the Python tests (CPython 3.13 with its own libc).
+    "debootstrap",
 ];
 
 /// bpf-linker release and features that match Debian's rustc-web LLVM (22).

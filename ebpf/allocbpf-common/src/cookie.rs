@@ -11,7 +11,7 @@
 //!
 //! | bits | field |
 //! |---|---|
-//! | 0..20 | code size of the entry (the range a forwarded call returns into) |
+//! | 0..20 | code size of the entry (the range a forwarded call returns into); for a nesting wrapper (bit 36), the half-width of the span its nested calls return into, in [`NEST_SPAN_UNIT`]s |
 //! | 20..24 | window shift: inside an observation window the mean sampling interval is divided by `2^shift` |
 //! | 24..32 | bytes from the entry's first byte to the probed instruction |
 //! | 32 | the inputs are in their argument registers (the program reads them directly) |
@@ -35,6 +35,11 @@ pub const MAX_INPUTS: usize = 3;
 /// Largest code size a cookie can carry; larger entries are clamped (the code range
 /// is only used to recognise calls that return into the entry, which lie near it).
 pub const MAX_CODE_SIZE: u64 = (1 << 20) - 1;
+
+/// A nesting wrapper's code size field is the half-width of the span around its entry
+/// that its nested calls return into, in these units (up to 16 MiB: a stripped
+/// interpreter's whole text).
+pub const NEST_SPAN_UNIT: u64 = 16;
 
 /// Largest [`ProbeCookie::window_shift`] a cookie can carry.
 pub const MAX_WINDOW_SHIFT: u8 = 15;

@@ -1,7 +1,11 @@
 //! The call as a probe sees it: the entry's registers at the probed instruction, its
 //! inputs, its return address, and whether a probed wrapper forwarded it.
 
-use allocbpf_common::{cookie::ProbeCookie, sampler::array_bytes, ThreadState};
+use allocbpf_common::{
+    cookie::{ProbeCookie, NEST_SPAN_UNIT},
+    sampler::array_bytes,
+    ThreadState,
+};
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
     programs::ProbeContext,
@@ -201,7 +205,7 @@ pub(crate) fn remember_wrapper(
     if cookie.nests {
         state.forward_return = return_address(entry.sp);
         state.forward_lo = entry.ip;
-        state.forward_hi = cookie.code_size;
+        state.forward_hi = cookie.code_size * NEST_SPAN_UNIT;
         state.forward_call_depth = NESTING_WRAPPER;
         return;
     }

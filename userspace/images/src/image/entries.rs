@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use allocbpf_common::Shape;
+use allocbpf_common::{cookie::NEST_SPAN_UNIT, Shape};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::{calls, cfi, frame, point, purity, CallFrame, Lookup, ProbedEntry, SkippedEntry};
@@ -71,7 +71,7 @@ pub fn resolve_entries(
         }
         let mut entry = resolution.probed_entry(i);
         if entry.nests {
-            entry.nest_span = allocator_span(&by_name, entry.address);
+            entry.nest_span = allocator_span(file, &by_name, entry.address);
         }
         if entry.shape == Shape::Free {
             out.frees.push(entry);
@@ -92,11 +92,27 @@ pub fn resolve_entries(
     Ok(out)
 }
 
-/// How far from `entry`, either way, the image's CPython allocator functions reach
-/// (the exported `PyObject_*`/`PyMem_*` entries and, where the symbol table is kept,
-/// obmalloc's own `_PyObject_*`, `_PyMem_*` and `pymalloc_*`): a call nested in a
-/// CPython allocator returns into that span (`ProbeCookie::nests`).
-fn allocator_span(by_name: &HashMap<&str, (u64, u64)>, entry: u64) -> u64 {
+/// How far from `entry`, either way, a call nested in a CPython allocator returns
+/// (`ProbeCookie::nests`), rounded up to whole [`NEST_SPAN_UNIT`]s.
+///
+/// Where the symbol table names obmalloc's own functions (`_PyObject_Malloc`,
+/// `pymalloc_alloc`...: builds that keep it, pyenv's), the span covers them and the
+/// exported `PyObject_*`/`PyMem_*` entries: a few KiB. A stripped interpreter (Debian's)
+/// reaches its allocators through static functions nothing names, anywhere in its text:
+/// the span is then the executable segment holding the entry, so a call from the
+/// interpreter's own code that follows a returned wrapper whose stack slot was not
+/// overwritten yet could be taken for nested (docs/design.md, "Python").
+fn allocator_span(file: &object::File, by_name: &HashMap<&str, (u64, u64)>, entry: u64) -> u64 {
+    const STATIC_ALLOCATORS: &[&str] = &[
+        "_PyObject_Malloc",
+        "_PyObject_Calloc",
+        "_PyObject_Realloc",
+        "_PyObject_Free",
+        "_PyMem_RawMalloc",
+        "_PyMem_RawCalloc",
+        "_PyMem_RawRealloc",
+        "pymalloc_alloc",
+    ];
     const ALLOCATORS: &[&str] = &[
         "PyObject_Malloc",
         "PyObject_Calloc",
@@ -111,15 +127,24 @@ fn allocator_span(by_name: &HashMap<&str, (u64, u64)>, entry: u64) -> u64 {
         "pymalloc_",
         "allocate_from_new_pool",
     ];
-    by_name
+    let reach = |start: u64, end: u64| entry.abs_diff(start).max(entry.abs_diff(end));
+    let named = STATIC_ALLOCATORS
         .iter()
-        .filter(|(name, _)| ALLOCATORS.iter().any(|prefix| name.starts_with(prefix)))
-        .map(|(_, &(address, size))| {
-            let end = address + size.max(1);
-            entry.abs_diff(address).max(entry.abs_diff(end))
-        })
-        .max()
-        .unwrap_or(0)
+        .any(|name| by_name.contains_key(name));
+    let span = if named {
+        by_name
+            .iter()
+            .filter(|(name, _)| ALLOCATORS.iter().any(|prefix| name.starts_with(prefix)))
+            .map(|(_, &(address, size))| reach(address, address + size.max(1)))
+            .max()
+            .unwrap_or(0)
+    } else {
+        file.segments()
+            .map(|segment| (segment.address(), segment.address() + segment.size()))
+            .find(|&(start, end)| (start..end).contains(&entry))
+            .map_or(0, |(start, end)| reach(start, end))
+    };
+    span.div_ceil(NEST_SPAN_UNIT)
         .min(allocbpf_common::cookie::MAX_CODE_SIZE)
 }
 

@@ -114,7 +114,7 @@ pub struct ProbedEntry {
     /// entry, is nested (see `ProbeCookie::nests`).
     pub nests: bool,
     /// With `nests`: how far from the entry, either way, the image's allocator code
-    /// lies (the span a nested call returns into).
+    /// lies (the span a nested call returns into), in `NEST_SPAN_UNIT`s.
     pub nest_span: u64,
     /// A wrapper whose code runs straight to a call of its forward: how far below its
     /// stack pointer the forward's is at the forward's entry (`frame::straight_call_depth`).
