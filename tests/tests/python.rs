@@ -16,8 +16,8 @@ use std::{
 };
 
 use allocbpf_e2e::{
-    attach_json, debian_root, go_pprof, one_profiler_at_a_time, require_root, scratch_dir,
-    workspace_root, Profiler, Workload,
+    attach_json, compile_workload, debian_root, go_pprof, one_profiler_at_a_time, require_root,
+    scratch_dir, workspace_root, Profiler, Workload,
 };
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -309,5 +309,188 @@ fn debian_python_system_wide_and_in_pprof() -> Result<()> {
         }),
         "go tool pprof -traces -lines shows no `large_bytes ...{shown}`:\n{listing}"
     );
+    Ok(())
+}
+
+/// `--live` on Debian's interpreter: `PyObject_Free` is paired with the sampled
+/// `PyObject_Calloc` like `free` with `malloc`. The kept site's in-use estimate is
+/// within 5 sd of its live bytes (variance `blocks * S^2 (1-p)/p`, as above); the site
+/// whose objects were all dropped shows exactly 0 in use.
+#[test]
+fn debian_python_live_objects_by_site() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let dir = scratch_dir("python-live");
+    let out = dir.join("profile.json");
+    let script = workspace_root().join("tests/workloads/python_live.py");
+    let mut workload = Workload::start(
+        Path::new(DEBIAN_PYTHON),
+        &[script.to_str().context("path")?],
+    )?;
+    let pid = workload.pid.to_string();
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--rate",
+        "64KiB",
+        "--live",
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ])?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(120))?;
+    let output = workload.stdout.rest(Duration::from_secs(5));
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    assert_eq!(
+        profile["live"]["untracked_samples"], 0,
+        "{:#}",
+        profile["live"]
+    );
+    let sites = parse_truth(&output);
+    assert_eq!(sites.len(), 2, "{output}");
+    for site in &sites {
+        let stacks = site_stacks(&profile, &script, site);
+        assert!(!stacks.is_empty(), "{} was sampled", site.name);
+        let inuse: f64 = stacks
+            .iter()
+            .map(|s| s["inuse_bytes"].as_f64().unwrap_or(0.0))
+            .sum();
+        // `calls` of the truth line is the number of blocks still live.
+        let (blocks, size) = (site.calls, site.bytes);
+        let truth = blocks * size;
+        let p = 1.0 - (-size / RATE).exp();
+        let sd = (blocks * size * size * (1.0 - p) / p).sqrt();
+        println!(
+            "{}: in use {inuse:.0}, truth {truth:.0} +- {sd:.0}",
+            site.name
+        );
+        if blocks == 0.0 {
+            assert_eq!(inuse, 0.0, "{}: every object was dropped", site.name);
+        } else {
+            assert!(
+                (inuse - truth).abs() <= 5.0 * sd,
+                "{}: {inuse} vs {truth}",
+                site.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A real program nobody here wrote: Debian's pyflakes checking part of the standard
+/// library, in Debian's interpreter. Most of what it allocates is under its own Python
+/// functions (parsing and walking the syntax trees of the files it checks).
+#[test]
+fn pyflakes_over_the_standard_library_names_its_own_functions() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let dir = scratch_dir("python-pyflakes");
+    let out = dir.join("profile.json");
+    // The workload protocol (pid, then wait for a line), then pyflakes as `python3 -m
+    // pyflakes` runs it; it exits 1 when it finds something to say, which is not a
+    // failure here.
+    let launcher = "import os, runpy, sys\n\
+        print(os.getpid(), flush=True)\n\
+        sys.stdin.readline()\n\
+        sys.argv = ['pyflakes', '/usr/lib/python3.11/email', '/usr/lib/python3.11/json']\n\
+        try:\n\
+        \x20   runpy.run_module('pyflakes', run_name='__main__')\n\
+        except SystemExit:\n\
+        \x20   pass\n";
+    let mut workload = Workload::start(Path::new(DEBIAN_PYTHON), &["-c", launcher])?;
+    let profiler = attach_json(&workload, &out)?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(120))?;
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let stacks = profile["stacks"].as_array().context("stacks")?;
+    let bytes = |s: &Value| s["estimated_bytes"].as_f64().unwrap_or(0.0);
+    let mentions = |s: &Value, what: &str| {
+        s["frames"].as_array().is_some_and(|f| {
+            f.iter()
+                .any(|f| f.as_str().is_some_and(|f| f.contains(what)))
+        })
+    };
+    let total: f64 = stacks.iter().map(bytes).sum();
+    let own: f64 = stacks
+        .iter()
+        .filter(|s| mentions(s, "/pyflakes/"))
+        .map(bytes)
+        .sum();
+    let top = stacks
+        .iter()
+        .max_by(|a, b| bytes(a).total_cmp(&bytes(b)))
+        .context("no stacks")?;
+    println!(
+        "pyflakes' own frames under {:.1}% of {total:.0} bytes",
+        100.0 * own / total
+    );
+    assert!(own > 0.5 * total, "{own} of {total}");
+    assert!(mentions(top, "/pyflakes/"), "top stack: {}", top["frames"]);
+    Ok(())
+}
+
+/// A process that looks like CPython 3.11 and forges every structure allocbpf reads
+/// (`workloads/python_forged.c`: a cyclic frame chain, a name and a line table that
+/// claim a terabyte, a name that is not a compact string, a code pointer into unmapped
+/// memory). allocbpf must finish on time with its profile, keep at most 48 Python
+/// frames per sample, cut names to 1,024 characters, and refuse the rest.
+#[test]
+fn a_forged_interpreter_cannot_make_the_frame_walk_loop_or_grow() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let dir = scratch_dir("python-forged");
+    // Its file name says python, as an interpreter's would.
+    let built = compile_workload("python_forged", &["-O1", "-rdynamic"])?;
+    let binary = dir.join("python3.11-forged");
+    std::fs::copy(&built, &binary)?;
+    let out = dir.join("profile.json");
+    let mut workload = Workload::start(&binary, &["2"])?;
+    let profiler = attach_json(&workload, &out)?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(60))?;
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    assert!(
+        finished.stderr.contains("CPython 3.11")
+            || !finished.stderr.contains("without Python frames"),
+        "{}",
+        finished.stderr
+    );
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let stacks = profile["stacks"].as_array().context("stacks")?;
+    assert!(
+        !stacks.is_empty(),
+        "the forged process's mallocs are still profiled"
+    );
+    let mut forged_frames = 0;
+    for stack in stacks {
+        let frames = stack["frames"].as_array().unwrap();
+        let python: Vec<&str> = frames
+            .iter()
+            .filter_map(|f| f.as_str())
+            .filter(|f| f.ends_with("(forged!)") || f.contains("(forged!:"))
+            .collect();
+        assert!(python.len() <= 48, "{} Python frames", python.len());
+        for frame in &python {
+            let chars = frame.chars().count();
+            assert!(
+                chars <= 1024 + " (forged!)".len(),
+                "a name of {chars} characters"
+            );
+            assert!(
+                !frame.starts_with("loose"),
+                "a name that is not a compact str: {frame}"
+            );
+        }
+        forged_frames += python.len();
+    }
+    // The name that claims a terabyte is read, cut: the walk did reach the frames.
+    assert!(forged_frames > 0, "{stacks:?}");
     Ok(())
 }

@@ -83,6 +83,25 @@ static double run(const char *name, void *f, long n) {
         void *p = malloc(64);
         for (long i = 0; i < n; i++) sink = (void *)((xallocx_fn)f)(p, 32, 0, 0);
         dealloc(p);
+    } else if (!strncmp(name, "PyObject_", 9) || !strncmp(name, "PyMem_", 6)) {
+        /* CPython's allocators (libpython preloaded: they work before the interpreter
+         * is initialised), each paired with its own family's Free. */
+        char family[32], free_name[48];
+        size_t stem = strlen(name) - (strstr(name, "Malloc") ? 6 : strstr(name, "Calloc") ? 6 : 7);
+        snprintf(family, sizeof family, "%.*s", (int)stem, name);
+        snprintf(free_name, sizeof free_name, "%sFree", family);
+        free_fn pyfree = (free_fn)must(free_name);
+        if (strstr(name, "Malloc")) {
+            for (long i = 0; i < n; i++) { sink = ((size_fn)f)(32); pyfree(sink); }
+        } else if (strstr(name, "Calloc")) {
+            for (long i = 0; i < n; i++) { sink = ((size2_fn)f)(4, 8); pyfree(sink); }
+        } else {
+            char malloc_name[48];
+            snprintf(malloc_name, sizeof malloc_name, "%sMalloc", family);
+            void *p = ((size_fn)must(malloc_name))(32);
+            for (long i = 0; i < n; i++) p = ((resize_fn)f)(p, (i & 1) ? 64 : 32);
+            pyfree(p);
+        }
     } else {
         fprintf(stderr, "entries: no benchmark for %s\n", name);
         exit(2);

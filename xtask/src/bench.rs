@@ -146,6 +146,11 @@ pub enum Part {
     /// and under the agent at its default budget, raised (5%) and lowered (0.25%)
     /// (tests/src/bin/agent_cost.rs).
     Agent,
+    /// A Python program's runtime (Debian's python3.11, objects through pymalloc and
+    /// malloc) bare, under `--pid`, `--pid --budget 1%` and the default agent
+    /// (tests/src/bin/python_cost.rs). The cost per Python entry point is in `entries`
+    /// (family `cpython`).
+    Python,
     /// Pushing: profiles per second delivered to a real OpenTelemetry Collector (and a
     /// real Pyroscope when `$ALLOCBPF_PYROSCOPE` names one) and the agent's CPU per
     /// delivered profile, at 1 and 100 processes (tests/src/bin/push_bench.rs).
@@ -181,6 +186,11 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
             }
             crate::util::run(&mut command)?;
         }
+    }
+    if parts.contains(&Part::Python) {
+        let mut command = crate::setup::e2e_bin("python_cost")?;
+        command.args(["--rounds", &rounds.min(5).to_string()]);
+        crate::util::run(&mut command)?;
     }
     if parts.contains(&Part::Push) {
         let mut command = crate::setup::e2e_bin("push_bench")?;

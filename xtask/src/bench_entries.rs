@@ -135,6 +135,24 @@ const FAMILIES: &[Family] = &[
             "mi_new",
         ],
     },
+    Family {
+        // CPython's object and memory allocators, from Debian's libpython3.11 (the same
+        // code its python3.11 executable links in).
+        name: "cpython",
+        compiler: "gcc",
+        preload: Some("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"),
+        entries: &[
+            "PyObject_Malloc",
+            "PyObject_Calloc",
+            "PyObject_Realloc",
+            "PyMem_Malloc",
+            "PyMem_Calloc",
+            "PyMem_Realloc",
+            "PyMem_RawMalloc",
+            "PyMem_RawCalloc",
+            "PyMem_RawRealloc",
+        ],
+    },
 ];
 
 /// The configurations, in the order they alternate.

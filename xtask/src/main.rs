@@ -55,16 +55,16 @@ enum Task {
         iterations: u64,
         /// Which parts to run: malloc+free pairs (with unwinding throughput), every
         /// entry point of every allocator family, redis-benchmark, the default agent's
-        /// cost to gcc compiles and redis; `push` (not in the default set): delivery to
-        /// real profile stores.
+        /// cost to gcc compiles and redis, a Python program's runtime; `push` (not in
+        /// the default set): delivery to real profile stores.
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "pairs,entries,redis,agent"
+            default_value = "pairs,entries,redis,agent,python"
         )]
         parts: Vec<bench::Part>,
         /// The allocator families the entries part measures (default: every one
-        /// installed): glibc, musl, jemalloc, tcmalloc, mimalloc.
+        /// installed): glibc, musl, jemalloc, tcmalloc, mimalloc, cpython.
         #[arg(long, value_delimiter = ',')]
         families: Vec<String>,
     },

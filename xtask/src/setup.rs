@@ -58,6 +58,8 @@ const APT_PACKAGES: &[&str] = &[
     "bindfs",
     // A Debian trixie root for the Python tests (CPython 3.13 with its own libc).
     "debootstrap",
+    // A real Python program for the Python tests (pyflakes over the standard library).
+    "python3-pyflakes",
 ];
 
 /// bpf-linker release and features that match Debian's rustc-web LLVM (22).

@@ -180,7 +180,10 @@ fn is_nested(state: &ThreadState, entry: &Entry) -> bool {
     if entry.sp > state.forward_sp || state.forward_return == 0 {
         return false;
     }
-    if return_address(state.forward_sp) != state.forward_return {
+    // A wrapper whose return is awaited (live tracking) has the uretprobe trampoline
+    // in that slot instead.
+    let slot = return_address(state.forward_sp);
+    if slot != state.forward_return && !is_return_trampoline(slot) {
         return false;
     }
     if entry.sp == state.forward_sp {

@@ -35,6 +35,9 @@ pub struct ProcessInfo {
     pub cgroup: OsString,
     /// Container id found in the cgroup path (docker, containerd, CRI-O, podman).
     pub container_id: Option<String>,
+    /// The CPython version it runs (`3.11`), once the engine has looked (not read from
+    /// procfs: [`ProcessInfo::read`] leaves it `None`).
+    pub python_version: Option<String>,
 }
 
 impl ProcessInfo {
@@ -69,6 +72,7 @@ impl ProcessInfo {
             exe_build_id,
             container_id: container_id(&cgroup.to_string_lossy()),
             cgroup,
+            python_version: None,
         })
     }
 
@@ -90,6 +94,9 @@ impl ProcessInfo {
         ];
         if let Some(id) = &self.container_id {
             labels.push(("container_id", id.clone()));
+        }
+        if let Some(version) = &self.python_version {
+            labels.push(("python_version", version.clone()));
         }
         labels
     }
@@ -224,6 +231,23 @@ mod tests {
             b"/a/\xff\xfe.scope"
         );
         assert_eq!(cgroup_v2_path("1:cpu:/a\n"), None);
+    }
+
+    /// A Python process's profiles say which CPython it runs; others have no such label.
+    #[test]
+    fn python_processes_are_labelled_with_their_version() {
+        let mut info = ProcessInfo {
+            pid: 7,
+            ..ProcessInfo::default()
+        };
+        assert!(info
+            .labels("host")
+            .iter()
+            .all(|(k, _)| *k != "python_version"));
+        info.python_version = Some("3.11".to_string());
+        assert!(info
+            .labels("host")
+            .contains(&("python_version", "3.11".to_string())));
     }
 
     /// Names that are not UTF-8 are kept as bytes, and made text lossily for labels.

@@ -7,7 +7,7 @@
 //! pointers are read from the process's memory and believed only as far as the eBPF
 //! walk needs them (it checks the thread state against the thread it samples).
 
-use std::{ops::Range, path::Path};
+use std::{collections::HashMap, ops::Range, path::Path};
 
 use allocbpf_common::python::{PythonWalk, NO_OFFSET};
 use allocbpf_images::procfs::{self, MapsEntry};
@@ -49,7 +49,7 @@ pub struct PythonProcess {
 }
 
 /// Why a process that looks like Python gets no Python frames.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum PythonError {
     /// A version this build has no layout for.
     #[error("CPython 3.{minor} is not a version allocbpf knows the layout of (3.9 to 3.13)")]
@@ -63,6 +63,14 @@ pub enum PythonError {
         /// The interpreter's file.
         path: String,
     },
+    /// The file lacks a symbol the resolution needs.
+    #[error("{path}: defines _PyRuntime but not {symbol}")]
+    NoSymbol {
+        /// The interpreter's file.
+        path: String,
+        /// The symbol.
+        symbol: &'static str,
+    },
     /// The process's memory did not hold what the layout says.
     #[error("pid {pid}: {what} could not be read from the interpreter's memory")]
     Unreadable {
@@ -73,68 +81,138 @@ pub enum PythonError {
     },
 }
 
-/// The interpreter in `pid`'s mappings, if any: `Ok(None)` when no mapped file whose
-/// name says Python defines `_PyRuntime`.
-pub fn discover(pid: u32, maps: &[MapsEntry]) -> Result<Option<PythonProcess>, PythonError> {
-    let mut seen = Vec::new();
-    for mapping in maps {
-        let Some(path) = mapping.file_path() else {
-            continue;
-        };
-        if mapping.offset != 0 || seen.contains(&mapping.inode) || !names_python(path) {
-            continue;
+/// What an interpreter's file says, whichever process maps it: its version and the
+/// addresses (in the file) of the symbols the walk and the resolution need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterpreterFile {
+    /// `3.minor`.
+    pub minor: u8,
+    /// `_PyRuntime`.
+    runtime: u64,
+    /// `PyCode_Type`.
+    code_type: u64,
+    /// `PyUnicode_Type`, when exported.
+    unicode_type: Option<u64>,
+    /// `_PyEval_EvalFrameDefault`: address and size.
+    eval_loop: Option<(u64, u64)>,
+    /// The lowest address of its loadable segments (mapped at file offset 0).
+    first_address: u64,
+}
+
+/// Most interpreter files remembered (by device and inode): a host runs a handful of
+/// interpreters in many processes, and each file is read once rather than per process.
+const MAX_FILES: usize = 64;
+
+/// Interpreter files examined, by (device, inode): `None` for a file that is not one.
+#[derive(Default)]
+pub struct InterpreterFiles {
+    files: HashMap<(u64, u64), Result<Option<InterpreterFile>, PythonError>>,
+}
+
+impl InterpreterFiles {
+    /// The interpreter in `pid`'s mappings, if any: `Ok(None)` when no mapped file
+    /// whose name says Python defines `_PyRuntime`.
+    pub fn discover(
+        &mut self,
+        pid: u32,
+        maps: &[MapsEntry],
+    ) -> Result<Option<PythonProcess>, PythonError> {
+        let mut seen = Vec::new();
+        for mapping in maps {
+            let Some(path) = mapping.file_path() else {
+                continue;
+            };
+            let key = (mapping.device, mapping.inode);
+            if mapping.offset != 0 || seen.contains(&key) || !names_python(path) {
+                continue;
+            }
+            seen.push(key);
+            if !self.files.contains_key(&key) {
+                if self.files.len() >= MAX_FILES {
+                    self.files.clear();
+                }
+                self.files.insert(key, examine(pid, mapping, path));
+            }
+            let file = match self.files.get(&key) {
+                Some(Ok(Some(file))) => file,
+                Some(Ok(None)) | None => continue,
+                Some(Err(error)) => return Err(error.clone()),
+            };
+            return in_process(pid, mapping, path, file).map(Some);
         }
-        seen.push(mapping.inode);
-        let Ok(file) = procfs::open_mapped(pid, mapping) else {
-            continue;
-        };
-        let Ok(data) = procfs::read_mapped(&file, path) else {
-            continue;
-        };
-        let Ok(elf) = object::File::parse(&*data) else {
-            continue;
-        };
-        let symbol = |name: &str| {
-            elf.dynamic_symbols()
-                .find(|s| s.name() == Ok(name) && s.is_definition())
-                .map(|s| (s.address(), s.size()))
-        };
-        let Some((runtime, _)) = symbol("_PyRuntime") else {
-            continue;
-        };
-        let minor = match symbol("Py_Version").and_then(|(address, _)| read_u32(&elf, address)) {
-            Some(hex) if hex >> 24 == 3 => ((hex >> 16) & 0xff) as u8,
-            _ => minor_from_name(path).ok_or_else(|| PythonError::NoVersion {
-                path: path.display().to_string(),
-            })?,
-        };
-        let layout =
-            crate::layout::for_minor(minor).ok_or(PythonError::UnknownVersion { minor })?;
-        // The first loadable segment starts at file offset 0, as this mapping does.
-        let first = elf
-            .segments()
-            .map(|segment| segment.address())
-            .min()
-            .unwrap_or(0);
-        let bias = mapping.range.start.wrapping_sub(first & !0xfff);
-        let code_type = symbol("PyCode_Type").ok_or(PythonError::Unreadable {
-            pid,
-            what: "PyCode_Type",
-        })?;
-        let process = PythonProcess {
-            pid,
-            minor,
-            layout,
-            walk: walk_of(pid, layout, bias.wrapping_add(runtime))?,
-            code_type: bias.wrapping_add(code_type.0),
-            unicode_type: symbol("PyUnicode_Type").map(|(a, _)| bias.wrapping_add(a)),
-            eval_loop: symbol("_PyEval_EvalFrameDefault")
-                .map(|(a, size)| bias.wrapping_add(a)..bias.wrapping_add(a + size.max(1))),
-            image: path.to_path_buf(),
-        };
-        return Ok(Some(process));
+        Ok(None)
     }
-    Ok(None)
+}
+
+/// Reads one mapped file: an interpreter's, or `Ok(None)`.
+fn examine(
+    pid: u32,
+    mapping: &MapsEntry,
+    path: &Path,
+) -> Result<Option<InterpreterFile>, PythonError> {
+    let Ok(file) = procfs::open_mapped(pid, mapping) else {
+        return Ok(None);
+    };
+    let Ok(data) = procfs::read_mapped(&file, path) else {
+        return Ok(None);
+    };
+    let Ok(elf) = object::File::parse(&*data) else {
+        return Ok(None);
+    };
+    let symbol = |name: &str| {
+        elf.dynamic_symbols()
+            .find(|s| s.name() == Ok(name) && s.is_definition())
+            .map(|s| (s.address(), s.size()))
+    };
+    let Some((runtime, _)) = symbol("_PyRuntime") else {
+        return Ok(None);
+    };
+    let minor = match symbol("Py_Version").and_then(|(address, _)| read_u32(&elf, address)) {
+        Some(hex) if hex >> 24 == 3 => ((hex >> 16) & 0xff) as u8,
+        _ => minor_from_name(path).ok_or_else(|| PythonError::NoVersion {
+            path: path.display().to_string(),
+        })?,
+    };
+    let code_type = symbol("PyCode_Type").ok_or(PythonError::NoSymbol {
+        path: path.display().to_string(),
+        symbol: "PyCode_Type",
+    })?;
+    Ok(Some(InterpreterFile {
+        minor,
+        runtime,
+        code_type: code_type.0,
+        unicode_type: symbol("PyUnicode_Type").map(|(address, _)| address),
+        eval_loop: symbol("_PyEval_EvalFrameDefault"),
+        first_address: elf.segments().map(|s| s.address()).min().unwrap_or(0),
+    }))
+}
+
+/// `file`, mapped by `pid` at `mapping` (its first page), as that process's interpreter.
+fn in_process(
+    pid: u32,
+    mapping: &MapsEntry,
+    path: &Path,
+    file: &InterpreterFile,
+) -> Result<PythonProcess, PythonError> {
+    let minor = file.minor;
+    let layout = crate::layout::for_minor(minor).ok_or(PythonError::UnknownVersion { minor })?;
+    // The first loadable segment starts at file offset 0, as this mapping does.
+    let bias = mapping
+        .range
+        .start
+        .wrapping_sub(file.first_address & !0xfff);
+    Ok(PythonProcess {
+        pid,
+        minor,
+        layout,
+        walk: walk_of(pid, layout, bias.wrapping_add(file.runtime))?,
+        code_type: bias.wrapping_add(file.code_type),
+        unicode_type: file.unicode_type.map(|a| bias.wrapping_add(a)),
+        eval_loop: file
+            .eval_loop
+            .map(|(a, size)| bias.wrapping_add(a)..bias.wrapping_add(a + size.max(1))),
+        image: path.to_path_buf(),
+    })
 }
 
 /// A file name that can hold an interpreter: `python3.11`, `libpython3.11.so.1.0`,

@@ -3,7 +3,10 @@
 //! the loop was running, so a C extension's allocation shows the Python line that
 //! called it.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use allocbpf_common::python::PythonWalk;
 use allocbpf_images::procfs::MapsEntry;
@@ -11,7 +14,7 @@ use allocbpf_probe::events::RawSample;
 use allocbpf_profile::frame::{python_locations, Frame, PythonLocation};
 use allocbpf_python::{
     code::{CodeResolver, ResolvedFrame},
-    discover::{discover, PythonError, PythonProcess},
+    discover::{InterpreterFiles, PythonError, PythonProcess},
 };
 
 /// What is known of one process.
@@ -20,12 +23,22 @@ enum Known {
     Python(Box<CodeResolver>),
     /// Not Python, or Python allocbpf cannot walk (the reason was said once).
     Other,
+    /// A CPython whose runtime could not be read yet (an interpreter that has only just
+    /// started initialising): looked at again at a sample after `next`, a few times.
+    Retry { next: Instant, attempts: u32 },
 }
+
+/// How often an interpreter whose runtime was not readable yet is looked at again.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+
+/// How many times it is, before it is profiled without Python frames for good.
+const RETRIES: u32 = 20;
 
 /// The Python processes of a session and the resolution of their frames.
 #[derive(Default)]
 pub struct PythonStacks {
     processes: HashMap<u32, Known>,
+    files: InterpreterFiles,
 }
 
 impl PythonStacks {
@@ -37,20 +50,29 @@ impl PythonStacks {
         pid: u32,
         maps: &[MapsEntry],
     ) -> Result<Option<&PythonProcess>, PythonError> {
-        if self.processes.contains_key(&pid) {
-            return Ok(None);
-        }
-        match discover(pid, maps) {
+        let attempts = match self.processes.get(&pid) {
+            None => 0,
+            Some(Known::Retry { attempts, .. }) => *attempts,
+            Some(_) => return Ok(None),
+        };
+        match self.files.discover(pid, maps) {
             Ok(Some(process)) => {
                 let resolver = Box::new(CodeResolver::new(process));
-                let known = self.processes.entry(pid).or_insert(Known::Python(resolver));
+                let known = self.processes.entry(pid).or_insert(Known::Other);
+                *known = Known::Python(resolver);
                 match known {
                     Known::Python(resolver) => Ok(Some(resolver.process())),
-                    Known::Other => Ok(None),
+                    _ => Ok(None),
                 }
             }
             Ok(None) => {
                 self.processes.insert(pid, Known::Other);
+                Ok(None)
+            }
+            Err(PythonError::Unreadable { .. }) if attempts < RETRIES => {
+                let next = Instant::now() + RETRY_EVERY;
+                let attempts = attempts + 1;
+                self.processes.insert(pid, Known::Retry { next, attempts });
                 Ok(None)
             }
             Err(error) => {
@@ -60,11 +82,17 @@ impl PythonStacks {
         }
     }
 
+    /// True when `pid` is a Python process whose runtime was not readable when it was
+    /// looked at, and it is time to look again ([`PythonStacks::look_at`]).
+    pub fn retry_due(&self, pid: u32) -> bool {
+        matches!(self.processes.get(&pid), Some(Known::Retry { next, .. }) if Instant::now() >= *next)
+    }
+
     /// The walk of `pid`, if it is a known Python process.
     pub fn walk_of(&self, pid: u32) -> Option<PythonWalk> {
         match self.processes.get(&pid)? {
             Known::Python(resolver) => Some(resolver.process().walk),
-            Known::Other => None,
+            Known::Other | Known::Retry { .. } => None,
         }
     }
 
@@ -72,7 +100,7 @@ impl PythonStacks {
     pub fn version_of(&self, pid: u32) -> Option<String> {
         match self.processes.get(&pid)? {
             Known::Python(resolver) => Some(format!("3.{}", resolver.process().minor)),
-            Known::Other => None,
+            Known::Other | Known::Retry { .. } => None,
         }
     }
 

@@ -358,6 +358,9 @@ impl Collector {
                     }
                     // A lost sample has its weight but no stack: it stands under one
                     // frame that says so, and still counts in every total.
+                    if self.stacks.python.retry_due(pid) {
+                        self.look_for_python(pid, &procfs::read_maps(pid));
+                    }
                     let frames = if sample.lost {
                         self.stats.lost_samples += 1;
                         vec![Frame::Lost]
@@ -382,6 +385,9 @@ impl Collector {
                 Event::Exec { pid } => {
                     self.stats.exec_events += 1;
                     self.stacks.forget(pid);
+                    if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+                        tracked.info.python_version = None;
+                    }
                     if let Some(kernel) = self.kernel.as_deref_mut() {
                         kernel.forget_python(pid);
                     }

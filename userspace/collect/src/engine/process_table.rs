@@ -150,7 +150,12 @@ impl ProcessTable {
                 _ => true,
             };
             if same {
-                tracked.info = info;
+                // What the engine learnt (not procfs) stays until an exec clears it.
+                let python_version = tracked.info.python_version.take();
+                tracked.info = ProcessInfo {
+                    python_version: info.python_version.clone().or(python_version),
+                    ..info
+                };
                 tracked.admitted = admitted;
                 return Followed::Known;
             }

@@ -17,7 +17,11 @@ impl Collector {
                     process.minor,
                     process.image.display()
                 );
-                process.walk
+                let (walk, version) = (process.walk, format!("3.{}", process.minor));
+                if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+                    tracked.info.python_version = Some(version);
+                }
+                walk
             }
             Ok(None) => return,
             Err(error) => {
