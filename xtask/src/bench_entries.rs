@@ -148,9 +148,6 @@ const FAMILIES: &[Family] = &[
             "PyMem_Malloc",
             "PyMem_Calloc",
             "PyMem_Realloc",
-            "PyMem_RawMalloc",
-            "PyMem_RawCalloc",
-            "PyMem_RawRealloc",
         ],
     },
 ];

@@ -19,7 +19,7 @@
 //! | 34 | the entry's tail jumps happen only for a null block |
 //! | 35 | the probed instruction is single-stepped |
 //! | 36 | the entry reaches its forwards through code of its own image that is not its own (function pointers): any probed call beneath it while its return address is in place is its nested call |
-//! | 37 | reserved (0) |
+//! | 37 | a nesting wrapper whose span is wide (a stripped interpreter's whole text): a nested call also needs the wrapper's return address still at its stack pointer |
 //! | 38..50 | three 4-bit [`Reg`] codes: where input 0, 1 and 2 are |
 //! | 50 | the inputs' product overflowed if the CPU's overflow flag is set |
 //! | 51 | the entry may call another probed entry (its nested call is not counted) |
@@ -128,6 +128,10 @@ pub struct ProbeCookie {
     /// beneath it while it runs is its nested call, recognised by the wrapper's return
     /// address still being at its stack pointer.
     pub nests: bool,
+    /// A nesting wrapper whose span is wide (the image names none of its allocator's
+    /// own functions): its return address is kept at entry, and a call beneath it is
+    /// nested only while that address is still at its stack pointer.
+    pub nests_checked: bool,
     /// Under time sampling, how much denser the probe samples than the configured rate:
     /// its countdowns have mean `rate >> window_shift` (0 when probed full time).
     pub window_shift: u8,
@@ -155,6 +159,7 @@ const TAIL_BIT: u32 = 33;
 const TAIL_IF_NULL_BIT: u32 = 34;
 const STEPPED_BIT: u32 = 35;
 const NESTS_BIT: u32 = 36;
+const NESTS_CHECKED_BIT: u32 = 37;
 const OVERFLOW_BIT: u32 = 50;
 const WRAPPER_BIT: u32 = 51;
 const FUNCTION_SHIFT: u32 = 52;
@@ -185,6 +190,7 @@ impl ProbeCookie {
             | (self.tail_only_if_null as u64) << TAIL_IF_NULL_BIT
             | (self.stepped as u64) << STEPPED_BIT
             | (self.nests as u64) << NESTS_BIT
+            | (self.nests_checked as u64) << NESTS_CHECKED_BIT
             | ((self.function & 0x3f) as u64) << FUNCTION_SHIFT
             | ((self.forward_call_slots & 0x3f) as u64) << FORWARD_CALL_SHIFT
     }
@@ -207,6 +213,7 @@ impl ProbeCookie {
             tail_only_if_null: (cookie >> TAIL_IF_NULL_BIT) & 1 == 1,
             stepped: (cookie >> STEPPED_BIT) & 1 == 1,
             nests: (cookie >> NESTS_BIT) & 1 == 1,
+            nests_checked: (cookie >> NESTS_CHECKED_BIT) & 1 == 1,
             function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
             forward_call_slots: ((cookie >> FORWARD_CALL_SHIFT) & 0x3f) as u8,
             window_shift: ((cookie >> WINDOW_SHIFT) & 0xf) as u8,
@@ -233,6 +240,7 @@ mod tests {
             function: 16,
             forward_call_slots: 63,
             nests: true,
+            nests_checked: true,
             window_shift: 9,
         };
         assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
@@ -249,6 +257,7 @@ mod tests {
             function: 0,
             forward_call_slots: 0,
             nests: false,
+            nests_checked: false,
             window_shift: 0,
         };
         assert_eq!(plain.encode(), 10);
@@ -270,6 +279,7 @@ mod tests {
             function: 0,
             forward_call_slots: 0,
             nests: false,
+            nests_checked: false,
             window_shift: 0,
         };
         let back = ProbeCookie::decode(cookie.encode());

@@ -168,30 +168,33 @@ pub(crate) fn is_return_trampoline(ret: u64) -> bool {
 /// around it that holds its image's allocator code.
 const NESTING_WRAPPER: u32 = u32::MAX;
 
-/// A call recorded under a nesting wrapper is its own while the wrapper runs (its
-/// return address is still at its stack pointer), and
-/// - made from the image's allocator code (its return address lies within the span
-///   around the wrapper's entry): a stale slot that still holds the wrapper's return
-///   address after it returned does not make a program's own `malloc` nested;
-/// - or a tail jump of the wrapper itself (same stack pointer and return address, and
-///   another entry: the same entry from the same site is the next call of a loop).
+/// How far below a nesting wrapper's stack pointer its nested calls enter: CPython's
+/// allocators reach `malloc` through a frame or two of their own.
+const MAX_NEST_DEPTH: u64 = 1024;
+
+/// A probed call after a nesting wrapper's entry is its nested call when it enters at
+/// most [`MAX_NEST_DEPTH`] bytes below the wrapper's stack pointer and returns into the
+/// image's allocator code (the span around the wrapper's entry). The return address is
+/// read only here, for a call that may be nested: reading the wrapper's own at every
+/// entry, to check it still runs, cost a user-memory read per Python allocation. What
+/// the span leaves out: a program's own `malloc` (ctypes calling libc from a deeper
+/// frame after the wrapper returned) returns elsewhere and counts. At the wrapper's own
+/// stack pointer only a tail jump of the wrapper can be nested (another entry: the
+/// same entry from the same site is the next call of a loop), whose return address is
+/// the wrapper's caller's, or the uretprobe trampoline when live tracking awaits it.
 #[inline(always)]
 fn is_nested(state: &ThreadState, entry: &Entry) -> bool {
-    if entry.sp > state.forward_sp || state.forward_return == 0 {
+    if entry.sp > state.forward_sp || state.forward_sp - entry.sp > MAX_NEST_DEPTH {
         return false;
     }
-    // A wrapper whose return is awaited (live tracking) has the uretprobe trampoline
-    // in that slot instead.
-    let slot = return_address(state.forward_sp);
-    if slot != state.forward_return && !is_return_trampoline(slot) {
+    let tail = entry.sp == state.forward_sp;
+    if tail && entry.ip == state.forward_lo {
         return false;
-    }
-    if entry.sp == state.forward_sp {
-        return entry.ip != state.forward_lo;
     }
     let ret = return_address(entry.sp);
-    ret >= state.forward_lo.wrapping_sub(state.forward_hi)
-        && ret < state.forward_lo.wrapping_add(state.forward_hi)
+    (tail && is_return_trampoline(ret))
+        || (ret >= state.forward_lo.wrapping_sub(state.forward_hi)
+            && ret < state.forward_lo.wrapping_add(state.forward_hi))
 }
 
 /// Records that a wrapper (an entry that may call another probed entry) is running.
@@ -206,7 +209,7 @@ pub(crate) fn remember_wrapper(
     // The code size comes from the cookie: one program serves every image of the host.
     state.forward_sp = entry.sp;
     if cookie.nests {
-        state.forward_return = return_address(entry.sp);
+        state.forward_return = 0;
         state.forward_lo = entry.ip;
         state.forward_hi = cookie.code_size * NEST_SPAN_UNIT;
         state.forward_call_depth = NESTING_WRAPPER;

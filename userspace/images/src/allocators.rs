@@ -190,7 +190,9 @@ pub const NAMED: &[EntrySpec] = &[
     entry("mi_free_size_aligned", F::Free, S::Free, ARG0),
     // CPython's object and memory allocators (pymalloc serves requests up to 512 bytes
     // from its own arenas, never reaching malloc; larger ones forward to it and are
-    // counted there once). In the executable or in libpython3.x.so.
+    // counted there once). In the executable or in libpython3.x.so. `PyMem_Raw*` are
+    // not probed: they call malloc, calloc, realloc and free one for one, which count
+    // every such call with the same size and caller.
     python("PyObject_Malloc", F::Malloc, S::Size, ARG0),
     python("PyObject_Calloc", F::Calloc, S::Array, PRODUCT01),
     python("PyObject_Realloc", F::Realloc, S::Resize, ARG0_ARG1),
@@ -199,10 +201,6 @@ pub const NAMED: &[EntrySpec] = &[
     python("PyMem_Calloc", F::Calloc, S::Array, PRODUCT01),
     python("PyMem_Realloc", F::Realloc, S::Resize, ARG0_ARG1),
     python("PyMem_Free", F::Free, S::Free, ARG0),
-    python("PyMem_RawMalloc", F::Malloc, S::Size, ARG0),
-    python("PyMem_RawCalloc", F::Calloc, S::Array, PRODUCT01),
-    python("PyMem_RawRealloc", F::Realloc, S::Resize, ARG0_ARG1),
-    python("PyMem_RawFree", F::Free, S::Free, ARG0),
 ];
 
 /// Every (symbol, entry) pair searched in a file, given the user's extra prefixes.

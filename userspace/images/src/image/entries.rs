@@ -364,6 +364,7 @@ impl<'a> Resolution<'a> {
             wrapper: !forwards.targets.is_empty() || candidate.spec.nests,
             nests: candidate.spec.nests,
             nest_span: 0,
+            nests_checked: false,
             forward_call_depth: (!forwards.targets.is_empty())
                 .then(|| {
                     frame::straight_call_depth(prologue, candidate.address, |call| {

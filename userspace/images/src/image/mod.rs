@@ -116,6 +116,9 @@ pub struct ProbedEntry {
     /// With `nests`: how far from the entry, either way, the image's allocator code
     /// lies (the span a nested call returns into), in `NEST_SPAN_UNIT`s.
     pub nest_span: u64,
+    /// With `nests`: the span is wide (no allocator function of the image is named),
+    /// so a nested call must also find the wrapper still running.
+    pub nests_checked: bool,
     /// A wrapper whose code runs straight to a call of its forward: how far below its
     /// stack pointer the forward's is at the forward's entry (`frame::straight_call_depth`).
     pub forward_call_depth: Option<u32>,
@@ -152,6 +155,7 @@ impl ProbedEntry {
             overflow_check: self.point.overflow_check,
             wrapper: self.wrapper,
             nests: self.nests,
+            nests_checked: self.nests_checked,
             abi_inputs: self.point.registers[..self.shape.inputs()]
                 == Reg::ARGUMENTS[..self.shape.inputs()],
             tail_forward: self.tail_forward,
