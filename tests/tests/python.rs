@@ -16,8 +16,8 @@ use std::{
 };
 
 use allocbpf_e2e::{
-    attach_json, compile_workload, debian_root, go_pprof, one_profiler_at_a_time, require_root,
-    scratch_dir, workspace_root, Profiler, Workload,
+    compile_workload, debian_root, go_pprof, one_profiler_at_a_time, require_root, scratch_dir,
+    sites::allocation_variance, stacks_with, workspace_root, Profiler, Workload,
 };
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -28,7 +28,7 @@ const DEBIAN_PYTHON: &str = "/usr/bin/python3.11";
 /// Rounds of 100 calls per site.
 const ROUNDS: &str = "3000";
 
-/// The mean sampling interval `attach_json` uses.
+/// The mean sampling interval the tests profile at.
 const RATE: f64 = 65536.0;
 
 /// One `truth SITE LINE BYTES CALLS` line of the workload.
@@ -54,20 +54,42 @@ fn parse_truth(output: &str) -> Vec<Site> {
         .collect()
 }
 
-/// The stacks whose innermost Python frame is `site`'s line, and how it reads.
+/// The stacks that pass through `site`'s line (its Python frame, as reports show it).
 fn site_stacks<'a>(profile: &'a Value, script: &Path, site: &Site) -> Vec<&'a Value> {
-    let frame = format!("{} ({}:{})", site.name, script.display(), site.line);
-    profile["stacks"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .filter(|s| {
-            s["frames"]
-                .as_array()
-                .is_some_and(|frames| frames.iter().any(|f| f == frame.as_str()))
-        })
-        .collect()
+    stacks_with(
+        profile,
+        &format!("{} ({}:{})", site.name, script.display(), site.line),
+    )
+}
+
+/// The standard deviation of the estimate of `calls` allocations of `bytes` each (or of
+/// the in-use estimate of that many live blocks).
+fn estimate_sd(calls: f64, bytes: f64) -> f64 {
+    (calls * allocation_variance(bytes as u64, RATE as u64)).sqrt()
+}
+
+/// Starts `program args` (the workload protocol), profiles it by pid to its exit at
+/// 64 KiB with `extra` flags into a json profile, and returns the profile and what the
+/// workload printed after its pid.
+fn profile_by_pid(
+    program: &Path,
+    args: &[&str],
+    extra: &[&str],
+    scratch: &str,
+) -> Result<(Value, String)> {
+    let out = scratch_dir(scratch).join("profile.json");
+    let mut workload = Workload::start(program, args)?;
+    let pid = workload.pid.to_string();
+    let mut flags = vec!["--pid", &pid, "--rate", "64KiB", "--format", "json"];
+    flags.extend_from_slice(extra);
+    flags.extend(["--output", out.to_str().context("path")?]);
+    let profiler = Profiler::attach(&flags)?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(120))?;
+    let output = workload.stdout.rest(Duration::from_secs(5));
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    Ok((serde_json::from_slice(&std::fs::read(&out)?)?, output))
 }
 
 /// Checks every site of `profile` against the workload's truth.
@@ -107,8 +129,7 @@ fn check_sites(profile: &Value, script: &Path, sites: &[Site], bounds: bool) {
             .map(|s| s["estimated_bytes"].as_f64().unwrap())
             .sum();
         let truth = site.calls * site.bytes;
-        let p = 1.0 - (-site.bytes / RATE).exp();
-        let sd = (site.calls * site.bytes * site.bytes * (1.0 - p) / p).sqrt();
+        let sd = estimate_sd(site.calls, site.bytes);
         println!(
             "{}: estimate {estimate:.0}, truth {truth:.0} +- {sd:.0}",
             site.name
@@ -155,10 +176,15 @@ impl Interpreter {
         })
     }
 
-    fn start(&self) -> Result<Workload> {
+    /// The arguments that run the workload.
+    fn workload_args(&self) -> Result<Vec<&str>> {
         let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         args.extend([self.script.to_str().context("path")?, ROUNDS]);
-        Workload::start(&self.program, &args)
+        Ok(args)
+    }
+
+    fn start(&self) -> Result<Workload> {
+        Workload::start(&self.program, &self.workload_args()?)
     }
 }
 
@@ -168,16 +194,8 @@ fn start_workload() -> Result<Workload> {
 
 /// Profiles the workload under `python` by pid and checks its sites with bounds.
 fn check_by_pid(python: &Interpreter, scratch: &str) -> Result<()> {
-    let dir = scratch_dir(scratch);
-    let out = dir.join("profile.json");
-    let mut workload = python.start()?;
-    let profiler = attach_json(&workload, &out)?;
-    workload.go()?;
-    workload.wait(Duration::from_secs(120))?;
-    let output = workload.stdout.rest(Duration::from_secs(5));
-    let finished = profiler.finish(Duration::from_secs(60))?;
-    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
-    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let args = python.workload_args()?;
+    let (profile, output) = profile_by_pid(&python.program, &args, &[], scratch)?;
     assert_eq!(profile["totals"]["drops"], 0);
     println!("{}:", python.program.display());
     check_sites(&profile, &python.script, &parse_truth(&output), true);
@@ -320,31 +338,13 @@ fn debian_python_system_wide_and_in_pprof() -> Result<()> {
 fn debian_python_live_objects_by_site() -> Result<()> {
     require_root();
     let _one = one_profiler_at_a_time();
-    let dir = scratch_dir("python-live");
-    let out = dir.join("profile.json");
     let script = workspace_root().join("tests/workloads/python_live.py");
-    let mut workload = Workload::start(
+    let (profile, output) = profile_by_pid(
         Path::new(DEBIAN_PYTHON),
         &[script.to_str().context("path")?],
+        &["--live"],
+        "python-live",
     )?;
-    let pid = workload.pid.to_string();
-    let profiler = Profiler::attach(&[
-        "--pid",
-        &pid,
-        "--rate",
-        "64KiB",
-        "--live",
-        "--format",
-        "json",
-        "--output",
-        out.to_str().context("path")?,
-    ])?;
-    workload.go()?;
-    workload.wait(Duration::from_secs(120))?;
-    let output = workload.stdout.rest(Duration::from_secs(5));
-    let finished = profiler.finish(Duration::from_secs(60))?;
-    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
-    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
     assert_eq!(
         profile["live"]["untracked_samples"], 0,
         "{:#}",
@@ -362,8 +362,7 @@ fn debian_python_live_objects_by_site() -> Result<()> {
         // `calls` of the truth line is the number of blocks still live.
         let (blocks, size) = (site.calls, site.bytes);
         let truth = blocks * size;
-        let p = 1.0 - (-size / RATE).exp();
-        let sd = (blocks * size * size * (1.0 - p) / p).sqrt();
+        let sd = estimate_sd(blocks, size);
         println!(
             "{}: in use {inuse:.0}, truth {truth:.0} +- {sd:.0}",
             site.name
@@ -388,8 +387,6 @@ fn debian_python_live_objects_by_site() -> Result<()> {
 fn pyflakes_over_the_standard_library_names_its_own_functions() -> Result<()> {
     require_root();
     let _one = one_profiler_at_a_time();
-    let dir = scratch_dir("python-pyflakes");
-    let out = dir.join("profile.json");
     // The workload protocol (pid, then wait for a line), then pyflakes as `python3 -m
     // pyflakes` runs it; it exits 1 when it finds something to say, which is not a
     // failure here.
@@ -401,13 +398,12 @@ fn pyflakes_over_the_standard_library_names_its_own_functions() -> Result<()> {
         \x20   runpy.run_module('pyflakes', run_name='__main__')\n\
         except SystemExit:\n\
         \x20   pass\n";
-    let mut workload = Workload::start(Path::new(DEBIAN_PYTHON), &["-c", launcher])?;
-    let profiler = attach_json(&workload, &out)?;
-    workload.go()?;
-    workload.wait(Duration::from_secs(120))?;
-    let finished = profiler.finish(Duration::from_secs(60))?;
-    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
-    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let (profile, _) = profile_by_pid(
+        Path::new(DEBIAN_PYTHON),
+        &["-c", launcher],
+        &[],
+        "python-pyflakes",
+    )?;
     let stacks = profile["stacks"].as_array().context("stacks")?;
     let bytes = |s: &Value| s["estimated_bytes"].as_f64().unwrap_or(0.0);
     let mentions = |s: &Value, what: &str| {
@@ -449,20 +445,7 @@ fn a_forged_interpreter_cannot_make_the_frame_walk_loop_or_grow() -> Result<()> 
     let built = compile_workload("python_forged", &["-O1", "-rdynamic"])?;
     let binary = dir.join("python3.11-forged");
     std::fs::copy(&built, &binary)?;
-    let out = dir.join("profile.json");
-    let mut workload = Workload::start(&binary, &["2"])?;
-    let profiler = attach_json(&workload, &out)?;
-    workload.go()?;
-    workload.wait(Duration::from_secs(60))?;
-    let finished = profiler.finish(Duration::from_secs(60))?;
-    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
-    assert!(
-        finished.stderr.contains("CPython 3.11")
-            || !finished.stderr.contains("without Python frames"),
-        "{}",
-        finished.stderr
-    );
-    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let (profile, _) = profile_by_pid(&binary, &["2"], &[], "python-forged")?;
     let stacks = profile["stacks"].as_array().context("stacks")?;
     assert!(
         !stacks.is_empty(),

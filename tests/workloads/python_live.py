@@ -9,17 +9,10 @@ import os
 import sys
 import time
 
+from python_sites import BYTES_HEADER, site_line
+
 KEPT = 20000
 CHURN = 20000
-BYTES_HEADER = 33
-
-
-def site_line(marker):
-    with open(__file__) as source:
-        for number, text in enumerate(source, 1):
-            if text.rstrip().endswith("# SITE " + marker):
-                return number
-    raise LookupError(marker)
 
 
 def kept(objects):
@@ -40,8 +33,8 @@ def main():
     kept(objects)
     churn()
     time.sleep(0.4)
-    print("truth kept", site_line("kept"), 4000 + BYTES_HEADER, KEPT, flush=True)
-    print("truth churn", site_line("churn"), 4000 + BYTES_HEADER, 0, flush=True)
+    print("truth kept", site_line("kept", __file__), 4000 + BYTES_HEADER, KEPT, flush=True)
+    print("truth churn", site_line("churn", __file__), 4000 + BYTES_HEADER, 0, flush=True)
     os._exit(0)
 
 

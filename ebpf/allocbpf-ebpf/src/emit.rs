@@ -5,7 +5,6 @@ use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
     sampler::Decision, Counter, PythonStack, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
-    SAMPLE_FLAG_PYTHON,
 };
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
@@ -131,15 +130,7 @@ fn emit_fp_record<const P: usize>(ctx: &ProbeContext, header: &Header) -> bool {
         } else {
             addr_of_mut!((*event).stack_len).write((written as u32) / 8);
         }
-        if P == 1 {
-            let python = addr_of_mut!((*record).python).cast::<PythonStack>();
-            crate::python::walk(
-                python,
-                (header.pid_tgid >> 32) as u32,
-                header.pid_tgid as u32,
-            );
-            addr_of_mut!((*event).flags).write(header.flags | SAMPLE_FLAG_PYTHON);
-        }
+        crate::python::fill::<P>(event, addr_of_mut!((*record).python), header);
     }
     entry.submit(wakeup_flags(header.timestamp_ns));
     true

@@ -14,9 +14,11 @@ use allocbpf_common::{
         PythonFrameRecord, PythonStatus, PythonWalk, MAX_PYTHON_FRAMES, MAX_PYTHON_PROCESSES,
         NO_OFFSET,
     },
-    PythonStack,
+    PythonStack, SampleEvent, SAMPLE_FLAG_PYTHON,
 };
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::map, maps::HashMap};
+
+use crate::header::Header;
 
 /// How to walk each Python process's frames, by pid; written by userspace.
 #[map]
@@ -35,12 +37,35 @@ pub(crate) fn is_python(pid: u32) -> bool {
     PYTHON.get_ptr(&pid).is_some()
 }
 
+/// Fills the `PythonStack` a sample record ends with for the thread that `header` names
+/// (`P`: how many the record has, 0 or 1) and flags the event as carrying it.
+///
+/// # Safety
+/// `event` and `python` must point into the same reserved, exclusively owned record.
+#[inline(always)]
+pub(crate) unsafe fn fill<const P: usize>(
+    event: *mut SampleEvent,
+    python: *mut [PythonStack; P],
+    header: &Header,
+) {
+    if P == 1 {
+        unsafe {
+            walk(
+                python.cast::<PythonStack>(),
+                (header.pid_tgid >> 32) as u32,
+                header.pid_tgid as u32,
+            );
+            addr_of_mut!((*event).flags).write(header.flags | SAMPLE_FLAG_PYTHON);
+        }
+    }
+}
+
 /// Fills `stack` with the Python frames of thread `tid` of process `pid`.
 ///
 /// # Safety
 /// `stack` must point into a reserved, exclusively owned ring-buffer record.
 #[inline(always)]
-pub(crate) unsafe fn walk(stack: *mut PythonStack, pid: u32, tid: u32) {
+unsafe fn walk(stack: *mut PythonStack, pid: u32, tid: u32) {
     let (status, len) = match PYTHON.get_ptr(&pid) {
         // SAFETY: a live map value; userspace writes it whole before the process's
         // samples can need it.

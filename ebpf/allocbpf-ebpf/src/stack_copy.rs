@@ -8,7 +8,7 @@
 
 use core::ptr::addr_of_mut;
 
-use allocbpf_common::{PythonStack, SampleEvent, SAMPLE_FLAG_PYTHON};
+use allocbpf_common::{PythonStack, SampleEvent};
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext, EbpfContext};
 
 use crate::{
@@ -58,15 +58,7 @@ fn emit_record<const N: usize, const P: usize>(ctx: &ProbeContext, header: &Head
         let stack = addr_of_mut!((*record).stack).cast::<u8>();
         let copied = copy_stack::<N>(stack, sp);
         addr_of_mut!((*event).user_stack_len).write(copied as u32);
-        if P == 1 {
-            let python = addr_of_mut!((*record).python).cast::<PythonStack>();
-            crate::python::walk(
-                python,
-                (header.pid_tgid >> 32) as u32,
-                header.pid_tgid as u32,
-            );
-            addr_of_mut!((*event).flags).write(header.flags | SAMPLE_FLAG_PYTHON);
-        }
+        crate::python::fill::<P>(event, addr_of_mut!((*record).python), header);
     }
     entry.submit(wakeup_flags(header.timestamp_ns));
     true
