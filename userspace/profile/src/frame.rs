@@ -95,17 +95,9 @@ impl PythonLocations {
         if let Some(&id) = self.ids.get(&location) {
             return Frame::Python(id);
         }
-        if self.all.len() >= MAX_PYTHON_LOCATIONS {
-            return self.intern_full();
+        if self.all.len() < MAX_PYTHON_LOCATIONS {
+            return self.push(location);
         }
-        let location = Arc::new(location);
-        let id = self.all.len() as u32;
-        self.all.push(location.clone());
-        self.ids.insert(location, id);
-        Frame::Python(id)
-    }
-
-    fn intern_full(&mut self) -> Frame {
         let full = PythonLocation {
             function: PYTHON_LOCATIONS_FULL.to_string(),
             file: String::new(),
@@ -113,14 +105,17 @@ impl PythonLocations {
         };
         match self.ids.get(&full) {
             Some(&id) => Frame::Python(id),
-            None => {
-                let full = Arc::new(full);
-                let id = self.all.len() as u32;
-                self.all.push(full.clone());
-                self.ids.insert(full, id);
-                Frame::Python(id)
-            }
+            None => self.push(full),
         }
+    }
+
+    /// Adds a location not interned yet.
+    fn push(&mut self, location: PythonLocation) -> Frame {
+        let location = Arc::new(location);
+        let id = self.all.len() as u32;
+        self.all.push(location.clone());
+        self.ids.insert(location, id);
+        Frame::Python(id)
     }
 
     /// The location of frame id `id`.

@@ -8,7 +8,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_common::python::PythonWalk;
 use allocbpf_images::procfs::MapsEntry;
 use allocbpf_probe::events::RawSample;
 use allocbpf_profile::frame::{python_locations, Frame, PythonLocation};
@@ -58,10 +57,9 @@ impl PythonStacks {
         match self.files.discover(pid, maps) {
             Ok(Some(process)) => {
                 let resolver = Box::new(CodeResolver::new(process));
-                let known = self.processes.entry(pid).or_insert(Known::Other);
-                *known = Known::Python(resolver);
-                match known {
-                    Known::Python(resolver) => Ok(Some(resolver.process())),
+                self.processes.insert(pid, Known::Python(resolver));
+                match self.processes.get(&pid) {
+                    Some(Known::Python(resolver)) => Ok(Some(resolver.process())),
                     _ => Ok(None),
                 }
             }
@@ -86,22 +84,6 @@ impl PythonStacks {
     /// looked at, and it is time to look again ([`PythonStacks::look_at`]).
     pub fn retry_due(&self, pid: u32) -> bool {
         matches!(self.processes.get(&pid), Some(Known::Retry { next, .. }) if Instant::now() >= *next)
-    }
-
-    /// The walk of `pid`, if it is a known Python process.
-    pub fn walk_of(&self, pid: u32) -> Option<PythonWalk> {
-        match self.processes.get(&pid)? {
-            Known::Python(resolver) => Some(resolver.process().walk),
-            Known::Other | Known::Retry { .. } => None,
-        }
-    }
-
-    /// The CPython version of `pid` (`"3.11"`), if it is a known Python process.
-    pub fn version_of(&self, pid: u32) -> Option<String> {
-        match self.processes.get(&pid)? {
-            Known::Python(resolver) => Some(format!("3.{}", resolver.process().minor)),
-            Known::Other | Known::Retry { .. } => None,
-        }
     }
 
     /// Forgets `pid` (it exited, or exec'd another program).

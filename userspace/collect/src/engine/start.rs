@@ -172,7 +172,6 @@ impl Collector {
         // Cache the target's maps while it surely lives: its last samples may be read
         // after it exits.
         self.stacks.prime(pid);
-        self.look_for_python(pid, &procfs::read_maps(pid));
         if let (Some(options), Some(cost)) = (self.options.budget, calibration) {
             self.start_budget(options, cost);
         }
