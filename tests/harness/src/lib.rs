@@ -21,6 +21,27 @@ use anyhow::{bail, ensure, Context, Result};
 /// How long a workload may take to print its pid.
 const PID_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `ETXTBSY`: the executable is open for writing somewhere.
+const TEXT_FILE_BUSY: i32 = 26;
+
+/// Spawns `command`, trying again for a while when its executable is busy. A test that
+/// writes a program and then runs it races the other tests of its binary: a child they
+/// fork meanwhile inherits the write descriptor until it execs, and exec refuses a file
+/// open for writing.
+fn spawn_when_not_busy(command: &mut Command) -> std::io::Result<std::process::Child> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match command.spawn() {
+            Err(error)
+                if error.raw_os_error() == Some(TEXT_FILE_BUSY) && Instant::now() < deadline =>
+            {
+                thread::sleep(Duration::from_millis(20));
+            }
+            result => return result,
+        }
+    }
+}
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -143,10 +164,8 @@ impl Workload {
 
     /// Starts `command`; waits until it has printed its pid.
     pub fn spawn(command: &mut Command) -> Result<Workload> {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
+        command.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = spawn_when_not_busy(command)
             .with_context(|| format!("starting {:?}", command.get_program()))?;
         let stdin = child.stdin.take();
         let mut stdout = Lines::spawn(child.stdout.take().unwrap());
