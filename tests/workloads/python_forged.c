@@ -9,12 +9,16 @@
  *   bytes (reads must be cut, not sized by the claim);
  * - a code object whose name is not a compact string (it must be refused);
  * - a frame whose code pointer points at unmapped memory.
- * Then it calls malloc/free in a loop like any program. Prints its pid, waits for a
+ * A second thread allocates too, without the "GIL": its thread state must be looked for
+ * in the interpreter's list of thread states, which is a cycle of two that never names
+ * it (the look must stop, and its samples come without Python frames).
+ * Then both call malloc/free in a loop like any program. Prints its pid, waits for a
  * line on stdin, allocates for the seconds given (default 2), prints "done".
  *
  * Offsets are CPython 3.11's (userspace/python/src/layout.rs).
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,8 +59,25 @@ static unsigned char *code(unsigned char *name, unsigned char *table) {
     return c;
 }
 
+static double seconds = 2;
+
+/* malloc/free pairs for `seconds` from the first call. */
+static void *allocate_for_a_while(void *unused) {
+    (void)unused;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    /* Through volatile pointers: the compiler may not pair the calls away. */
+    void *(*volatile allocate)(size_t) = malloc;
+    void (*volatile release)(void *) = free;
+    do {
+        for (int i = 0; i < 10000; i++) release(allocate(4096));
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
-    double seconds = argc > 1 ? atof(argv[1]) : 2.0;
+    if (argc > 1) seconds = atof(argv[1]);
     unsigned char *table = calloc(1, 64);
     put(table, 16, 1ull << 40);                     /* ob_size */
     unsigned char *huge = code(str(1ull << 40, "a_name_that_claims_a_terabyte", 1), table);
@@ -77,22 +98,22 @@ int main(int argc, char **argv) {
     unsigned char *tstate = calloc(1, 512);
     put(tstate, 56, (uint64_t)(uintptr_t)cframe);
     put(tstate, 160, (uint64_t)syscall(SYS_gettid));
-    put(_PyRuntime, 48, (uint64_t)(uintptr_t)calloc(1, 4096)); /* interpreters.main */
+    unsigned char *interpreter = calloc(1, 4096);
+    unsigned char *cycle[2] = {calloc(1, 512), calloc(1, 512)};
+    put(cycle[0], 8, (uint64_t)(uintptr_t)cycle[1]);  /* next */
+    put(cycle[1], 8, (uint64_t)(uintptr_t)cycle[0]);  /* next: a cycle */
+    put(interpreter, 16, (uint64_t)(uintptr_t)cycle[0]); /* threads.head */
+    put(_PyRuntime, 48, (uint64_t)(uintptr_t)interpreter); /* interpreters.main */
     put(_PyRuntime, 576, (uint64_t)(uintptr_t)tstate);          /* gilstate.tstate_current */
 
     printf("%d\n", getpid());
     fflush(stdout);
     char line[16];
     if (!fgets(line, sizeof line, stdin)) return 1;
-    struct timespec start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    /* Through volatile pointers: the compiler may not pair the calls away. */
-    void *(*volatile allocate)(size_t) = malloc;
-    void (*volatile release)(void *) = free;
-    do {
-        for (int i = 0; i < 10000; i++) release(allocate(4096));
-        clock_gettime(CLOCK_MONOTONIC, &now);
-    } while ((now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+    pthread_t other;
+    if (pthread_create(&other, NULL, allocate_for_a_while, NULL) != 0) return 1;
+    allocate_for_a_while(NULL);
+    pthread_join(other, NULL);
     printf("done\n");
     return 0;
 }

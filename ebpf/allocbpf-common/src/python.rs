@@ -13,8 +13,13 @@ pub const MAX_PYTHON_PROCESSES: u32 = 4096;
 /// An offset that is absent in this CPython version.
 pub const NO_OFFSET: u32 = u32::MAX;
 
+/// Most thread states the eBPF program looks through for a sampled thread that does not
+/// hold the GIL; a process with more Python threads may get no frames for the rest.
+pub const MAX_PYTHON_THREADS: usize = 32;
+
 /// How to find and walk one process's Python frames, keyed by its pid in the `PYTHON`
-/// map. Every field but `holder` is an offset in bytes, or [`NO_OFFSET`].
+/// map. Every field but `holder` and `threads_head` is an offset in bytes, or
+/// [`NO_OFFSET`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonWalk {
@@ -22,6 +27,12 @@ pub struct PythonWalk {
     /// (`_PyRuntime.gilstate.tstate_current` up to 3.11, the main interpreter's
     /// `gil->last_holder` from 3.12).
     pub holder: u64,
+    /// Address in the process of the main interpreter's list of thread states
+    /// (`tstate_head`, `threads.head`): where a thread that allocates without the GIL
+    /// (in a C call that released it) finds its own.
+    pub threads_head: u64,
+    /// `PyThreadState.next`: the next thread state in that list.
+    pub thread_next: u32,
     /// `PyThreadState.native_thread_id` (3.11+): compared with the sampled thread's id,
     /// so that a thread allocating without the GIL never gets another thread's frames.
     pub thread_native_id: u32,
@@ -69,8 +80,9 @@ pub enum PythonStatus {
     NotPython = 0,
     /// Frames were walked (possibly none: the thread runs no Python code).
     Walked = 1,
-    /// No thread holds the GIL, or the holder is another thread (this one allocates
-    /// without it, e.g. in a C extension that released it).
+    /// No thread state names the sampled thread: neither the GIL holder's nor any of
+    /// the first [`MAX_PYTHON_THREADS`] of the interpreter's list (a thread Python does
+    /// not know, or one of a process with more threads).
     NotHolder = 2,
     /// A pointer on the way could not be read.
     Unreadable = 3,

@@ -3,16 +3,17 @@
 //! userspace registered in `PYTHON`. Only samples pay for the walk.
 //!
 //! The walk believes nothing: the thread state must name the sampled thread, every
-//! read is bounded, and the loop stops at `MAX_PYTHON_FRAMES`, so a forged frame chain
-//! (a cycle, garbage pointers) costs at most that many reads and yields records that
-//! userspace then validates.
+//! read is bounded, and the loops stop at `MAX_PYTHON_THREADS` thread states and
+//! `MAX_PYTHON_FRAMES` frames, so a forged thread list or frame chain (a cycle, garbage
+//! pointers) costs at most that many reads and yields records that userspace then
+//! validates.
 
 use core::ptr::addr_of_mut;
 
 use allocbpf_common::{
     python::{
         PythonFrameRecord, PythonStatus, PythonWalk, MAX_PYTHON_FRAMES, MAX_PYTHON_PROCESSES,
-        NO_OFFSET,
+        MAX_PYTHON_THREADS, NO_OFFSET,
     },
     PythonStack, SampleEvent, SAMPLE_FLAG_PYTHON,
 };
@@ -78,23 +79,42 @@ unsafe fn walk(stack: *mut PythonStack, pid: u32, tid: u32) {
     }
 }
 
-/// The thread state of `tid`, if it is the GIL holder's.
+/// The thread id that thread state `tstate` names.
+#[inline(always)]
+fn thread_id(walk: &PythonWalk, tstate: u64) -> Option<u32> {
+    let id = if walk.thread_native_id != NO_OFFSET {
+        read_word(tstate, walk.thread_native_id)?
+    } else {
+        let pthread = read_word(tstate, walk.thread_pthread)?;
+        read_word(pthread, walk.pthread_tid)?
+    };
+    Some(id as u32)
+}
+
+/// The thread state of `tid`: the GIL holder's (the thread running Python code, the
+/// common case), else the one in the interpreter's list that names it (a thread that
+/// released the GIL around a C call that allocates, such as a `ctypes` call), looked
+/// for among the first [`MAX_PYTHON_THREADS`].
 #[inline(always)]
 fn thread_state(walk: &PythonWalk, tid: u32) -> Result<u64, PythonStatus> {
-    let tstate = read_word(walk.holder, 0).ok_or(PythonStatus::Unreadable)?;
-    if tstate == 0 {
-        return Err(PythonStatus::NotHolder);
+    let holder = read_word(walk.holder, 0).ok_or(PythonStatus::Unreadable)?;
+    if holder != 0 && thread_id(walk, holder) == Some(tid) {
+        return Ok(holder);
     }
-    let owner_tid = if walk.thread_native_id != NO_OFFSET {
-        read_word(tstate, walk.thread_native_id).ok_or(PythonStatus::Unreadable)?
-    } else {
-        let pthread = read_word(tstate, walk.thread_pthread).ok_or(PythonStatus::Unreadable)?;
-        read_word(pthread, walk.pthread_tid).ok_or(PythonStatus::Unreadable)?
-    };
-    if owner_tid as u32 != tid {
-        return Err(PythonStatus::NotHolder);
+    let mut tstate = read_word(walk.threads_head, 0).ok_or(PythonStatus::Unreadable)?;
+    for _ in 0..MAX_PYTHON_THREADS {
+        if tstate == 0 {
+            break;
+        }
+        if tstate != holder && thread_id(walk, tstate) == Some(tid) {
+            return Ok(tstate);
+        }
+        match read_word(tstate, walk.thread_next) {
+            Some(next) => tstate = next,
+            None => break,
+        }
     }
-    Ok(tstate)
+    Err(PythonStatus::NotHolder)
 }
 
 /// Walks from the thread state to at most `MAX_PYTHON_FRAMES` frames.

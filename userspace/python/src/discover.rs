@@ -266,6 +266,8 @@ fn walk_of(pid: u32, layout: &Layout, runtime: u64) -> Result<PythonWalk, Python
     let opt = |offset: Option<u32>| offset.unwrap_or(NO_OFFSET);
     Ok(PythonWalk {
         holder,
+        threads_head: interpreter + layout.interpreter_threads_head as u64,
+        thread_next: layout.thread_next,
         thread_native_id: opt(layout.thread_native_id),
         thread_pthread: layout.thread_pthread,
         pthread_tid,
