@@ -133,8 +133,18 @@ fn check_sites(profile: &Value, script: &Path, sites: &[Site], bounds: bool, cal
         if !bounds {
             continue;
         }
+        // At the ctypes site the interpreter also allocates (the call's argument and
+        // result objects): its truth is the malloc calls, which pass through libffi.
+        let through_ffi = |stack: &&&Value| {
+            site.name != "c_malloc"
+                || stack["frames"].as_array().is_some_and(|f| {
+                    f.iter()
+                        .any(|f| f.as_str().is_some_and(|f| f.contains("libffi")))
+                })
+        };
         let estimate: f64 = stacks
             .iter()
+            .filter(through_ffi)
             .map(|s| s["estimated_bytes"].as_f64().unwrap())
             .sum();
         let truth = site.calls * site.bytes;
@@ -273,9 +283,8 @@ fn debian_python_by_pid_sites_lines_and_estimates() -> Result<()> {
 /// Three threads run every site at once, and a fourth site: `malloc(3000)` through
 /// `ctypes`, which releases the GIL around the call, so its samples come from threads
 /// that do not hold it. Each site's stacks name the thread's Python callers and the
-/// site's line, and its estimate is within the bound of its truth (the ctypes site's
-/// stacks carry its malloc calls and whatever the interpreter allocates at that line
-/// through a probed entry: on this build, none that the bound would notice).
+/// site's line, and its estimate is within the bound of its truth (for the ctypes
+/// site, its stacks through libffi: the interpreter allocates at that line too).
 #[test]
 fn debian_python_threads_and_calls_without_the_gil() -> Result<()> {
     require_root();

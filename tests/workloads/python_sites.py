@@ -13,6 +13,10 @@ import sys
 BYTES_HEADER = 33
 PER_ROUND = 100
 C_MALLOC_BYTES = 3000
+# An int of 67 bits: BIG + i is a new int object each time (no free list keeps ints),
+# allocated for 4 digits (the sum may carry): a 24-byte header and 4 x 4 bytes.
+BIG = 10**20
+BIG_INT_BYTES = 24 + 4 * 4
 
 
 def site_line(marker, path=__file__):
@@ -34,6 +38,11 @@ def large_bytes(out):
         out[i] = bytes(4000)  # SITE large_bytes
 
 
+def big_ints(out):
+    for i in range(PER_ROUND):
+        out[i] = BIG + i  # SITE big_ints
+
+
 def small_dicts(out):
     for i in range(PER_ROUND):
         out[i] = {"key": i}  # SITE small_dicts
@@ -52,6 +61,7 @@ def run_rounds(rounds, c_calls):
     for _ in range(rounds):
         small_bytes(out)
         large_bytes(out)
+        big_ints(out)
         small_dicts(out)
         if c_calls:
             c_malloc(out, *c_calls)
@@ -92,6 +102,7 @@ def main():
     calls = rounds * PER_ROUND * max(threads, 1)
     for name, size in [("small_bytes", 100), ("large_bytes", 4000)]:
         print("truth", name, site_line(name), size + BYTES_HEADER, calls, flush=True)
+    print("truth big_ints", site_line("big_ints"), BIG_INT_BYTES, calls, flush=True)
     print("truth small_dicts", site_line("small_dicts"), 0, calls, flush=True)
     if threads:
         print("truth c_malloc", site_line("c_malloc"), C_MALLOC_BYTES, calls, flush=True)

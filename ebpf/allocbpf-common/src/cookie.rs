@@ -11,7 +11,7 @@
 //!
 //! | bits | field |
 //! |---|---|
-//! | 0..20 | code size of the entry (the range a forwarded call returns into); for a nesting wrapper (bit 36), the half-width of the span its nested calls return into, in [`NEST_SPAN_UNIT`]s |
+//! | 0..20 | code size of the entry (the range a forwarded call returns into); for a nesting wrapper (bit 36), the half-width of the span its nested calls return into, in [`NEST_SPAN_UNIT`]s; for an inlined small-object site ([`Shape::SmallObject`]), what its input is multiplied by (1, or the constant size) |
 //! | 20..24 | window shift: inside an observation window the mean sampling interval is divided by `2^shift` |
 //! | 24..32 | bytes from the entry's first byte to the probed instruction |
 //! | 32 | the inputs are in their argument registers (the program reads them directly) |
@@ -27,6 +27,7 @@
 //! | 58..64 | a wrapper whose forward is the first code it calls: the forward's stack pointer at its entry is this many 8-byte slots below the wrapper's (0: not known) |
 //!
 //! [`Shape`]: crate::Shape
+//! [`Shape::SmallObject`]: crate::Shape::SmallObject
 //! [`AllocFn`]: crate::AllocFn
 
 /// Inputs a probe reads at most.

@@ -184,7 +184,18 @@ pub enum Shape {
     InPlace = 6,
     /// The block being freed (live tracking only).
     Free = 7,
+    /// A small object allocated where CPython's `PyObject_Malloc` was inlined (a
+    /// link-time optimised interpreter): the size is one input times the cookie's
+    /// code-size field (1, or a size class's bytes when the size is a constant the
+    /// compiler folded into the site). Counted up to [`PYMALLOC_SMALL_MAX`] bytes only
+    /// (larger requests reach `malloc`, which counts them), never tracked as a block
+    /// (the site has no return to read the block from), never a wrapper's nested call.
+    SmallObject = 8,
 }
+
+/// The largest request CPython's small-object allocator (pymalloc) serves itself
+/// (`SMALL_REQUEST_THRESHOLD`, 512 since 3.8); larger ones go to `malloc`.
+pub const PYMALLOC_SMALL_MAX: u64 = 512;
 
 impl Shape {
     /// The eBPF program that serves this shape.
@@ -198,13 +209,14 @@ impl Shape {
             Shape::Pvalloc => "probe_pvalloc",
             Shape::InPlace => "probe_in_place",
             Shape::Free => "probe_free",
+            Shape::SmallObject => "probe_small_object",
         }
     }
 
     /// Number of register inputs the program reads (at most [`cookie::MAX_INPUTS`]).
     pub const fn inputs(self) -> usize {
         match self {
-            Shape::Size | Shape::Pvalloc | Shape::InPlace | Shape::Free => 1,
+            Shape::Size | Shape::Pvalloc | Shape::InPlace | Shape::Free | Shape::SmallObject => 1,
             Shape::Array | Shape::Resize | Shape::PosixMemalign => 2,
             Shape::ResizeArray => 3,
         }

@@ -47,7 +47,7 @@ use allocbpf_common::{
     sampler::{self, pvalloc_bytes, Decision},
     sampling_rate, Counter, EpochCounts, LiveKey, LiveMode, ProcessCounts, Shape, ThreadState,
     COUNTER_COUNT, COUNTER_SLOTS, INTERVAL_TABLE_LEN, MAX_LIVE_SAMPLES, MAX_OVERFLOW_THREADS,
-    MAX_PROCESSES, RING_BUFFER_BYTES, THREAD_SLOTS_LEN,
+    MAX_PROCESSES, PYMALLOC_SMALL_MAX, RING_BUFFER_BYTES, THREAD_SLOTS_LEN,
 };
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
@@ -276,7 +276,10 @@ fn on_alloc(
         live::on_return(state, pid, return_value(ctx));
         return skip_return();
     }
-    if state.forward_sp != 0 {
+    // An inlined small-object site is never a wrapper's nested call (its size class
+    // never reaches another probed entry), and leaves a pending wrapper record to the
+    // call it describes.
+    if state.forward_sp != 0 && shape as u32 != Shape::SmallObject as u32 {
         let forwarded = is_forwarded(state, &entry);
         // One-shot: the record only ever describes the thread's latest wrapper call.
         state.forward_sp = 0;
@@ -300,7 +303,9 @@ fn on_alloc(
     pressure::follow(&mut state.remaining, &mut state.level, level, window);
     let decision = decide(&mut state.remaining, size, level, window);
     let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, rate);
-    if !live {
+    // An inlined site has no return: its block is never awaited (and its plain uprobe
+    // arms no return probe whatever this says).
+    if !live || shape as u32 == Shape::SmallObject as u32 {
         return skip_return();
     }
     let await_return = live::on_entry(state, pid, shape, size, sample_id, args);
@@ -386,6 +391,23 @@ session_uprobe! {
         let [size, _, _] = inputs(&ctx, &cookie);
         on_alloc(&ctx, &cookie, Shape::InPlace, size, CallArgs::default())
     }
+}
+
+/// [`Shape::SmallObject`]: a small object allocated where CPython's `PyObject_Malloc`
+/// was inlined, probed at the branch that takes the inlined allocator. A plain uprobe,
+/// never a session: the site is not a function entry, and `[sp]` is no return address
+/// to arm a return probe on.
+#[uprobe]
+pub fn probe_small_object(ctx: ProbeContext) -> u32 {
+    let cookie = cookie_of(&ctx);
+    let [input, _, _] = inputs(&ctx, &cookie);
+    let size = input.wrapping_mul(cookie.code_size);
+    // Zero and larger requests go on to malloc, which counts them.
+    if size == 0 || size > PYMALLOC_SMALL_MAX {
+        return 0;
+    }
+    on_alloc(&ctx, &cookie, Shape::SmallObject, size, CallArgs::default());
+    0
 }
 
 /// [`Shape::Free`]: `free(ptr)` and every deallocation entry, attached at an

@@ -194,16 +194,29 @@ impl ModuleTable {
 /// How often the cached memory maps may be re-read when an address is not covered.
 const MAPS_REFRESH_LIMIT: Duration = Duration::from_secs(1);
 
+/// How often one process's maps may be read to tell whether an address it missed is in
+/// a mapping made since (a library it loaded): then the caches are re-read at once.
+const MISS_CHECK_LIMIT: Duration = Duration::from_millis(100);
+
+/// Processes whose last miss check is remembered at most (the checks' times are then
+/// forgotten, which only allows one more check each).
+const MAX_MISS_CHECKED: usize = 1 << 16;
+
 /// Turns process addresses into [`Frame`]s.
 ///
 /// Memory maps are cached per process, so samples that arrive after their process
 /// exited are still normalized with the maps it had. When an address falls outside
 /// every cached mapping while the process still lives (a library loaded since), the
-/// maps are re-read, at most once per `MAPS_REFRESH_LIMIT`; addresses that stay
-/// unknown are usually frame-pointer garbage from code built without frame pointers.
+/// maps are re-read, at most once per `MAPS_REFRESH_LIMIT`, or at once if the
+/// process's own maps (read at most once per `MISS_CHECK_LIMIT`) now cover it: the
+/// samples of a program that just loaded a library (a Python import) are not left
+/// unknown for up to a second. Addresses that stay unknown are usually frame-pointer
+/// garbage from code built without frame pointers.
 pub struct AddressNormalizer {
     normalizer: Normalizer,
     refreshed: Instant,
+    /// When each process's maps were last read to check a miss.
+    miss_checked: HashMap<u32, Instant>,
     /// The mappings behind blazesym's `/proc/PID/map_files/START-END` paths (it reads
     /// build ids through them, never through the paths the maps print, which belong
     /// to the process), with their files opened while the process lives. Read from
@@ -236,6 +249,7 @@ impl AddressNormalizer {
         Self {
             normalizer: Self::caching_normalizer(),
             refreshed: Instant::now(),
+            miss_checked: HashMap::new(),
             mappings: MappedFiles::default(),
             resolved: HashMap::new(),
             cached_frames: 0,
@@ -267,6 +281,7 @@ impl AddressNormalizer {
         if let Some(frames) = self.resolved.remove(&pid) {
             self.cached_frames -= frames.len();
         }
+        self.miss_checked.remove(&pid);
         if self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT {
             self.reset();
         }
@@ -332,12 +347,41 @@ impl AddressNormalizer {
     /// [`AddressNormalizer::normalize`] through blazesym, re-reading the maps on a miss.
     fn normalize_uncached(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
         let frames = self.normalize_once(pid, addrs);
-        let missed = frames.iter().any(|f| matches!(f, Frame::Unknown(_)));
-        if missed && self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT && procfs::is_alive(pid) {
+        let missed: Vec<u64> = frames
+            .iter()
+            .filter_map(|f| match f {
+                Frame::Unknown(address) => Some(*address),
+                _ => None,
+            })
+            .collect();
+        if missed.is_empty() {
+            return frames;
+        }
+        let stale = self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT && procfs::is_alive(pid);
+        if stale || self.newly_mapped(pid, &missed) {
             self.reset();
             return self.normalize_once(pid, addrs);
         }
         frames
+    }
+
+    /// True if `pid`'s maps, read now (at most once per [`MISS_CHECK_LIMIT`] per
+    /// process), map one of the `missed` addresses executable: the cached maps are older
+    /// than that mapping.
+    fn newly_mapped(&mut self, pid: u32, missed: &[u64]) -> bool {
+        let now = Instant::now();
+        if let Some(last) = self.miss_checked.get(&pid) {
+            if now.duration_since(*last) < MISS_CHECK_LIMIT {
+                return false;
+            }
+        }
+        if self.miss_checked.len() >= MAX_MISS_CHECKED {
+            self.miss_checked.clear();
+        }
+        self.miss_checked.insert(pid, now);
+        procfs::read_maps(pid).iter().any(|entry| {
+            entry.executable && missed.iter().any(|address| entry.range.contains(address))
+        })
     }
 
     fn normalize_once(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
@@ -473,6 +517,43 @@ impl MappedFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_library_loaded_after_the_maps_were_read_normalizes_at_once() {
+        let pid = std::process::id();
+        let mapped = std::fs::read_to_string("/proc/self/maps").unwrap();
+        // Each by its name and the start of its file's name (the maps name the file).
+        let Some((name, stem)) = [
+            ("libz.so.1", "/libz.so"),
+            ("libbz2.so.1.0", "/libbz2.so"),
+            ("liblzma.so.5", "/liblzma.so"),
+            ("libexpat.so.1", "/libexpat.so"),
+        ]
+        .into_iter()
+        .find(|(_, stem)| !mapped.contains(stem)) else {
+            return;
+        };
+        let mut normalizer = AddressNormalizer::new();
+        normalizer.prime(pid);
+        let c_name = std::ffi::CString::new(name).unwrap();
+        // SAFETY: loading a system library that runs no constructor of interest.
+        let handle = unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW) };
+        if handle.is_null() {
+            return;
+        }
+        let code = procfs::read_maps(pid)
+            .into_iter()
+            .find(|e| e.executable && e.name.to_string_lossy().contains(stem))
+            .expect("the library's code is mapped");
+        // Within a second of the first read: the process's own maps tell it is new.
+        let frames = normalizer.normalize(pid, &[code.range.start + 16]);
+        assert!(
+            matches!(frames[0], Frame::Module { .. }),
+            "{name}: {frames:?}"
+        );
+        // A garbage address costs one more read at most per 100 ms, and stays unknown.
+        assert_eq!(normalizer.normalize(pid, &[8]), [Frame::Unknown(8)]);
+    }
 
     #[test]
     fn own_function_normalizes_into_this_executable() {

@@ -68,6 +68,7 @@ fn image(key: ImageKey) -> AllocatorImage {
         families: vec!["glibc"],
         entries: Vec::new(),
         frees: Vec::new(),
+        inlined: Vec::new(),
         skipped: Vec::new(),
     }
 }

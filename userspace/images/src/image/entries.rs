@@ -387,7 +387,7 @@ impl<'a> Resolution<'a> {
 }
 
 /// The file offset of virtual address `address`, through the loadable segments.
-fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
+pub(super) fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
     file.segments().find_map(|segment| {
         let (start, end) = (segment.address(), segment.address() + segment.size());
         (start..end)

@@ -13,12 +13,15 @@
 //! whether it forwards to another entry ([`calls`]): an entry whose every call lands
 //! in another probed entry (a tail-jump stub, or a C++ runtime's `operator new` that
 //! calls `malloc`) is not probed at all, and one that only sometimes forwards is
-//! probed as a wrapper, whose nested call the kernel side does not count again.
+//! probed as a wrapper, whose nested call the kernel side does not count again. A
+//! link-time optimised CPython also allocates where its `PyObject_Malloc` was inlined:
+//! those sites are found in its code and probed too ([`inlined`]).
 
 pub mod calls;
 mod cfi;
 mod entries;
 mod frame;
+pub mod inlined;
 pub mod point;
 mod purity;
 
@@ -200,6 +203,10 @@ pub struct AllocatorImage {
     pub entries: Vec<ProbedEntry>,
     /// Deallocation entries, probed when live blocks are tracked.
     pub frees: Vec<ProbedEntry>,
+    /// Allocation sites inlined into other functions ([`inlined`]): probed unless live
+    /// blocks are tracked (a site has no return to read its block from, so its blocks
+    /// could never be paired with their frees).
+    pub inlined: Vec<ProbedEntry>,
     /// Entries defined but not probed: every call they make is counted where it lands.
     pub skipped: Vec<SkippedEntry>,
 }
@@ -269,15 +276,27 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
         .symbols()
         .any(|symbol| symbol.name() == Ok("runtime.mallocgc"));
     let image = match resolve_entries(&file, &data, lookup) {
-        Ok(found) => Some(AllocatorImage {
-            key,
-            path_in_target: path_in_target.to_path_buf(),
-            file: Arc::new(opened),
-            families: found.families,
-            entries: found.entries,
-            frees: found.frees,
-            skipped: found.skipped,
-        }),
+        Ok(found) => {
+            let inlined = inlined::find(&file, &found.entries);
+            if inlined.unrecognised > 0 {
+                tracing::debug!(
+                    "{}: {} inlined PyObject_Malloc sites probed, {} not understood",
+                    path_in_target.display(),
+                    inlined.sites.len(),
+                    inlined.unrecognised
+                );
+            }
+            Some(AllocatorImage {
+                key,
+                path_in_target: path_in_target.to_path_buf(),
+                file: Arc::new(opened),
+                families: found.families,
+                entries: found.entries,
+                frees: found.frees,
+                inlined: inlined.sites,
+                skipped: found.skipped,
+            })
+        }
         Err(reason) => {
             tracing::debug!("{}: {reason}", path_in_target.display());
             None
@@ -328,6 +347,17 @@ impl AllocatorImage {
                 },
             );
         }
+        if !self.inlined.is_empty() {
+            let constant = self
+                .inlined
+                .iter()
+                .filter(|e| e.point.registers[0] == Reg::One);
+            tracing::info!(
+                "{path}: {} sites where PyObject_Malloc is inlined probed at their branch to                  it ({} of a constant size), unless live blocks are tracked",
+                self.inlined.len(),
+                constant.count()
+            );
+        }
         for skipped in &self.skipped {
             tracing::info!("{path}: {} not probed: {}", skipped.symbol, skipped.reason);
         }
@@ -349,8 +379,12 @@ impl AllocatorImage {
         } else {
             self.families.join(", ")
         };
+        let inlined = match self.inlined.len() {
+            0 => String::new(),
+            n => format!(" and {n} inlined sites"),
+        };
         format!(
-            "{} ({families}: {} entries)",
+            "{} ({families}: {} entries{inlined})",
             self.path_in_target.display(),
             self.entries.len()
         )

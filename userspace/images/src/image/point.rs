@@ -96,6 +96,16 @@ const REGISTERS: [(Register, Reg); 15] = [
     (Register::R15, Reg::R15),
 ];
 
+/// The cookie's code of a general-purpose register (its full 64-bit register), if the
+/// cookie can name it.
+pub(crate) fn register_code(register: Register) -> Option<Reg> {
+    let full = register.full_register();
+    REGISTERS
+        .iter()
+        .find(|(r, _)| *r == full)
+        .map(|(_, code)| *code)
+}
+
 /// The abstract machine state before an instruction.
 #[derive(Clone, Debug)]
 struct State {

@@ -178,6 +178,10 @@ impl Sampler {
                 attached.links.uprobes.push(link);
             }
         }
+        if self.config.live.is_none() {
+            // Plain uprobes (never sessions): an inlined site is no function entry.
+            self.attach_entries(image, &image.inlined, program, &mut attached.links)?;
+        }
         self.attach_entries(image, &image.entries, program, &mut attached.links)
     }
 

@@ -1,0 +1,590 @@
+//! CPython's small-object allocator where the compiler inlined it into its callers.
+//!
+//! A link-time optimised interpreter (Debian's `python3.x`) inlines `PyObject_Malloc`
+//! into many of its own functions (`_PyLong_New`, the tuple and list constructors...):
+//! those allocations pass through no probed function. Each inlined copy starts the same
+//! way: the domain's allocator function pointer (`_PyObject.malloc`) is compared with
+//! the default allocator (`_PyObject_Malloc`), and a conditional branch takes the
+//! inlined pymalloc fast path when they match (a hook such as tracemalloc's takes the
+//! indirect call instead, and calls the default allocator itself, which is not probed).
+//! That branch is a relative jump, which the kernel emulates: the site is probed there.
+//!
+//! What the site allocates is read from the first instruction of its inlined path:
+//! - `lea -1(%R), ...` or `cmp $0x200, %R` (the size-class computation or the small
+//!   request check): the size is in register `R` at the branch;
+//! - a load of `usedpools[2 * class]` at a constant address: the compiler folded a
+//!   constant size into the site, and only its size class remains, `16 * (class + 1)`
+//!   bytes (the block pymalloc gives it; the request was at most that and more than
+//!   16 bytes less).
+//!
+//! The default allocator's address and `usedpools` come from the exported
+//! `PyObject_Malloc`, which holds the same comparison and the same indexed load. An
+//! interpreter whose `PyObject_Malloc` has no such comparison (one built without
+//! link-time optimisation: every allocation calls the exported function) has no sites.
+//! Everything else is skipped and counted; the sites are bounded
+//! ([`MAX_INLINED_SITES`]) since the file is another user's input.
+
+use std::collections::HashMap;
+
+use allocbpf_common::{cookie::Reg, AllocFn, Shape};
+use iced_x86::{
+    Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
+    OpAccess, OpKind, Register,
+};
+use object::{Object, ObjectSection, SectionKind};
+
+use super::{point, ProbePoint, ProbedEntry};
+
+/// Most inlined sites probed in one image: a hostile file could repeat the pattern
+/// without end, and each site is a uprobe.
+pub const MAX_INLINED_SITES: usize = 1024;
+
+/// Bytes of `PyObject_Malloc` decoded at most for its comparison and `usedpools`.
+const MAX_ENTRY_BYTES: usize = 512;
+
+/// `usedpools`' span: two pointers per size class, 64 classes at most.
+const USEDPOOLS_BYTES: u64 = 64 * 16;
+
+/// pymalloc's size-class granularity on 64-bit builds (`ALIGNMENT`).
+const SIZE_CLASS_BYTES: u64 = 16;
+
+/// What [`find`] found in one image.
+#[derive(Clone, Debug, Default)]
+pub struct InlinedSites {
+    /// The sites to probe.
+    pub sites: Vec<ProbedEntry>,
+    /// Comparisons with the default allocator whose inlined path did not start in a
+    /// way this module reads (left unprobed).
+    pub unrecognised: usize,
+}
+
+/// How `PyObject_Malloc` recognises its default allocator, read from its code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Markers {
+    /// `_PyObject_Malloc`'s address, which every inlined copy compares with.
+    default_allocator: u64,
+    /// Where `usedpools` is.
+    usedpools: Usedpools,
+}
+
+/// Where pymalloc's `usedpools` array is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Usedpools {
+    /// At a fixed address (up to 3.12: a static array).
+    At(u64),
+    /// At offset `usedpools` of the allocator state whose pointer is loaded from offset
+    /// `state` of another structure (3.13: the interpreter's `obmalloc`).
+    InState { state: u64, usedpools: u64 },
+}
+
+/// Finds the inlined copies of `PyObject_Malloc` in `file`, whose probed entries are
+/// `entries` (a file that does not probe `PyObject_Malloc` has none).
+pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
+    let mut found = InlinedSites::default();
+    let Some(malloc) = entries.iter().find(|e| e.symbol == "PyObject_Malloc") else {
+        return found;
+    };
+    let Some(code) = bytes_at(
+        file,
+        malloc.address,
+        (malloc.size as usize).min(MAX_ENTRY_BYTES),
+    ) else {
+        return found;
+    };
+    let Some(markers) = markers(code, malloc.address) else {
+        return found;
+    };
+    let probed: Vec<(u64, u64)> = entries
+        .iter()
+        .map(|e| (e.address, e.address + e.size.max(1)))
+        .collect();
+    for section in file.sections() {
+        if section.kind() != SectionKind::Text {
+            continue;
+        }
+        let Ok(data) = section.data() else {
+            continue;
+        };
+        scan(file, data, section.address(), markers, &probed, &mut found);
+        if found.sites.len() >= MAX_INLINED_SITES {
+            break;
+        }
+    }
+    found
+}
+
+/// The default allocator and `usedpools` as `PyObject_Malloc` (`code` at `ip`) uses
+/// them: the first comparison of a register with a constant address (or with one a
+/// `lea` of the code's own position loaded), and the first load indexed by 8 from a
+/// constant address (or from such a register).
+fn markers(code: &[u8], ip: u64) -> Option<Markers> {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut addresses: HashMap<Register, u64> = HashMap::new();
+    // Registers loaded from a register plus an offset, and that offset.
+    let mut loaded_from: HashMap<Register, u64> = HashMap::new();
+    let (mut default_allocator, mut usedpools) = (None, None);
+    while decoder.can_decode() && (default_allocator.is_none() || usedpools.is_none()) {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            break;
+        }
+        if instruction.mnemonic() == Mnemonic::Lea && instruction.is_ip_rel_memory_operand() {
+            addresses.insert(
+                instruction.op0_register().full_register(),
+                instruction.ip_rel_memory_address(),
+            );
+            continue;
+        }
+        if let Some(offset) = load_offset(&instruction) {
+            loaded_from.insert(instruction.op0_register(), offset);
+        }
+        if instruction.mnemonic() == Mnemonic::Cmp && default_allocator.is_none() {
+            default_allocator = match (instruction.op0_kind(), instruction.op1_kind()) {
+                (OpKind::Register, OpKind::Immediate32to64) => {
+                    Some(instruction.immediate32to64() as u64)
+                }
+                (OpKind::Register, OpKind::Register) => {
+                    let (a, b) = (instruction.op0_register(), instruction.op1_register());
+                    addresses
+                        .get(&a.full_register())
+                        .or(addresses.get(&b.full_register()))
+                        .copied()
+                }
+                _ => None,
+            };
+        }
+        if usedpools.is_none()
+            && has_memory_operand(&instruction)
+            && instruction.memory_index() != Register::None
+            && instruction.memory_index_scale() == 8
+        {
+            let displacement = instruction.memory_displacement64();
+            let base = instruction.memory_base().full_register();
+            usedpools = match (addresses.get(&base), loaded_from.get(&base)) {
+                _ if base == Register::None => Some(Usedpools::At(displacement)),
+                (Some(address), _) => Some(Usedpools::At(address.wrapping_add(displacement))),
+                (None, Some(&state)) => Some(Usedpools::InState {
+                    state,
+                    usedpools: displacement,
+                }),
+                (None, None) => None,
+            };
+        }
+    }
+    Some(Markers {
+        default_allocator: default_allocator.filter(|&a| a != 0)?,
+        usedpools: usedpools.filter(|&u| u != Usedpools::At(0))?,
+    })
+}
+
+/// For `mov offset(%reg), %r64` (a load from a register plus an offset, not the code's
+/// own position): the offset.
+fn load_offset(instruction: &Instruction) -> Option<u64> {
+    (instruction.code() == Code::Mov_r64_rm64
+        && instruction.op1_kind() == OpKind::Memory
+        && instruction.memory_index() == Register::None
+        && instruction.memory_base().is_gpr64())
+    .then(|| instruction.memory_displacement64())
+}
+
+/// True if one of the instruction's operands is in memory.
+fn has_memory_operand(instruction: &Instruction) -> bool {
+    (0..instruction.op_count()).any(|i| instruction.op_kind(i) == OpKind::Memory)
+}
+
+/// Decodes the text section `data` at `base` and adds every inlined site in it.
+fn scan(
+    file: &object::File,
+    data: &[u8],
+    base: u64,
+    markers: Markers,
+    probed: &[(u64, u64)],
+    found: &mut InlinedSites,
+) {
+    let mut decoder = Decoder::with_ip(64, data, base, DecoderOptions::NONE);
+    let mut previous = Instruction::default();
+    // Registers a `lea` of a code position loaded lately (position-independent code
+    // compares with a register, not a constant).
+    let mut addresses: HashMap<Register, u64> = HashMap::new();
+    let mut instruction = Instruction::default();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut instruction);
+        if instruction.is_invalid() {
+            addresses.clear();
+            continue;
+        }
+        if instruction.is_jcc_short_or_near()
+            && matches!(instruction.mnemonic(), Mnemonic::Jne | Mnemonic::Je)
+            && compares_with(&previous, markers.default_allocator, &addresses)
+            && !probed
+                .iter()
+                .any(|&(start, end)| (start..end).contains(&instruction.ip()))
+        {
+            match site(file, data, base, &instruction, markers) {
+                Some(site) => found.sites.push(site),
+                None => found.unrecognised += 1,
+            }
+            if found.sites.len() >= MAX_INLINED_SITES {
+                return;
+            }
+        }
+        if instruction.mnemonic() == Mnemonic::Lea && instruction.is_ip_rel_memory_operand() {
+            addresses.insert(
+                instruction.op0_register().full_register(),
+                instruction.ip_rel_memory_address(),
+            );
+        } else if addresses.len() > 8 {
+            addresses.clear();
+        }
+        previous = instruction;
+    }
+}
+
+/// True if `instruction` compares a register with `address` (an immediate, or a
+/// register a recent `lea` loaded with it).
+fn compares_with(
+    instruction: &Instruction,
+    address: u64,
+    addresses: &HashMap<Register, u64>,
+) -> bool {
+    if instruction.mnemonic() != Mnemonic::Cmp || instruction.op0_kind() != OpKind::Register {
+        return false;
+    }
+    match instruction.op1_kind() {
+        OpKind::Immediate32to64 => instruction.immediate32to64() as u64 == address,
+        OpKind::Register => [instruction.op0_register(), instruction.op1_register()]
+            .iter()
+            .any(|r| addresses.get(&r.full_register()) == Some(&address)),
+        _ => false,
+    }
+}
+
+/// The probed site of the branch `jump`, if its inlined path starts in a way that
+/// tells the size.
+fn site(
+    file: &object::File,
+    data: &[u8],
+    base: u64,
+    jump: &Instruction,
+    markers: Markers,
+) -> Option<ProbedEntry> {
+    // `jne` falls through into the inlined path; `je` jumps to it.
+    let path = match jump.mnemonic() {
+        Mnemonic::Jne => jump.next_ip(),
+        _ => jump.near_branch_target(),
+    };
+    let start = path.checked_sub(base)? as usize;
+    let code = data.get(start..(start + MAX_PATH_BYTES).min(data.len()))?;
+    let (register, multiplier) = size_of_path(code, path, markers.usedpools)?;
+    let at = (jump.ip() - base) as usize;
+    let bytes = data.get(at..at + jump.len())?;
+    let file_offset = file_offset_of(file, jump.ip())?;
+    Some(ProbedEntry {
+        symbol: format!("PyObject_Malloc (inlined, {:#x})", jump.ip()),
+        function: AllocFn::Malloc,
+        shape: Shape::SmallObject,
+        file_offset,
+        address: jump.ip(),
+        size: multiplier,
+        point: ProbePoint {
+            offset: 0,
+            registers: [register, Reg::One, Reg::One],
+            overflow_check: false,
+            instruction: jump.to_string(),
+            emulated: point::is_emulated(jump, bytes),
+        },
+        wrapper: false,
+        nests: false,
+        nest_span: 0,
+        nests_checked: false,
+        forward_call_depth: None,
+        tail_forward: false,
+        tail_only_if_null: false,
+    })
+}
+
+/// Instructions of an inlined path read at most for its size.
+const MAX_PATH_INSTRUCTIONS: usize = 8;
+
+/// Bytes of an inlined path decoded at most.
+const MAX_PATH_BYTES: usize = MAX_PATH_INSTRUCTIONS * 15;
+
+/// Where the inlined path `code` (at `ip`) has its size at its start: a register
+/// (times 1), or a constant size class (`Reg::One` times its bytes). Read from its
+/// first instructions up to a branch: the size-class computation `lea -1(%R)` or the
+/// small-request check `cmp $0x200, %R` (`R` untouched until then, so it held the size
+/// at the branch), or a load of one `usedpools` entry (a constant size).
+fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option<(Reg, u64)> {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    let mut written: Vec<Register> = Vec::new();
+    // Registers holding the allocator state's address (3.13).
+    let mut states: Vec<Register> = Vec::new();
+    for _ in 0..MAX_PATH_INSTRUCTIONS {
+        if !decoder.can_decode() {
+            return None;
+        }
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            return None;
+        }
+        let untouched = |register: Register| {
+            register.is_gpr64() && register != Register::RSP && !written.contains(&register)
+        };
+        match instruction.mnemonic() {
+            // lea -1(%R), ...: the size class computation.
+            Mnemonic::Lea
+                if instruction.memory_index() == Register::None
+                    && untouched(instruction.memory_base())
+                    && instruction.memory_displacement64() as i64 == -1 =>
+            {
+                return Some((point::register_code(instruction.memory_base())?, 1));
+            }
+            // cmp $0x200, %R: the small-request check.
+            Mnemonic::Cmp
+                if instruction.op0_kind() == OpKind::Register
+                    && untouched(instruction.op0_register())
+                    && matches!(
+                        instruction.op1_kind(),
+                        OpKind::Immediate32to64 | OpKind::Immediate8to64
+                    )
+                    && matches!(instruction.immediate(1), 0x1ff | 0x200) =>
+            {
+                return Some((point::register_code(instruction.op0_register())?, 1));
+            }
+            Mnemonic::Mov if instruction.code() == Code::Mov_r64_rm64 => {
+                if let Some(bytes) = constant_class(&instruction, usedpools, &states) {
+                    return Some((Reg::One, bytes));
+                }
+            }
+            _ => {}
+        }
+        let loaded_state = match (usedpools, load_offset(&instruction)) {
+            (Usedpools::InState { state, .. }, Some(offset)) if offset == state => {
+                Some(instruction.op0_register())
+            }
+            _ => None,
+        };
+        if instruction.flow_control() != FlowControl::Next {
+            return None;
+        }
+        for used in info.info(&instruction).used_registers() {
+            if matches!(
+                used.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            ) {
+                let full = used.register().full_register();
+                written.push(full);
+                states.retain(|&r| r != full);
+            }
+        }
+        states.extend(loaded_state);
+    }
+    None
+}
+
+/// The bytes of the size class whose `usedpools` entry `load` reads, if it reads one at
+/// a constant place: a fixed address, or an offset of a register holding the state.
+fn constant_class(load: &Instruction, usedpools: Usedpools, states: &[Register]) -> Option<u64> {
+    let offset = match usedpools {
+        Usedpools::At(address) => {
+            let at = if load.is_ip_rel_memory_operand() {
+                load.ip_rel_memory_address()
+            } else if load.memory_base() == Register::None && load.memory_index() == Register::None
+            {
+                load.memory_displacement64()
+            } else {
+                return None;
+            };
+            at.checked_sub(address)?
+        }
+        Usedpools::InState { usedpools, .. } => {
+            if load.memory_index() != Register::None
+                || !states.contains(&load.memory_base().full_register())
+            {
+                return None;
+            }
+            load.memory_displacement64().checked_sub(usedpools)?
+        }
+    };
+    let bytes = SIZE_CLASS_BYTES * (offset / SIZE_CLASS_BYTES + 1);
+    (offset < USEDPOOLS_BYTES
+        && offset % SIZE_CLASS_BYTES == 0
+        && bytes <= allocbpf_common::PYMALLOC_SMALL_MAX)
+        .then_some(bytes)
+}
+
+/// `len` bytes of the file's contents at virtual address `address`.
+fn bytes_at<'a>(file: &'a object::File, address: u64, len: usize) -> Option<&'a [u8]> {
+    file.sections().find_map(|section| {
+        let (start, size) = (section.address(), section.size());
+        if section.kind() != SectionKind::Text || !(start..start + size).contains(&address) {
+            return None;
+        }
+        let data = section.data().ok()?;
+        let from = (address - start) as usize;
+        data.get(from..(from + len).min(data.len()))
+    })
+}
+
+/// The file offset of virtual address `address`.
+fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
+    super::entries::file_offset_of(file, address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Debian's python3.11 `PyObject_Malloc` (non-PIE): the comparison with
+    /// `_PyObject_Malloc` at 0x4fb450 and `usedpools` at 0x959d20.
+    #[test]
+    fn markers_from_a_non_pie_entry() {
+        let code = [
+            0x53, // push %rbx
+            0x48, 0x85, 0xff, // test %rdi,%rdi
+            0x48, 0x8b, 0x05, 0xe7, 0xeb, 0x45, 0x00, // mov 0x45ebe7(%rip),%rax
+            0x48, 0x89, 0xfb, // mov %rdi,%rbx
+            0x48, 0x3d, 0x50, 0xb4, 0x4f, 0x00, // cmp $0x4fb450,%rax
+            0x75, 0x10, // jne
+            0x8d, 0x7b, 0xff, // lea -0x1(%rbx),%edi
+            0xc1, 0xef, 0x04, // shr $0x4,%edi
+            0x8d, 0x04, 0x3f, // lea (%rdi,%rdi,1),%eax
+            0x48, 0x8b, 0x14, 0xc5, 0x20, 0x9d, 0x95, 0x00, // mov 0x959d20(,%rax,8),%rdx
+        ];
+        let markers = markers(&code, 0x4fb350).unwrap();
+        assert_eq!(
+            markers,
+            Markers {
+                default_allocator: 0x4fb450,
+                usedpools: Usedpools::At(0x959d20)
+            }
+        );
+    }
+
+    /// A position-independent entry compares with a register a `lea` loaded, and
+    /// indexes `usedpools` through another.
+    #[test]
+    fn markers_from_a_pie_entry() {
+        let code = [
+            0x48, 0x8d, 0x15, 0x00, 0x10, 0x00, 0x00, // lea 0x1000(%rip),%rdx
+            0x48, 0x39, 0xd0, // cmp %rdx,%rax
+            0x75, 0x10, // jne
+            0x48, 0x8d, 0x0d, 0x00, 0x20, 0x00, 0x00, // lea 0x2000(%rip),%rcx
+            0x48, 0x8b, 0x14, 0xc1, // mov (%rcx,%rax,8),%rdx
+        ];
+        let markers = markers(&code, 0x1000).unwrap();
+        assert_eq!(markers.default_allocator, 0x1000 + 7 + 0x1000);
+        assert_eq!(markers.usedpools, Usedpools::At(0x100c + 7 + 0x2000));
+    }
+
+    /// A `PyObject_Malloc` that only calls through the pointer (no link-time
+    /// optimisation) has no markers, hence no sites.
+    #[test]
+    fn no_markers_without_the_inlined_comparison() {
+        let code = [
+            0x48, 0x8b, 0x05, 0x00, 0x10, 0x00, 0x00, // mov 0x1000(%rip),%rax
+            0x48, 0x89, 0xfe, // mov %rdi,%rsi
+            0x48, 0x8b, 0x3d, 0x00, 0x10, 0x00, 0x00, // mov 0x1000(%rip),%rdi
+            0xff, 0xe0, // jmp *%rax
+        ];
+        assert_eq!(markers(&code, 0x1000), None);
+    }
+
+    /// The size of the inlined path `code` at 0x4fb000 (3.11's markers).
+    fn size(code: &[u8]) -> Option<(Reg, u64)> {
+        size_of_path(code, 0x4fb000, Usedpools::At(0x959d20))
+    }
+
+    /// `mov` of the word at `address` (rip-relative) into %rax, at 0x4fb000.
+    fn load_at(address: u64) -> Vec<u8> {
+        let disp = (address - (0x4fb000 + 7)) as u32;
+        let mut mov = vec![0x48, 0x8b, 0x05];
+        mov.extend_from_slice(&disp.to_le_bytes());
+        mov
+    }
+
+    /// The three starts of an inlined path, and ones that tell nothing.
+    #[test]
+    fn sizes_of_inlined_paths() {
+        // lea -0x1(%r13),%rax
+        assert_eq!(size(&[0x49, 0x8d, 0x45, 0xff]), Some((Reg::R13, 1)));
+        // cmp $0x200,%r12
+        assert_eq!(
+            size(&[0x49, 0x81, 0xfc, 0x00, 0x02, 0x00, 0x00]),
+            Some((Reg::R12, 1))
+        );
+        // mov 0x959d90(%rip),%rax: usedpools + 0x70, class 7: 128 bytes.
+        assert_eq!(size(&load_at(0x959d90)), Some((Reg::One, 128)));
+        // Misaligned in usedpools, or past it: nothing.
+        assert_eq!(size(&load_at(0x959d98)), None);
+        assert_eq!(size(&load_at(0x959d20 + 1024)), None);
+        // mov %rdi,%rbx, then ret: nothing.
+        assert_eq!(size(&[0x48, 0x89, 0xfb, 0xc3]), None);
+        // lea -0x1(%rsp),%rax: not a size.
+        assert_eq!(size(&[0x48, 0x8d, 0x44, 0x24, 0xff]), None);
+        // mov %rax,%r13, then lea -0x1(%r13),%rax: %r13 no longer holds the size.
+        assert_eq!(size(&[0x49, 0x89, 0xc5, 0x49, 0x8d, 0x45, 0xff]), None);
+    }
+
+    /// 3.13: the state's pointer is loaded first (`mov 0x2a30(%rax),%r12`), then
+    /// either the size is used, or a constant class's entry is loaded from the state.
+    #[test]
+    fn sizes_of_inlined_paths_with_the_state_in_a_register() {
+        let usedpools = Usedpools::InState {
+            state: 0x2a30,
+            usedpools: 0,
+        };
+        let state_load = [
+            0x48, 0x8b, 0x40, 0x10, // mov 0x10(%rax),%rax
+            0x4c, 0x8b, 0xa0, 0x30, 0x2a, 0x00, 0x00, // mov 0x2a30(%rax),%r12
+        ];
+        // then mov 0x10(%r12),%rax: class 1, 32 bytes.
+        let mut constant = state_load.to_vec();
+        constant.extend_from_slice(&[0x49, 0x8b, 0x44, 0x24, 0x10]);
+        assert_eq!(
+            size_of_path(&constant, 0x1000, usedpools),
+            Some((Reg::One, 32))
+        );
+        // then lea -0x1(%rdi),%rax: the size in %rdi.
+        let mut sized = state_load.to_vec();
+        sized.extend_from_slice(&[0x48, 0x8d, 0x47, 0xff]);
+        assert_eq!(size_of_path(&sized, 0x1000, usedpools), Some((Reg::Rdi, 1)));
+        // mov 0x10(%rax),%rax alone is no state load: nothing.
+        assert_eq!(size_of_path(&state_load[..4], 0x1000, usedpools), None);
+    }
+
+    /// Debian's python3.11, when this machine has it: well over a hundred sites, all
+    /// at emulated branches, none inside a probed entry.
+    #[test]
+    fn debian_python_has_inlined_sites() {
+        let path = "/usr/bin/python3.11";
+        let Ok(data) = std::fs::read(path) else {
+            return;
+        };
+        let file = object::File::parse(&*data).unwrap();
+        let resolved = super::super::resolve_entries(&file, &data, &Default::default()).unwrap();
+        let found = find(&file, &resolved.entries);
+        assert!(found.sites.len() > 100, "{} sites", found.sites.len());
+        assert!(found.sites.iter().all(|s| s.point.emulated));
+        for site in &found.sites {
+            assert!(resolved
+                .entries
+                .iter()
+                .all(|e| !(e.address..e.address + e.size).contains(&site.address)));
+        }
+        let constant = found
+            .sites
+            .iter()
+            .filter(|s| s.point.registers[0] == Reg::One);
+        assert!(constant.count() > 10);
+        println!(
+            "{} sites, {} unrecognised",
+            found.sites.len(),
+            found.unrecognised
+        );
+    }
+}
