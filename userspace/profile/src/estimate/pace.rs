@@ -37,11 +37,13 @@ pub const MIN_TRAP_SHARE: f64 = 0.05;
 /// are taken as absorbed by idle time.
 pub const SATURATED: f64 = 0.75;
 
-/// The smallest pace ratio applied. A process spending over 95% of its probed time in
-/// traps leaves too little work to measure against the calibrated cost of a hit (a 5%
-/// error in that cost would be the whole remainder): its estimate is raised 20x at most
-/// and the profile says so (`probe_share`).
-pub const MIN_PACE: f64 = 0.05;
+/// The smallest pace ratio applied. A process spending over 99% of its probed time in
+/// traps leaves too little work to measure against the calibrated cost of a hit (a 1%
+/// error in that cost would be the whole remainder): its estimate is raised 100x at
+/// most and the profile says so (`probe_share`). Probes on every small object of an
+/// interpreter slow a tight loop of allocations to a few percent of its pace
+/// (docs/statistics.md, "Pace"), so the floor is below that.
+pub const MIN_PACE: f64 = 0.01;
 
 /// What a hit may cost a process in place, as multiples of its calibrated cost: the
 /// range its profile's interval allows for. The calibration times hits in a small hot
@@ -327,11 +329,13 @@ mod tests {
         let factor = tally.correction().unwrap().factor;
         assert!((factor - 1.95).abs() < 1e-9, "{factor}");
         // Had each hit cost 2x its calibrated cost, its traps would have taken all its
-        // probed CPU: the ratio meets its floor at 1.9x (50 - 25c = 0.05 · 50), where
-        // the factor peaks, with 952.5 ms of work in all: 0.9525 / 0.05. At 0.85x,
-        // 28.75 ms (r = 0.575) and 978.75 ms: 0.97875 / 0.575.
+        // probed CPU: the ratio meets its floor at 50 - 25c = MIN_PACE · 50, where the
+        // factor peaks, with 1,000 - 25c ms of work in all. At 0.85x, 28.75 ms
+        // (r = 0.575) and 978.75 ms: 0.97875 / 0.575.
         let pace = tally.correction().unwrap();
-        assert!((pace.factor_high - 0.9525 / 0.05).abs() < 1e-9, "{pace:?}");
+        let floor = (50.0 - MIN_PACE * 50.0) / 25.0;
+        let high = (1_000.0 - 25.0 * floor) / 1_000.0 / MIN_PACE;
+        assert!((pace.factor_high - high).abs() < 1e-9, "{pace:?}");
         assert!((pace.factor_low - 0.97875 / 0.575).abs() < 1e-9, "{pace:?}");
         // The slack of an estimate of 1,950 bytes: 1,950 (1 - low/1.95) below and
         // 1,950 (high/1.95 - 1) above.
@@ -400,9 +404,10 @@ mod tests {
         tally.add(ProbeState::Probed, 100.0 * MS, 100.0 * MS, 80.0 * MS);
         tally.add(ProbeState::Unprobed, 900.0 * MS, 900.0 * MS, 0.0);
         let pace = tally.correction().unwrap();
-        // Ratio floored at 0.05 from 100 - 80c = 5: c = 1.1875.
-        let peak = tally.pace_at(1.1875).1;
-        assert!((tally.floor_cost().unwrap() - 1.1875).abs() < 1e-9);
+        // The ratio meets its floor where 100 - 80c = 100 MIN_PACE.
+        let floor = (100.0 - 100.0 * MIN_PACE) / 80.0;
+        let peak = tally.pace_at(floor).1;
+        assert!((tally.floor_cost().unwrap() - floor).abs() < 1e-9);
         assert!(
             peak > tally.pace_at(1.3).1,
             "past the floor the factor falls"
