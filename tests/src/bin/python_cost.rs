@@ -3,6 +3,13 @@
 //! through pymalloc and malloc), timed from its go to its exit, bare, under
 //! `allocbpf --pid`, under `allocbpf --pid --budget 1%` and under `allocbpf agent` at its
 //! defaults. Rounds alternate the four; medians and their ratios to bare are printed.
+//!
+//! Then the cost of a probe at a site where the interpreter inlined `PyObject_Malloc`
+//! (the executable is link-time optimised): a loop making one new int (`BIG + i`) per
+//! iteration, timed inside the interpreter, bare, under `--pid --empty-probes` (the
+//! trap's floor: every probe runs an empty program) and under `--pid`; ns per
+//! iteration, the probe hits per iteration (allocbpf's exact call count), and the ratio
+//! allocbpf/floor of the time each adds to bare.
 
 use std::{
     path::Path,
@@ -54,6 +61,104 @@ fn timed_run(profiler: Option<&[&str]>) -> Result<f64> {
     Ok(seconds)
 }
 
+/// Iterations of the inlined-site loop.
+const INLINED_ITERATIONS: u64 = 2_000_000;
+
+/// The inlined-site loop: prints its pid, waits for a line, makes
+/// [`INLINED_ITERATIONS`] ints of 67 bits, prints ns per iteration.
+const INLINED_LOOP: &str = "import os, sys, time\n\
+BIG = 10**20\n\
+print(os.getpid(), flush=True)\n\
+sys.stdin.readline()\n\
+n = int(sys.argv[1])\n\
+start = time.perf_counter_ns()\n\
+for i in range(n):\n\
+\x20   x = BIG + i\n\
+print((time.perf_counter_ns() - start) / n, flush=True)\n";
+
+/// One run of the inlined-site loop with allocbpf attached as `profiler` says: ns per
+/// iteration, and with a profile written, the exact calls it counted.
+fn inlined_run(profiler: Option<&[&str]>, profile: &Path) -> Result<(f64, Option<f64>)> {
+    let iterations = INLINED_ITERATIONS.to_string();
+    let mut workload = Workload::start(
+        Path::new("/usr/bin/python3.11"),
+        &["-c", INLINED_LOOP, &iterations],
+    )?;
+    let pid = workload.pid.to_string();
+    let _ = std::fs::remove_file(profile);
+    let attached = match profiler {
+        None => None,
+        Some(extra) => {
+            let output = profile.to_str().context("path")?;
+            let mut child = Command::new(allocbpf_bin())
+                .args(["--pid", &pid, "--format", "json", "--output", output])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            let mut stderr = Lines::spawn(child.stderr.take().unwrap());
+            stderr.wait_for("allocbpf: profiling pid", Duration::from_secs(60))?;
+            Some((child, stderr))
+        }
+    };
+    workload.go()?;
+    let line = workload.stdout.wait_for(".", Duration::from_secs(600))?;
+    workload.wait(Duration::from_secs(60))?;
+    let ns: f64 = line.trim().parse().context("the loop's ns per iteration")?;
+    let mut calls = None;
+    if let Some((mut child, _)) = attached {
+        child.wait()?;
+        if let Ok(bytes) = std::fs::read(profile) {
+            let json: serde_json::Value = serde_json::from_slice(&bytes)?;
+            calls = json["totals"]["exact_calls"].as_f64();
+        }
+    }
+    Ok((ns, calls))
+}
+
+/// The inlined-site part: bare, floor and allocbpf alternate for `rounds` rounds.
+fn inlined_sites(rounds: usize, scratch: &Path) -> Result<()> {
+    let profile = scratch.join("inlined.json");
+    let configs: [(&str, Option<&[&str]>); 3] = [
+        ("bare", None),
+        ("floor", Some(&["--empty-probes"])),
+        ("allocbpf", Some(&[])),
+    ];
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut hits = Vec::new();
+    for _ in 0..rounds {
+        for (i, (_, profiler)) in configs.iter().enumerate() {
+            let (per_iteration, calls) = inlined_run(*profiler, &profile)?;
+            ns[i].push(per_iteration);
+            if let (2, Some(calls)) = (i, calls) {
+                hits.push(calls / INLINED_ITERATIONS as f64);
+            }
+        }
+    }
+    let [bare, floor, allocbpf] = [median(&ns[0]), median(&ns[1]), median(&ns[2])];
+    println!(
+        "python3.11 `x = BIG + i` ({INLINED_ITERATIONS} iterations, an int from an inlined \
+         PyObject_Malloc each), median of {rounds}:"
+    );
+    for ((name, _), runs) in configs.iter().zip(&ns) {
+        println!(
+            "  {name:<9} {:>8.1} ns/iteration   runs {runs:.1?}",
+            median(runs)
+        );
+    }
+    println!(
+        "  probe hits per iteration {:.2}; added to bare: floor {:.1} ns, allocbpf {:.1} ns, \
+         allocbpf/floor {:.3} (whole iterations: {:.3})",
+        median(&hits),
+        floor - bare,
+        allocbpf - bare,
+        (allocbpf - bare) / (floor - bare),
+        allocbpf / floor,
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let rounds = rounds_arg(5)?;
     let scratch = scratch_dir("python-cost");
@@ -87,5 +192,5 @@ fn main() -> Result<()> {
             m / bare
         );
     }
-    Ok(())
+    inlined_sites(rounds, &scratch)
 }
