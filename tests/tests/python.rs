@@ -306,7 +306,8 @@ fn debian_python_threads_and_calls_without_the_gil() -> Result<()> {
 }
 
 /// The same over every CPython 3.9-3.13 pyenv has built on this machine (each as
-/// `libpython3.x.so`, without link-time optimisation), if any: not required.
+/// `libpython3.x.so`, without link-time optimisation), with the live test too (their
+/// frees are probed where libpython's allocator pointer goes), if any: not required.
 #[test]
 fn pyenv_pythons_by_pid_when_present() -> Result<()> {
     require_root();
@@ -331,6 +332,8 @@ fn pyenv_pythons_by_pid_when_present() -> Result<()> {
             continue;
         }
         check_by_pid(&Interpreter::host(&python), &format!("python-pyenv-{name}"))?;
+        // Its frees: through libpython's allocator pointer (`image/indirect.rs`).
+        check_live(&python, &format!("python-pyenv-live-{name}"))?;
         checked.push(name);
     }
     println!("pyenv versions checked: {checked:?}");
@@ -388,12 +391,18 @@ fn debian_python_system_wide_and_in_pprof() -> Result<()> {
 fn debian_python_live_objects_by_site() -> Result<()> {
     require_root();
     let _one = one_profiler_at_a_time();
+    check_live(Path::new(DEBIAN_PYTHON), "python-live")
+}
+
+/// Profiles `workloads/python_live.py` under `python` with `--live`: the kept site's
+/// blocks are in use within the bound, the churned site's are all freed.
+fn check_live(python: &Path, scratch: &str) -> Result<()> {
     let script = workspace_root().join("tests/workloads/python_live.py");
     let (profile, output) = profile_by_pid(
-        Path::new(DEBIAN_PYTHON),
+        python,
         &[script.to_str().context("path")?],
         &["--live"],
-        "python-live",
+        scratch,
     )?;
     assert_eq!(
         profile["live"]["untracked_samples"], 0,

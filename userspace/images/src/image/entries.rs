@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use allocbpf_common::{cookie::NEST_SPAN_UNIT, Shape};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use super::{calls, cfi, frame, point, purity, CallFrame, Lookup, ProbedEntry, SkippedEntry};
+use super::{
+    calls, cfi, frame, indirect, point, purity, CallFrame, Lookup, ProbedEntry, SkippedEntry,
+};
 use crate::allocators::{self, EntrySpec};
 
 /// What [`resolve_entries`] finds in a file.
@@ -79,6 +81,7 @@ pub fn resolve_entries(
             out.entries.push(entry);
         }
     }
+    out.frees = indirect::follow_frees(file, data, std::mem::take(&mut out.frees));
     if out.entries.is_empty() {
         return Err(format!(
             "its allocation entries all forward to other files ({})",
@@ -113,13 +116,23 @@ fn allocator_span(file: &object::File, by_name: &HashMap<&str, (u64, u64)>, entr
         "_PyMem_RawRealloc",
         "pymalloc_alloc",
     ];
+    // The allocating functions of Objects/obmalloc.c, by name or prefix. Not every
+    // `PyMem_` or `_PyMem_` function is one: tracemalloc's `_PyMem_DumpTraceback` and
+    // the `.cold` part of `_PyMem_SetupAllocators` lie a megabyte away in pyenv's
+    // 3.12, and a span reaching them held the bytes object's code, whose calls of
+    // `PyObject_Calloc` were then taken for a stale wrapper's nested calls.
     const ALLOCATORS: &[&str] = &[
         "PyObject_Malloc",
         "PyObject_Calloc",
         "PyObject_Realloc",
         "PyObject_Free",
-        "PyMem_",
-        "_PyMem_",
+        "PyMem_Malloc",
+        "PyMem_Calloc",
+        "PyMem_Realloc",
+        "PyMem_Free",
+        "PyMem_Raw",
+        "_PyMem_Raw",
+        "_PyMem_Debug",
         "_PyObject_Malloc",
         "_PyObject_Calloc",
         "_PyObject_Realloc",
@@ -134,7 +147,10 @@ fn allocator_span(file: &object::File, by_name: &HashMap<&str, (u64, u64)>, entr
     let span = if named {
         by_name
             .iter()
-            .filter(|(name, _)| ALLOCATORS.iter().any(|prefix| name.starts_with(prefix)))
+            .filter(|(name, _)| {
+                // A compiler's split part (`.cold`) lies elsewhere.
+                !name.contains('.') && ALLOCATORS.iter().any(|prefix| name.starts_with(prefix))
+            })
             .map(|(_, &(address, size))| reach(address, address + size.max(1)))
             .max()
             .unwrap_or(0)

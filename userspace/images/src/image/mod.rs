@@ -21,6 +21,7 @@ pub mod calls;
 mod cfi;
 mod entries;
 mod frame;
+mod indirect;
 pub mod inlined;
 pub mod point;
 mod purity;
