@@ -347,7 +347,7 @@ fn a_cpu_bound_process_is_estimated_at_its_pace_while_probed() {
         observed,
         bound * 100.0
     );
-    // A hit costing 0.85x to 1.3x its calibrated cost in place moves the factor both
+    // A hit costing 0.85x to 2x its calibrated cost in place moves the factor both
     // ways at this trap share.
     assert!(
         low < factor && factor < high,

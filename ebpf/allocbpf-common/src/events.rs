@@ -13,6 +13,12 @@ pub const SAMPLE_FLAG_CERTAIN: u32 = 1;
 /// of registered Python processes only: the others do not carry its bytes).
 pub const SAMPLE_FLAG_PYTHON: u32 = 2;
 
+/// `SampleEvent::flags`: the probe sat inside the allocating function (an inlined
+/// allocator's site), not at a function's entry: the sampled instruction's own function
+/// is a frame of the stack (`caller` is that instruction's address plus one, read as a
+/// return address), and `[sp]` is no return address.
+pub const SAMPLE_FLAG_INLINED: u32 = 4;
+
 /// The interpreter frames of a sampled thread: the last bytes of a sample record whose
 /// flags have [`SAMPLE_FLAG_PYTHON`].
 #[repr(C)]

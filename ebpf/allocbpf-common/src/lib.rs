@@ -14,7 +14,7 @@ pub mod sampler;
 
 pub use events::{
     EventKind, LiveEvent, LostSample, ProcessEvent, PythonStack, SampleEvent, SAMPLE_FLAG_CERTAIN,
-    SAMPLE_FLAG_PYTHON,
+    SAMPLE_FLAG_INLINED, SAMPLE_FLAG_PYTHON,
 };
 
 /// Number of user stack frames captured per sample by `bpf_get_stack`.

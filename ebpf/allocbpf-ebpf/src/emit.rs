@@ -5,6 +5,7 @@ use core::ptr::{addr_of_mut, read_volatile};
 
 use allocbpf_common::{
     sampler::Decision, Counter, PythonStack, SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN,
+    SAMPLE_FLAG_INLINED,
 };
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
@@ -22,6 +23,29 @@ use crate::{
     EVENTS, STACK_COPY_BYTES,
 };
 
+/// Where a sampled call was made from: the stack pointer at the probe, and whether the
+/// probe sat inside the allocating function (an inlined site) rather than at an entry.
+#[derive(Clone, Copy)]
+pub(crate) struct CallSite {
+    /// The stack pointer at the probe.
+    pub(crate) sp: u64,
+    /// The probed instruction's address if it is an inlined site, else 0.
+    pub(crate) inlined_ip: u64,
+}
+
+impl CallSite {
+    /// The sample's first frame: the return address at `[sp]` at an entry, or the
+    /// inlined site's own address plus one (read as a return address, it lands on the
+    /// site's instruction).
+    #[inline(always)]
+    fn caller(&self) -> u64 {
+        match self.inlined_ip {
+            0 => return_address(self.sp),
+            ip => ip + 1,
+        }
+    }
+}
+
 /// Sends a sampled allocation to the ring buffer; returns its sample id, or 0 when there
 /// was no sample or it was lost (a lost sample is not tracked either, but its weight is
 /// kept in the `LOST` ring when that has room). `rate`: the mean interval of the
@@ -34,11 +58,11 @@ pub(crate) fn emit(
     pid_tgid: u64,
     size: u64,
     decision: Decision,
-    sp: u64,
+    site: CallSite,
     epoch: u64,
     rate: u64,
 ) -> u64 {
-    let (offset, next_interval, flags) = match decision {
+    let (offset, next_interval, certain) = match decision {
         Decision::Skip => return 0,
         Decision::Sampled {
             offset,
@@ -46,6 +70,12 @@ pub(crate) fn emit(
         } => (offset, next_interval, 0),
         Decision::Certain => (0, 0, SAMPLE_FLAG_CERTAIN),
     };
+    let inlined = if site.inlined_ip != 0 {
+        SAMPLE_FLAG_INLINED
+    } else {
+        0
+    };
+    let flags = certain | inlined;
     bump_in(epoch, Counter::Samples);
     let timestamp_ns = unsafe { bpf_ktime_get_ns() };
     // Unique per session without shared state: a thread's timestamps are distinct, an
@@ -58,7 +88,7 @@ pub(crate) fn emit(
         size,
         offset,
         next_interval,
-        caller: return_address(sp),
+        caller: site.caller(),
         pid_tgid,
         kind,
         flags,

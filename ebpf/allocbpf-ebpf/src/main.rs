@@ -240,6 +240,14 @@ fn on_alloc(
     }
     let now = now_of(ctx);
     let entry = entry_of(&now, cookie);
+    let site = emit::CallSite {
+        sp: entry.sp,
+        inlined_ip: if shape as u32 == Shape::SmallObject as u32 {
+            now.ip
+        } else {
+            0
+        },
+    };
     let kind = cookie.function as u32;
     // Read once: the call, its sample and the sample counter share one epoch.
     let epoch = current_epoch();
@@ -267,7 +275,7 @@ fn on_alloc(
             pressure::follow(remaining, &mut drawn_scale, level, window);
             *drawn = drawn_scale as u64;
             let decision = decide(remaining, size, level, window);
-            emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, rate);
+            emit::emit(ctx, kind, pid_tgid, size, decision, site, epoch, rate);
         }
         return skip_return();
     };
@@ -302,7 +310,7 @@ fn on_alloc(
     EpochCounts::add(&mut state.counts, epoch, 1, size);
     pressure::follow(&mut state.remaining, &mut state.level, level, window);
     let decision = decide(&mut state.remaining, size, level, window);
-    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, entry.sp, epoch, rate);
+    let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, site, epoch, rate);
     // An inlined site has no return: its block is never awaited (and its plain uprobe
     // arms no return probe whatever this says).
     if !live || shape as u32 == Shape::SmallObject as u32 {
@@ -399,6 +407,15 @@ session_uprobe! {
 /// to arm a return probe on.
 #[uprobe]
 pub fn probe_small_object(ctx: ProbeContext) -> u32 {
+    /// EFLAGS.ZF
+    const ZERO_FLAG: u64 = 1 << 6;
+    // The inlined allocator runs only when the comparison found the default one (ZF
+    // set, for `jne` and `je` alike). Else the call goes through the replaced pointer
+    // (PYTHONMALLOC=malloc, a debug or tracing hook): to entries that count it, or none.
+    // SAFETY: `regs` points at the trapped task's saved registers for this program run.
+    if unsafe { (*ctx.regs).eflags } & ZERO_FLAG == 0 {
+        return 0;
+    }
     let cookie = cookie_of(&ctx);
     let [input, _, _] = inputs(&ctx, &cookie);
     let size = input.wrapping_mul(cookie.code_size);

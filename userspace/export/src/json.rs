@@ -20,11 +20,11 @@
 //! `pace` and `pace_factor` (the process's pace while probed relative to unprobed, and
 //! the factor every estimate was scaled by for it: the observer effect,
 //! docs/statistics.md "Pace"; `pace_factor_range` the factor for a hit costing the
-//! process 0.85x to 1.3x its calibrated cost in place, a range the totals' intervals
+//! process 0.85x to 2x its calibrated cost in place, a range the totals' intervals
 //! include; `paced_processes` counts the processes so corrected, and
 //! a merged report of several shows no single pace; null when it could not be measured,
 //! and then a CPU-bound process with a `probe_share` `s` may be underestimated: its truth
-//! up to `1/(1 - 1.3 s)` times its estimate, where the totals' intervals reach); every
+//! up to `1/(1 - 2 s)` times its estimate, where the totals' intervals reach); every
 //! estimate is for the whole interval.
 //! Extensions add keys; existing keys keep their meaning.
 

@@ -202,6 +202,10 @@ const MISS_CHECK_LIMIT: Duration = Duration::from_millis(100);
 /// forgotten, which only allows one more check each).
 const MAX_MISS_CHECKED: usize = 1 << 16;
 
+/// Miss checks (maps reads) per second at most, all processes together: a host full of
+/// frame-pointer garbage costs this many reads a second, not one per process per tenth.
+const MAX_MISS_CHECKS_PER_SECOND: u32 = 20;
+
 /// Turns process addresses into [`Frame`]s.
 ///
 /// Memory maps are cached per process, so samples that arrive after their process
@@ -217,6 +221,8 @@ pub struct AddressNormalizer {
     refreshed: Instant,
     /// When each process's maps were last read to check a miss.
     miss_checked: HashMap<u32, Instant>,
+    /// The second the miss checks are counted in, and how many it had.
+    miss_checks: (Instant, u32),
     /// The mappings behind blazesym's `/proc/PID/map_files/START-END` paths (it reads
     /// build ids through them, never through the paths the maps print, which belong
     /// to the process), with their files opened while the process lives. Read from
@@ -250,6 +256,7 @@ impl AddressNormalizer {
             normalizer: Self::caching_normalizer(),
             refreshed: Instant::now(),
             miss_checked: HashMap::new(),
+            miss_checks: (Instant::now(), 0),
             mappings: MappedFiles::default(),
             resolved: HashMap::new(),
             cached_frames: 0,
@@ -366,8 +373,9 @@ impl AddressNormalizer {
     }
 
     /// True if `pid`'s maps, read now (at most once per [`MISS_CHECK_LIMIT`] per
-    /// process), map one of the `missed` addresses executable: the cached maps are older
-    /// than that mapping.
+    /// process, [`MAX_MISS_CHECKS_PER_SECOND`] in all), map one of the `missed`
+    /// addresses from an executable file: the cached maps are older than that mapping.
+    /// (Anonymous code, a JIT's, never normalizes: it is no reason to re-read.)
     fn newly_mapped(&mut self, pid: u32, missed: &[u64]) -> bool {
         let now = Instant::now();
         if let Some(last) = self.miss_checked.get(&pid) {
@@ -375,12 +383,22 @@ impl AddressNormalizer {
                 return false;
             }
         }
+        let (second, count) = &mut self.miss_checks;
+        if now.duration_since(*second) >= Duration::from_secs(1) {
+            (*second, *count) = (now, 0);
+        }
+        if *count >= MAX_MISS_CHECKS_PER_SECOND {
+            return false;
+        }
+        *count += 1;
         if self.miss_checked.len() >= MAX_MISS_CHECKED {
             self.miss_checked.clear();
         }
         self.miss_checked.insert(pid, now);
         procfs::read_maps(pid).iter().any(|entry| {
-            entry.executable && missed.iter().any(|address| entry.range.contains(address))
+            entry.executable
+                && entry.inode != 0
+                && missed.iter().any(|address| entry.range.contains(address))
         })
     }
 

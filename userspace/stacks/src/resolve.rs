@@ -56,7 +56,13 @@ impl StackResolver {
         let unwound;
         let stack = match self.unwinder.as_mut() {
             Some(unwinder) if !sample.user_stack.is_empty() => {
-                unwound = unwinder.unwind(sample.pid, sample.regs, &sample.user_stack);
+                let mut from_tables = unwinder.unwind(sample.pid, sample.regs, &sample.user_stack);
+                // At an inlined site the sampled function is a frame of its own (the
+                // unwinder starts with its caller).
+                if sample.inlined && !from_tables.is_empty() {
+                    from_tables.splice(0..0, sample.stack.first().copied());
+                }
+                unwound = from_tables;
                 if unwound.is_empty() {
                     // Nothing unwound: keep the immediate caller read at [sp].
                     &sample.stack

@@ -136,6 +136,7 @@ mod tests {
             rate: 1,
             next_interval: 1,
             certain: true,
+            inlined: false,
             function: None,
             stack: Vec::new(),
             stack_error: 0,

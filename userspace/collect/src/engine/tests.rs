@@ -86,6 +86,7 @@ fn sample(pid: u32, id: u64, size: u64, epoch: u32) -> Event {
         rate: RATE,
         next_interval: RATE,
         certain: false,
+        inlined: false,
         function: None,
         stack: Vec::new(),
         stack_error: 0,

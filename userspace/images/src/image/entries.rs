@@ -148,8 +148,8 @@ fn allocator_span(file: &object::File, by_name: &HashMap<&str, (u64, u64)>, entr
         by_name
             .iter()
             .filter(|(name, _)| {
-                // A compiler's split part (`.cold`) lies elsewhere.
-                !name.contains('.') && ALLOCATORS.iter().any(|prefix| name.starts_with(prefix))
+                // A compiler's split-off cold part lies elsewhere.
+                !name.contains(".cold") && ALLOCATORS.iter().any(|prefix| name.starts_with(prefix))
             })
             .map(|(_, &(address, size))| reach(address, address + size.max(1)))
             .max()

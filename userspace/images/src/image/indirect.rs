@@ -12,7 +12,9 @@
 //!
 //! What that misses: a program that replaces the allocator without chaining to the
 //! previous one frees through its own function (a hook that chains, tracemalloc's,
-//! still ends in the default one).
+//! still ends in the default one). CPython's debug hooks (`PYTHONMALLOC=debug`,
+//! `-X dev`) chain too, but free the block less their header: under them, `--live`
+//! sees blocks allocated through the exported functions never freed.
 
 use allocbpf_common::{cookie::Reg, Shape};
 use iced_x86::{

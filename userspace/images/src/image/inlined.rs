@@ -24,20 +24,25 @@
 //! Everything else is skipped and counted; the sites are bounded
 //! ([`MAX_INLINED_SITES`]) since the file is another user's input.
 
-use std::collections::HashMap;
-
 use allocbpf_common::{cookie::Reg, AllocFn, Shape};
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
     OpAccess, OpKind, Register,
 };
-use object::{Object, ObjectSection, SectionKind};
+use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
 use super::{point, ProbePoint, ProbedEntry};
 
 /// Most inlined sites probed in one image: a hostile file could repeat the pattern
 /// without end, and each site is a uprobe.
 pub const MAX_INLINED_SITES: usize = 1024;
+
+/// Most comparisons with the default allocator left unrecognised before the search
+/// gives up on the image.
+const MAX_UNRECOGNISED: usize = 1024;
+
+/// Most bytes of code decoded in one image (an interpreter has a few megabytes).
+const MAX_DECODED_BYTES: usize = 64 << 20;
 
 /// Bytes of `PyObject_Malloc` decoded at most for its comparison and `usedpools`.
 const MAX_ENTRY_BYTES: usize = 512;
@@ -94,10 +99,22 @@ pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
     let Some(markers) = markers(code, malloc.address) else {
         return found;
     };
+    // The default allocator is code of this image: `_PyObject_Malloc` itself where the
+    // symbol table names it.
+    let named = file
+        .symbols()
+        .find(|symbol| symbol.name() == Ok("_PyObject_Malloc"))
+        .map(|symbol| symbol.address());
+    if bytes_at(file, markers.default_allocator, 1).is_none()
+        || named.is_some_and(|address| address != markers.default_allocator)
+    {
+        return found;
+    }
     let probed: Vec<(u64, u64)> = entries
         .iter()
         .map(|e| (e.address, e.address + e.size.max(1)))
         .collect();
+    let mut budget = MAX_DECODED_BYTES;
     for section in file.sections() {
         if section.kind() != SectionKind::Text {
             continue;
@@ -105,8 +122,13 @@ pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
         let Ok(data) = section.data() else {
             continue;
         };
+        let data = &data[..data.len().min(budget)];
+        budget -= data.len();
         scan(file, data, section.address(), markers, &probed, &mut found);
-        if found.sites.len() >= MAX_INLINED_SITES {
+        if found.sites.len() >= MAX_INLINED_SITES
+            || found.unrecognised >= MAX_UNRECOGNISED
+            || budget == 0
+        {
             break;
         }
     }
@@ -114,42 +136,43 @@ pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
 }
 
 /// The default allocator and `usedpools` as `PyObject_Malloc` (`code` at `ip`) uses
-/// them: the first comparison of a register with a constant address (or with one a
-/// `lea` of the code's own position loaded), and the first load indexed by 8 from a
-/// constant address (or from such a register).
+/// them, on its straight-line path: the first comparison of a register with a constant
+/// address (or with one a `lea` of the code's own position loaded) that a `jne`/`je`
+/// follows, and the first load indexed by 8 from a constant address (or from such a
+/// register, or from a register loaded from another plus an offset: the state).
 fn markers(code: &[u8], ip: u64) -> Option<Markers> {
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
-    let mut addresses: HashMap<Register, u64> = HashMap::new();
-    // Registers loaded from a register plus an offset, and that offset.
-    let mut loaded_from: HashMap<Register, u64> = HashMap::new();
+    let mut info = InstructionInfoFactory::new();
+    // Registers holding a `lea`'s address, and registers loaded from a register plus
+    // an offset (with that offset), until written again.
+    let mut addresses: Vec<(Register, u64)> = Vec::new();
+    let mut loaded_from: Vec<(Register, u64)> = Vec::new();
+    let value = |known: &[(Register, u64)], register: Register| {
+        known
+            .iter()
+            .find(|(r, _)| *r == register.full_register())
+            .map(|(_, v)| *v)
+    };
     let (mut default_allocator, mut usedpools) = (None, None);
+    let mut compared: Option<u64> = None;
     while decoder.can_decode() && (default_allocator.is_none() || usedpools.is_none()) {
         let instruction = decoder.decode();
         if instruction.is_invalid() {
             break;
         }
-        if instruction.mnemonic() == Mnemonic::Lea && instruction.is_ip_rel_memory_operand() {
-            addresses.insert(
-                instruction.op0_register().full_register(),
-                instruction.ip_rel_memory_address(),
-            );
-            continue;
+        // A comparison counts only if a `jne`/`je` takes its result.
+        if let Some(address) = compared.take() {
+            if default_allocator.is_none()
+                && matches!(instruction.mnemonic(), Mnemonic::Jne | Mnemonic::Je)
+            {
+                default_allocator = Some(address);
+            }
         }
-        if let Some(offset) = load_offset(&instruction) {
-            loaded_from.insert(instruction.op0_register(), offset);
-        }
-        if instruction.mnemonic() == Mnemonic::Cmp && default_allocator.is_none() {
-            default_allocator = match (instruction.op0_kind(), instruction.op1_kind()) {
-                (OpKind::Register, OpKind::Immediate32to64) => {
-                    Some(instruction.immediate32to64() as u64)
-                }
-                (OpKind::Register, OpKind::Register) => {
-                    let (a, b) = (instruction.op0_register(), instruction.op1_register());
-                    addresses
-                        .get(&a.full_register())
-                        .or(addresses.get(&b.full_register()))
-                        .copied()
-                }
+        if instruction.mnemonic() == Mnemonic::Cmp && instruction.op0_kind() == OpKind::Register {
+            compared = match instruction.op1_kind() {
+                OpKind::Immediate32to64 => Some(instruction.immediate32to64() as u64),
+                OpKind::Register => value(&addresses, instruction.op0_register())
+                    .or(value(&addresses, instruction.op1_register())),
                 _ => None,
             };
         }
@@ -159,22 +182,61 @@ fn markers(code: &[u8], ip: u64) -> Option<Markers> {
             && instruction.memory_index_scale() == 8
         {
             let displacement = instruction.memory_displacement64();
-            let base = instruction.memory_base().full_register();
-            usedpools = match (addresses.get(&base), loaded_from.get(&base)) {
+            let base = instruction.memory_base();
+            usedpools = match (value(&addresses, base), value(&loaded_from, base)) {
                 _ if base == Register::None => Some(Usedpools::At(displacement)),
                 (Some(address), _) => Some(Usedpools::At(address.wrapping_add(displacement))),
-                (None, Some(&state)) => Some(Usedpools::InState {
+                (None, Some(state)) => Some(Usedpools::InState {
                     state,
                     usedpools: displacement,
                 }),
                 (None, None) => None,
             };
         }
+        match instruction.flow_control() {
+            FlowControl::Next | FlowControl::ConditionalBranch => {}
+            FlowControl::Call | FlowControl::IndirectCall => {
+                addresses.clear();
+                loaded_from.clear();
+                continue;
+            }
+            _ => break,
+        }
+        let written = written_registers(&mut info, &instruction);
+        addresses.retain(|(r, _)| !written.contains(r));
+        loaded_from.retain(|(r, _)| !written.contains(r));
+        let destination = instruction.op0_register().full_register();
+        if instruction.mnemonic() == Mnemonic::Lea && instruction.is_ip_rel_memory_operand() {
+            addresses.push((destination, instruction.ip_rel_memory_address()));
+        } else if let Some(offset) = load_offset(&instruction) {
+            loaded_from.push((destination, offset));
+        }
     }
     Some(Markers {
         default_allocator: default_allocator.filter(|&a| a != 0)?,
         usedpools: usedpools.filter(|&u| u != Usedpools::At(0))?,
     })
+}
+
+/// The full registers `instruction` writes.
+fn written_registers(
+    info: &mut InstructionInfoFactory,
+    instruction: &Instruction,
+) -> Vec<Register> {
+    info.info(instruction)
+        .used_registers()
+        .iter()
+        .filter(|used| {
+            matches!(
+                used.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            )
+        })
+        .map(|used| used.register().full_register())
+        .collect()
 }
 
 /// For `mov offset(%reg), %r64` (a load from a register plus an offset, not the code's
@@ -192,7 +254,8 @@ fn has_memory_operand(instruction: &Instruction) -> bool {
     (0..instruction.op_count()).any(|i| instruction.op_kind(i) == OpKind::Memory)
 }
 
-/// Decodes the text section `data` at `base` and adds every inlined site in it.
+/// Decodes the text section `data` at `base` and adds every inlined site in it, until
+/// [`MAX_INLINED_SITES`] sites or [`MAX_UNRECOGNISED`] unrecognised comparisons.
 fn scan(
     file: &object::File,
     data: &[u8],
@@ -202,20 +265,22 @@ fn scan(
     found: &mut InlinedSites,
 ) {
     let mut decoder = Decoder::with_ip(64, data, base, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
     let mut previous = Instruction::default();
-    // Registers a `lea` of a code position loaded lately (position-independent code
-    // compares with a register, not a constant).
-    let mut addresses: HashMap<Register, u64> = HashMap::new();
+    // Registers a `lea` of the default allocator's address loaded (position-independent
+    // code compares with a register, not a constant), until written again or a branch.
+    let mut holding: Vec<Register> = Vec::new();
     let mut instruction = Instruction::default();
     while decoder.can_decode() {
         decoder.decode_out(&mut instruction);
         if instruction.is_invalid() {
-            addresses.clear();
+            holding.clear();
+            previous = Instruction::default();
             continue;
         }
         if instruction.is_jcc_short_or_near()
             && matches!(instruction.mnemonic(), Mnemonic::Jne | Mnemonic::Je)
-            && compares_with(&previous, markers.default_allocator, &addresses)
+            && compares_with(&previous, markers.default_allocator, &holding)
             && !probed
                 .iter()
                 .any(|&(start, end)| (start..end).contains(&instruction.ip()))
@@ -224,29 +289,31 @@ fn scan(
                 Some(site) => found.sites.push(site),
                 None => found.unrecognised += 1,
             }
-            if found.sites.len() >= MAX_INLINED_SITES {
+            if found.sites.len() >= MAX_INLINED_SITES || found.unrecognised >= MAX_UNRECOGNISED {
                 return;
             }
         }
-        if instruction.mnemonic() == Mnemonic::Lea && instruction.is_ip_rel_memory_operand() {
-            addresses.insert(
-                instruction.op0_register().full_register(),
-                instruction.ip_rel_memory_address(),
-            );
-        } else if addresses.len() > 8 {
-            addresses.clear();
+        if instruction.flow_control() != FlowControl::Next {
+            holding.clear();
+        } else {
+            if !holding.is_empty() {
+                let written = written_registers(&mut info, &instruction);
+                holding.retain(|r| !written.contains(r));
+            }
+            if instruction.mnemonic() == Mnemonic::Lea
+                && instruction.is_ip_rel_memory_operand()
+                && instruction.ip_rel_memory_address() == markers.default_allocator
+            {
+                holding.push(instruction.op0_register().full_register());
+            }
         }
         previous = instruction;
     }
 }
 
 /// True if `instruction` compares a register with `address` (an immediate, or a
-/// register a recent `lea` loaded with it).
-fn compares_with(
-    instruction: &Instruction,
-    address: u64,
-    addresses: &HashMap<Register, u64>,
-) -> bool {
+/// register in `holding`, which holds it).
+fn compares_with(instruction: &Instruction, address: u64, holding: &[Register]) -> bool {
     if instruction.mnemonic() != Mnemonic::Cmp || instruction.op0_kind() != OpKind::Register {
         return false;
     }
@@ -254,7 +321,7 @@ fn compares_with(
         OpKind::Immediate32to64 => instruction.immediate32to64() as u64 == address,
         OpKind::Register => [instruction.op0_register(), instruction.op1_register()]
             .iter()
-            .any(|r| addresses.get(&r.full_register()) == Some(&address)),
+            .any(|r| holding.contains(&r.full_register())),
         _ => false,
     }
 }
@@ -313,7 +380,9 @@ const MAX_PATH_BYTES: usize = MAX_PATH_INSTRUCTIONS * 15;
 /// (times 1), or a constant size class (`Reg::One` times its bytes). Read from its
 /// first instructions up to a branch: the size-class computation `lea -1(%R)` or the
 /// small-request check `cmp $0x200, %R` (`R` untouched until then, so it held the size
-/// at the branch), or a load of one `usedpools` entry (a constant size).
+/// at the branch; a check against 0x1ff is of the size less one, computed earlier, and
+/// tells nothing here
+/// ), or a load of one `usedpools` entry (a constant size).
 fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option<(Reg, u64)> {
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
@@ -348,7 +417,7 @@ fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option<(Reg, u64)
                         instruction.op1_kind(),
                         OpKind::Immediate32to64 | OpKind::Immediate8to64
                     )
-                    && matches!(instruction.immediate(1), 0x1ff | 0x200) =>
+                    && instruction.immediate(1) == 0x200 =>
             {
                 return Some((point::register_code(instruction.op0_register())?, 1));
             }

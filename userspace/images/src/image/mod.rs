@@ -354,7 +354,8 @@ impl AllocatorImage {
                 .iter()
                 .filter(|e| e.point.registers[0] == Reg::One);
             tracing::info!(
-                "{path}: {} sites where PyObject_Malloc is inlined probed at their branch to                  it ({} of a constant size), unless live blocks are tracked",
+                "{path}: {} sites where PyObject_Malloc is inlined probed at their branch to \
+                 it ({} of a constant size), unless live blocks are tracked",
                 self.inlined.len(),
                 constant.count()
             );

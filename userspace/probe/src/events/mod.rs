@@ -5,7 +5,7 @@
 use allocbpf_common::{
     python::{PythonFrameRecord, MAX_PYTHON_FRAMES},
     AllocFn, EventKind, LiveEvent, LostSample, ProcessEvent, PythonStack, SampleEvent,
-    MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN, SAMPLE_FLAG_PYTHON,
+    MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN, SAMPLE_FLAG_INLINED, SAMPLE_FLAG_PYTHON,
 };
 use allocbpf_profile::aggregate::SampledAllocation;
 
@@ -70,6 +70,9 @@ pub struct RawSample {
     pub next_interval: u64,
     /// Recorded with probability 1 (at or above the certain threshold).
     pub certain: bool,
+    /// Sampled at an inlined allocator's site inside its function, not at an entry:
+    /// `stack[0]` is that site (plus one), a frame of its own.
+    pub inlined: bool,
     /// The function called, if known.
     pub function: Option<AllocFn>,
     /// Return addresses, innermost first: the immediate caller (read at `[sp]`), then the
@@ -194,6 +197,7 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
         rate: event.rate,
         next_interval: event.next_interval,
         certain: event.flags & SAMPLE_FLAG_CERTAIN != 0,
+        inlined: event.flags & SAMPLE_FLAG_INLINED != 0,
         function: AllocFn::from_u32(event.alloc_fn),
         stack,
         stack_error: event.stack_error,
@@ -228,6 +232,7 @@ fn decode_lost(bytes: &[u8]) -> Option<RawSample> {
         rate: event.rate,
         next_interval: 0,
         certain: event.flags & SAMPLE_FLAG_CERTAIN != 0,
+        inlined: false,
         function: AllocFn::from_u32(event.alloc_fn),
         stack: Vec::new(),
         stack_error: 0,

@@ -179,8 +179,16 @@ impl Sampler {
             }
         }
         if self.config.live.is_none() {
-            // Plain uprobes (never sessions): an inlined site is no function entry.
-            self.attach_entries(image, &image.inlined, program, &mut attached.links)?;
+            // Plain uprobes (never sessions): an inlined site is no function entry. Best
+            // effort: the image's entries are probed whatever becomes of its sites.
+            if let Err(error) =
+                self.attach_entries(image, &image.inlined, program, &mut attached.links)
+            {
+                tracing::warn!(
+                    "{}: its inlined allocation sites are not probed: {error}",
+                    image.path_in_target.display()
+                );
+            }
         }
         self.attach_entries(image, &image.entries, program, &mut attached.links)
     }
