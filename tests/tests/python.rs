@@ -309,6 +309,22 @@ fn debian_python_threads_and_calls_without_the_gil() -> Result<()> {
     Ok(())
 }
 
+/// Under `PYTHONMALLOC=malloc` the object allocator's pointer is replaced: the sites
+/// where the interpreter inlined `PyObject_Malloc` take the call through it to
+/// `malloc`, which counts it, and must not count it again (the big-int site is made
+/// only there). Every site within its bound, as without it.
+#[test]
+fn debian_python_under_pythonmalloc_malloc_counts_each_allocation_once() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let python = Interpreter {
+        program: PathBuf::from("env"),
+        args: vec!["PYTHONMALLOC=malloc".into(), DEBIAN_PYTHON.into()],
+        script: script(),
+    };
+    check_by_pid(&python, "python-pythonmalloc")
+}
+
 /// The same over every CPython 3.9-3.13 pyenv has built on this machine (each as
 /// `libpython3.x.so`, without link-time optimisation), with the live test too (their
 /// frees are probed where libpython's allocator pointer goes), if any: not required.
