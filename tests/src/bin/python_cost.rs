@@ -28,6 +28,22 @@ use anyhow::{Context, Result};
 /// Rounds of the workload's three sites (100 objects each) per run.
 const SITE_ROUNDS: &str = "20000";
 
+/// allocbpf profiling `pid` with `output` and `extra` flags, once it says it profiles;
+/// its stderr is read on (and kept alive) while it runs.
+fn attach(pid: u32, output: &[&str], extra: &[&str]) -> Result<(Child, Lines)> {
+    let mut child = Command::new(allocbpf_bin())
+        .args(["--pid", &pid.to_string()])
+        .args(output)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut stderr = Lines::spawn(child.stderr.take().context("piped")?);
+    stderr.wait_for("allocbpf: profiling pid", Duration::from_secs(60))?;
+    Ok((child, stderr))
+}
+
 /// One timed run of the workload, with allocbpf attached as `profiler` says.
 fn timed_run(profiler: Option<&[&str]>) -> Result<f64> {
     let script = workspace_root().join("tests/workloads/python_sites.py");
@@ -35,22 +51,9 @@ fn timed_run(profiler: Option<&[&str]>) -> Result<f64> {
         Path::new("/usr/bin/python3.11"),
         &[script.to_str().context("path")?, SITE_ROUNDS],
     )?;
-    let pid = workload.pid.to_string();
-    let attached: Option<(Child, Lines)> = match profiler {
-        None => None,
-        Some(extra) => {
-            let mut child = Command::new(allocbpf_bin())
-                .args(["--pid", &pid, "--output", "/dev/null"])
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()?;
-            let mut stderr = Lines::spawn(child.stderr.take().unwrap());
-            stderr.wait_for("allocbpf: profiling pid", Duration::from_secs(60))?;
-            Some((child, stderr))
-        }
-    };
+    let attached = profiler
+        .map(|extra| attach(workload.pid, &["--output", "/dev/null"], extra))
+        .transpose()?;
     let started = Instant::now();
     workload.go()?;
     workload.wait(Duration::from_secs(600))?;
@@ -84,24 +87,17 @@ fn inlined_run(profiler: Option<&[&str]>, profile: &Path) -> Result<(f64, Option
         Path::new("/usr/bin/python3.11"),
         &["-c", INLINED_LOOP, &iterations],
     )?;
-    let pid = workload.pid.to_string();
     let _ = std::fs::remove_file(profile);
-    let attached = match profiler {
-        None => None,
-        Some(extra) => {
-            let output = profile.to_str().context("path")?;
-            let mut child = Command::new(allocbpf_bin())
-                .args(["--pid", &pid, "--format", "json", "--output", output])
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()?;
-            let mut stderr = Lines::spawn(child.stderr.take().unwrap());
-            stderr.wait_for("allocbpf: profiling pid", Duration::from_secs(60))?;
-            Some((child, stderr))
-        }
-    };
+    let output = profile.to_str().context("path")?;
+    let attached = profiler
+        .map(|extra| {
+            attach(
+                workload.pid,
+                &["--format", "json", "--output", output],
+                extra,
+            )
+        })
+        .transpose()?;
     workload.go()?;
     let line = workload.stdout.wait_for(".", Duration::from_secs(600))?;
     workload.wait(Duration::from_secs(60))?;

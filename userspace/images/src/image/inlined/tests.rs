@@ -1,0 +1,150 @@
+use super::*;
+
+/// Debian's python3.11 `PyObject_Malloc` (non-PIE): the comparison with
+/// `_PyObject_Malloc` at 0x4fb450 and `usedpools` at 0x959d20.
+#[test]
+fn markers_from_a_non_pie_entry() {
+    let code = [
+        0x53, // push %rbx
+        0x48, 0x85, 0xff, // test %rdi,%rdi
+        0x48, 0x8b, 0x05, 0xe7, 0xeb, 0x45, 0x00, // mov 0x45ebe7(%rip),%rax
+        0x48, 0x89, 0xfb, // mov %rdi,%rbx
+        0x48, 0x3d, 0x50, 0xb4, 0x4f, 0x00, // cmp $0x4fb450,%rax
+        0x75, 0x10, // jne
+        0x8d, 0x7b, 0xff, // lea -0x1(%rbx),%edi
+        0xc1, 0xef, 0x04, // shr $0x4,%edi
+        0x8d, 0x04, 0x3f, // lea (%rdi,%rdi,1),%eax
+        0x48, 0x8b, 0x14, 0xc5, 0x20, 0x9d, 0x95, 0x00, // mov 0x959d20(,%rax,8),%rdx
+    ];
+    let markers = markers(&code, 0x4fb350).unwrap();
+    assert_eq!(
+        markers,
+        Markers {
+            default_allocator: 0x4fb450,
+            usedpools: Usedpools::At(0x959d20)
+        }
+    );
+}
+
+/// A position-independent entry compares with a register a `lea` loaded, and
+/// indexes `usedpools` through another.
+#[test]
+fn markers_from_a_pie_entry() {
+    let code = [
+        0x48, 0x8d, 0x15, 0x00, 0x10, 0x00, 0x00, // lea 0x1000(%rip),%rdx
+        0x48, 0x39, 0xd0, // cmp %rdx,%rax
+        0x75, 0x10, // jne
+        0x48, 0x8d, 0x0d, 0x00, 0x20, 0x00, 0x00, // lea 0x2000(%rip),%rcx
+        0x48, 0x8b, 0x14, 0xc1, // mov (%rcx,%rax,8),%rdx
+    ];
+    let markers = markers(&code, 0x1000).unwrap();
+    assert_eq!(markers.default_allocator, 0x1000 + 7 + 0x1000);
+    assert_eq!(markers.usedpools, Usedpools::At(0x100c + 7 + 0x2000));
+}
+
+/// A `PyObject_Malloc` that only calls through the pointer (no link-time
+/// optimisation) has no markers, hence no sites.
+#[test]
+fn no_markers_without_the_inlined_comparison() {
+    let code = [
+        0x48, 0x8b, 0x05, 0x00, 0x10, 0x00, 0x00, // mov 0x1000(%rip),%rax
+        0x48, 0x89, 0xfe, // mov %rdi,%rsi
+        0x48, 0x8b, 0x3d, 0x00, 0x10, 0x00, 0x00, // mov 0x1000(%rip),%rdi
+        0xff, 0xe0, // jmp *%rax
+    ];
+    assert_eq!(markers(&code, 0x1000), None);
+}
+
+/// The size of the inlined path `code` at 0x4fb000 (3.11's markers).
+fn size(code: &[u8]) -> Option<(Reg, u64)> {
+    size_of_path(code, 0x4fb000, Usedpools::At(0x959d20))
+}
+
+/// `mov` of the word at `address` (rip-relative) into %rax, at 0x4fb000.
+fn load_at(address: u64) -> Vec<u8> {
+    let disp = (address - (0x4fb000 + 7)) as u32;
+    let mut mov = vec![0x48, 0x8b, 0x05];
+    mov.extend_from_slice(&disp.to_le_bytes());
+    mov
+}
+
+/// The three starts of an inlined path, and ones that tell nothing.
+#[test]
+fn sizes_of_inlined_paths() {
+    // lea -0x1(%r13),%rax
+    assert_eq!(size(&[0x49, 0x8d, 0x45, 0xff]), Some((Reg::R13, 1)));
+    // cmp $0x200,%r12
+    assert_eq!(
+        size(&[0x49, 0x81, 0xfc, 0x00, 0x02, 0x00, 0x00]),
+        Some((Reg::R12, 1))
+    );
+    // mov 0x959d90(%rip),%rax: usedpools + 0x70, class 7: 128 bytes.
+    assert_eq!(size(&load_at(0x959d90)), Some((Reg::One, 128)));
+    // Misaligned in usedpools, or past it: nothing.
+    assert_eq!(size(&load_at(0x959d98)), None);
+    assert_eq!(size(&load_at(0x959d20 + 1024)), None);
+    // mov %rdi,%rbx, then ret: nothing.
+    assert_eq!(size(&[0x48, 0x89, 0xfb, 0xc3]), None);
+    // lea -0x1(%rsp),%rax: not a size.
+    assert_eq!(size(&[0x48, 0x8d, 0x44, 0x24, 0xff]), None);
+    // mov %rax,%r13, then lea -0x1(%r13),%rax: %r13 no longer holds the size.
+    assert_eq!(size(&[0x49, 0x89, 0xc5, 0x49, 0x8d, 0x45, 0xff]), None);
+}
+
+/// 3.13: the state's pointer is loaded first (`mov 0x2a30(%rax),%r12`), then
+/// either the size is used, or a constant class's entry is loaded from the state.
+#[test]
+fn sizes_of_inlined_paths_with_the_state_in_a_register() {
+    let usedpools = Usedpools::InState {
+        state: 0x2a30,
+        usedpools: 0,
+    };
+    let state_load = [
+        0x48, 0x8b, 0x40, 0x10, // mov 0x10(%rax),%rax
+        0x4c, 0x8b, 0xa0, 0x30, 0x2a, 0x00, 0x00, // mov 0x2a30(%rax),%r12
+    ];
+    // then mov 0x10(%r12),%rax: class 1, 32 bytes.
+    let mut constant = state_load.to_vec();
+    constant.extend_from_slice(&[0x49, 0x8b, 0x44, 0x24, 0x10]);
+    assert_eq!(
+        size_of_path(&constant, 0x1000, usedpools),
+        Some((Reg::One, 32))
+    );
+    // then lea -0x1(%rdi),%rax: the size in %rdi.
+    let mut sized = state_load.to_vec();
+    sized.extend_from_slice(&[0x48, 0x8d, 0x47, 0xff]);
+    assert_eq!(size_of_path(&sized, 0x1000, usedpools), Some((Reg::Rdi, 1)));
+    // mov 0x10(%rax),%rax alone is no state load: nothing.
+    assert_eq!(size_of_path(&state_load[..4], 0x1000, usedpools), None);
+}
+
+/// Debian's python3.11, when this machine has it: well over a hundred sites, all
+/// at emulated branches, none inside a probed entry.
+#[test]
+fn debian_python_has_inlined_sites() {
+    let path = "/usr/bin/python3.11";
+    let Ok(data) = std::fs::read(path) else {
+        return;
+    };
+    let file = object::File::parse(&*data).unwrap();
+    let resolved = super::super::resolve_entries(&file, &data, &Default::default()).unwrap();
+    let found = find(&file, &resolved.entries);
+    assert!(found.sites.len() > 100, "{} sites", found.sites.len());
+    assert!(found.sites.iter().all(|s| s.point.emulated));
+    for site in &found.sites {
+        assert!(resolved
+            .entries
+            .iter()
+            .all(|e| !(e.address..e.address + e.size).contains(&site.address)));
+    }
+    let constant = found
+        .sites
+        .iter()
+        .filter(|s| s.point.registers[0] == Reg::One);
+    assert!(constant.count() > 10);
+    println!(
+        "{} sites, {} unrecognised",
+        found.sites.len(),
+        found.unrecognised
+    );
+}
