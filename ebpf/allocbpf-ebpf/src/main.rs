@@ -240,13 +240,11 @@ fn on_alloc(
     }
     let now = now_of(ctx);
     let entry = entry_of(&now, cookie);
+    // An inlined allocator's site: no function entry, no return.
+    let inlined = shape as u32 == Shape::SmallObject as u32;
     let site = emit::CallSite {
         sp: entry.sp,
-        inlined_ip: if shape as u32 == Shape::SmallObject as u32 {
-            now.ip
-        } else {
-            0
-        },
+        inlined_ip: if inlined { now.ip } else { 0 },
     };
     let kind = cookie.function as u32;
     // Read once: the call, its sample and the sample counter share one epoch.
@@ -287,7 +285,7 @@ fn on_alloc(
     // An inlined small-object site is never a wrapper's nested call (its size class
     // never reaches another probed entry), and leaves a pending wrapper record to the
     // call it describes.
-    if state.forward_sp != 0 && shape as u32 != Shape::SmallObject as u32 {
+    if state.forward_sp != 0 && !inlined {
         let forwarded = is_forwarded(state, &entry);
         // One-shot: the record only ever describes the thread's latest wrapper call.
         state.forward_sp = 0;
@@ -313,7 +311,7 @@ fn on_alloc(
     let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, site, epoch, rate);
     // An inlined site has no return: its block is never awaited (and its plain uprobe
     // arms no return probe whatever this says).
-    if !live || shape as u32 == Shape::SmallObject as u32 {
+    if !live || inlined {
         return skip_return();
     }
     let await_return = live::on_entry(state, pid, shape, size, sample_id, args);

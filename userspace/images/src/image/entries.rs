@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use allocbpf_common::{cookie::NEST_SPAN_UNIT, Shape};
-use object::{Object, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionKind};
 
 use super::{
     calls, cfi, frame, indirect, point, purity, CallFrame, Lookup, ProbedEntry, SkippedEntry,
@@ -81,7 +81,7 @@ pub fn resolve_entries(
             out.entries.push(entry);
         }
     }
-    out.frees = indirect::follow_frees(file, data, std::mem::take(&mut out.frees));
+    out.frees = indirect::follow_frees(file, std::mem::take(&mut out.frees));
     if out.entries.is_empty() {
         return Err(format!(
             "its allocation entries all forward to other files ({})",
@@ -400,6 +400,20 @@ impl<'a> Resolution<'a> {
                     .all(|t| self.shape_of(t).is_some_and(|shape| !resizes(shape))),
         }
     }
+}
+
+/// Up to `len` bytes of code at virtual address `address`: `None` unless a text
+/// section holds it.
+pub(super) fn code_at<'a>(file: &'a object::File, address: u64, len: usize) -> Option<&'a [u8]> {
+    file.sections().find_map(|section| {
+        let (start, size) = (section.address(), section.size());
+        if section.kind() != SectionKind::Text || !(start..start + size).contains(&address) {
+            return None;
+        }
+        let data = section.data().ok()?;
+        let from = (address - start) as usize;
+        data.get(from..(from + len).min(data.len()))
+    })
 }
 
 /// The file offset of virtual address `address`, through the loadable segments.

@@ -18,13 +18,14 @@
 
 use allocbpf_common::{cookie::Reg, Shape};
 use iced_x86::{
-    Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpAccess, OpKind, Register,
+    Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpKind, Register,
 };
 use object::{
     elf, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
 };
 
 use super::{
+    entries::{code_at, file_offset_of},
     point::{self, Input},
     ProbedEntry,
 };
@@ -35,12 +36,12 @@ const MAX_TRAMPOLINE_INSTRUCTIONS: usize = 4;
 /// Replaces each single-stepped deallocation entry of `frees` that only jumps through a
 /// pointer of its image by a probe at the pointer's initial target, when that has an
 /// emulated point; one probe per address (two entries through one pointer share it).
-pub fn follow_frees(file: &object::File, data: &[u8], frees: Vec<ProbedEntry>) -> Vec<ProbedEntry> {
+pub fn follow_frees(file: &object::File, frees: Vec<ProbedEntry>) -> Vec<ProbedEntry> {
     let mut out: Vec<ProbedEntry> = Vec::with_capacity(frees.len());
     for entry in frees {
         let entry = match entry.point.emulated || entry.shape != Shape::Free {
             true => entry,
-            false => through_pointer(file, data, &entry).unwrap_or(entry),
+            false => through_pointer(file, &entry).unwrap_or(entry),
         };
         if !out.iter().any(|e| e.address == entry.address) {
             out.push(entry);
@@ -50,29 +51,24 @@ pub fn follow_frees(file: &object::File, data: &[u8], frees: Vec<ProbedEntry>) -
 }
 
 /// `entry` probed at its pointer's initial target, if it is such a trampoline.
-fn through_pointer(file: &object::File, data: &[u8], entry: &ProbedEntry) -> Option<ProbedEntry> {
-    let code = code_at(file, data, entry.address)?;
+fn through_pointer(file: &object::File, entry: &ProbedEntry) -> Option<ProbedEntry> {
+    let code = code_at(file, entry.address, point::MAX_PROLOGUE_BYTES)?;
     let (slot, argument) = trampoline(code, entry.address, |slot| slot_value(file, slot))?;
     let target = slot_value(file, slot)?;
-    let target_code = code_at(file, data, target)?;
+    // The pointer's target must be code of this image.
+    let target_code = code_at(file, target, point::MAX_PROLOGUE_BYTES)?;
     let point = point::choose(target_code, target, &[Input::Arg(argument)]);
     if !point.emulated {
         return None;
     }
     Some(ProbedEntry {
         symbol: format!("{} (through its pointer, {target:#x})", entry.symbol),
-        file_offset: super::entries::file_offset_of(file, target)?,
+        file_offset: file_offset_of(file, target)?,
         address: target,
         size: 0,
         point,
         ..entry.clone()
     })
-}
-
-/// Up to a prologue's worth of the file's bytes at virtual address `address`.
-fn code_at<'a>(file: &object::File, data: &'a [u8], address: u64) -> Option<&'a [u8]> {
-    let offset = super::entries::file_offset_of(file, address)? as usize;
-    data.get(offset..data.len().min(offset + point::MAX_PROLOGUE_BYTES))
 }
 
 /// If `code` (at `ip`) is straight-line moves ending in a jump through a pointer at an
@@ -118,13 +114,7 @@ fn trampoline(code: &[u8], ip: u64, value_at: impl Fn(u64) -> Option<u64>) -> Op
             holder = instruction.op0_register();
             continue;
         }
-        let written: Vec<Register> = info
-            .info(&instruction)
-            .used_registers()
-            .iter()
-            .filter(|used| !matches!(used.access(), OpAccess::Read | OpAccess::CondRead))
-            .map(|used| used.register().full_register())
-            .collect();
+        let written = point::written_registers(&mut info, &instruction);
         if written.contains(&holder) {
             return None;
         }

@@ -96,6 +96,27 @@ const REGISTERS: [(Register, Reg); 15] = [
     (Register::R15, Reg::R15),
 ];
 
+/// The full registers `instruction` writes (or may write), as iced-x86 describes it.
+pub(crate) fn written_registers(
+    info: &mut InstructionInfoFactory,
+    instruction: &Instruction,
+) -> Vec<Register> {
+    info.info(instruction)
+        .used_registers()
+        .iter()
+        .filter(|used| {
+            matches!(
+                used.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            )
+        })
+        .map(|used| used.register().full_register())
+        .collect()
+}
+
 /// The cookie's code of a general-purpose register (its full 64-bit register), if the
 /// cookie can name it.
 pub(crate) fn register_code(register: Register) -> Option<Reg> {

@@ -27,11 +27,14 @@
 use allocbpf_common::{cookie::Reg, AllocFn, Shape};
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
-    OpAccess, OpKind, Register,
+    OpKind, Register,
 };
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
-use super::{point, ProbePoint, ProbedEntry};
+use super::{
+    entries::{code_at, file_offset_of},
+    point, ProbePoint, ProbedEntry,
+};
 
 /// Most inlined sites probed in one image: a hostile file could repeat the pattern
 /// without end, and each site is a uprobe.
@@ -89,7 +92,7 @@ pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
     let Some(malloc) = entries.iter().find(|e| e.symbol == "PyObject_Malloc") else {
         return found;
     };
-    let Some(code) = bytes_at(
+    let Some(code) = code_at(
         file,
         malloc.address,
         (malloc.size as usize).min(MAX_ENTRY_BYTES),
@@ -105,7 +108,7 @@ pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
         .symbols()
         .find(|symbol| symbol.name() == Ok("_PyObject_Malloc"))
         .map(|symbol| symbol.address());
-    if bytes_at(file, markers.default_allocator, 1).is_none()
+    if code_at(file, markers.default_allocator, 1).is_none()
         || named.is_some_and(|address| address != markers.default_allocator)
     {
         return found;
@@ -202,7 +205,7 @@ fn markers(code: &[u8], ip: u64) -> Option<Markers> {
             }
             _ => break,
         }
-        let written = written_registers(&mut info, &instruction);
+        let written = point::written_registers(&mut info, &instruction);
         addresses.retain(|(r, _)| !written.contains(r));
         loaded_from.retain(|(r, _)| !written.contains(r));
         let destination = instruction.op0_register().full_register();
@@ -216,27 +219,6 @@ fn markers(code: &[u8], ip: u64) -> Option<Markers> {
         default_allocator: default_allocator.filter(|&a| a != 0)?,
         usedpools: usedpools.filter(|&u| u != Usedpools::At(0))?,
     })
-}
-
-/// The full registers `instruction` writes.
-fn written_registers(
-    info: &mut InstructionInfoFactory,
-    instruction: &Instruction,
-) -> Vec<Register> {
-    info.info(instruction)
-        .used_registers()
-        .iter()
-        .filter(|used| {
-            matches!(
-                used.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            )
-        })
-        .map(|used| used.register().full_register())
-        .collect()
 }
 
 /// For `mov offset(%reg), %r64` (a load from a register plus an offset, not the code's
@@ -297,7 +279,7 @@ fn scan(
             holding.clear();
         } else {
             if !holding.is_empty() {
-                let written = written_registers(&mut info, &instruction);
+                let written = point::written_registers(&mut info, &instruction);
                 holding.retain(|r| !written.contains(r));
             }
             if instruction.mnemonic() == Mnemonic::Lea
@@ -437,19 +419,9 @@ fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option<(Reg, u64)
         if instruction.flow_control() != FlowControl::Next {
             return None;
         }
-        for used in info.info(&instruction).used_registers() {
-            if matches!(
-                used.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            ) {
-                let full = used.register().full_register();
-                written.push(full);
-                states.retain(|&r| r != full);
-            }
-        }
+        let now_written = point::written_registers(&mut info, &instruction);
+        states.retain(|r| !now_written.contains(r));
+        written.extend(now_written);
         states.extend(loaded_state);
     }
     None
@@ -484,24 +456,6 @@ fn constant_class(load: &Instruction, usedpools: Usedpools, states: &[Register])
         && offset % SIZE_CLASS_BYTES == 0
         && bytes <= allocbpf_common::PYMALLOC_SMALL_MAX)
         .then_some(bytes)
-}
-
-/// `len` bytes of the file's contents at virtual address `address`.
-fn bytes_at<'a>(file: &'a object::File, address: u64, len: usize) -> Option<&'a [u8]> {
-    file.sections().find_map(|section| {
-        let (start, size) = (section.address(), section.size());
-        if section.kind() != SectionKind::Text || !(start..start + size).contains(&address) {
-            return None;
-        }
-        let data = section.data().ok()?;
-        let from = (address - start) as usize;
-        data.get(from..(from + len).min(data.len()))
-    })
-}
-
-/// The file offset of virtual address `address`.
-fn file_offset_of(file: &object::File, address: u64) -> Option<u64> {
-    super::entries::file_offset_of(file, address)
 }
 
 #[cfg(test)]
