@@ -17,9 +17,20 @@ pub const NO_OFFSET: u32 = u32::MAX;
 /// hold the GIL; a process with more Python threads may get no frames for the rest.
 pub const MAX_PYTHON_THREADS: usize = 32;
 
+/// pymalloc's pool header (`struct pool_header`, the same from 3.9 on): where a pool
+/// keeps the head of its free list...
+pub const POOL_FREEBLOCK: u64 = 8;
+
+/// ...and its next pool in its size class's list (a pool that is its own next is the
+/// empty list's head).
+pub const POOL_NEXTPOOL: u64 = 16;
+
+/// log2 of pymalloc's size-class granularity on 64-bit builds (`ALIGNMENT_SHIFT`).
+pub const PYMALLOC_ALIGNMENT_SHIFT: u64 = 4;
+
 /// How to find and walk one process's Python frames, keyed by its pid in the `PYTHON`
-/// map. Every field but `holder` and `threads_head` is an offset in bytes, or
-/// [`NO_OFFSET`].
+/// map. Every field but `holder`, `threads_head` and `usedpools` is an offset in bytes,
+/// or [`NO_OFFSET`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonWalk {
@@ -31,6 +42,9 @@ pub struct PythonWalk {
     /// (`tstate_head`, `threads.head`): where a thread that allocates without the GIL
     /// (in a C call that released it) finds its own.
     pub threads_head: u64,
+    /// Address in the process of pymalloc's `usedpools` (the main interpreter's), or 0:
+    /// where `--live` predicts the block an inlined small-object site is handed.
+    pub usedpools: u64,
     /// `PyThreadState.next`: the next thread state in that list.
     pub thread_next: u32,
     /// `PyThreadState.native_thread_id` (3.11+): compared with the sampled thread's id,

@@ -20,6 +20,7 @@ use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_probe_read_user};
 use crate::{
     bump,
     call::{is_return_trampoline, Now},
+    python::predicted_block,
     wakeup::wakeup_flags,
     EVENTS, LIVE,
 };
@@ -106,9 +107,21 @@ pub(crate) fn on_return(state: &mut ThreadState, pid: u32, rax: u64) {
         // A successful realloc: the old block died, whether or not it moved.
         free_block(pid, old);
     }
-    if id == 0 {
-        return;
+    if id != 0 {
+        track(pid, address, id);
     }
+}
+
+/// A sampled small object allocated at an inlined site (no return to read its block
+/// from): tracked at the block its allocator is about to hand out.
+#[inline(always)]
+pub(crate) fn on_inlined_site(pid: u32, size: u64, id: u64) {
+    track(pid, predicted_block(pid, size).unwrap_or(0), id);
+}
+
+/// Tracks sample `id` of `pid` at block `address` (0: the block is not known).
+#[inline(always)]
+fn track(pid: u32, address: u64, id: u64) {
     if address == 0 {
         send(EventKind::Untracked, pid, id);
         return;

@@ -309,9 +309,15 @@ fn on_alloc(
     pressure::follow(&mut state.remaining, &mut state.level, level, window);
     let decision = decide(&mut state.remaining, size, level, window);
     let sample_id = emit::emit(ctx, kind, pid_tgid, size, decision, site, epoch, rate);
-    // An inlined site has no return: its block is never awaited (and its plain uprobe
-    // arms no return probe whatever this says).
-    if !live || inlined {
+    if !live {
+        return skip_return();
+    }
+    // An inlined site has no return to await (and its plain uprobe arms no return
+    // probe whatever this says): its block is predicted now.
+    if inlined {
+        if sample_id != 0 {
+            live::on_inlined_site(pid, size, sample_id);
+        }
         return skip_return();
     }
     let await_return = live::on_entry(state, pid, shape, size, sample_id, args);

@@ -13,7 +13,7 @@ use core::ptr::addr_of_mut;
 use allocbpf_common::{
     python::{
         PythonFrameRecord, PythonStatus, PythonWalk, MAX_PYTHON_FRAMES, MAX_PYTHON_PROCESSES,
-        MAX_PYTHON_THREADS, NO_OFFSET,
+        MAX_PYTHON_THREADS, NO_OFFSET, POOL_FREEBLOCK, POOL_NEXTPOOL, PYMALLOC_ALIGNMENT_SHIFT,
     },
     PythonStack, SampleEvent, SAMPLE_FLAG_PYTHON,
 };
@@ -30,6 +30,28 @@ static PYTHON: HashMap<u32, PythonWalk> = HashMap::with_max_entries(MAX_PYTHON_P
 fn read_word(address: u64, offset: u32) -> Option<u64> {
     // SAFETY: a user-memory read through the helper, which faults safely.
     unsafe { bpf_probe_read_user((address.wrapping_add(offset as u64)) as *const u64) }.ok()
+}
+
+/// The block pymalloc's inlined fast path is about to hand out for `size` bytes (1 to
+/// 512) in `pid`: the head of the free list of its size class's first used pool. The
+/// sampled thread holds the GIL at an inlined site, so no other thread takes it first.
+/// `None` when the class has no used pool (a new one will serve it), when the process's
+/// `usedpools` is not known, or a read fails: the sample is then not tracked.
+#[inline(always)]
+pub(crate) fn predicted_block(pid: u32, size: u64) -> Option<u64> {
+    // SAFETY: a live map value, written whole by userspace.
+    let usedpools = unsafe { (*PYTHON.get_ptr(&pid)?).usedpools };
+    if usedpools == 0 || size == 0 {
+        return None;
+    }
+    let class = (size - 1) >> PYMALLOC_ALIGNMENT_SHIFT;
+    let pool = read_word(usedpools.wrapping_add(16 * class), 0)?;
+    let next = read_word(pool.wrapping_add(POOL_NEXTPOOL), 0)?;
+    if next == pool {
+        return None;
+    }
+    let block = read_word(pool.wrapping_add(POOL_FREEBLOCK), 0)?;
+    (block != 0).then_some(block)
 }
 
 /// Whether `pid`'s samples carry Python frames (a [`PythonStack`] at their end).

@@ -1,15 +1,18 @@
 //! What profiling costs a Python program (`cargo xtask bench --parts python`): Debian's
 //! python3.11 running `workloads/python_sites.py` (objects under and over 512 bytes,
 //! through pymalloc and malloc), timed from its go to its exit, bare, under
-//! `allocbpf --pid`, under `allocbpf --pid --budget 1%` and under `allocbpf agent` at its
-//! defaults. Rounds alternate the four; medians and their ratios to bare are printed.
+//! `allocbpf --pid`, under `allocbpf --pid --budget 1%`, under `allocbpf --pid --live`
+//! and under `allocbpf agent` at its defaults. Rounds alternate the first four;
+//! medians and their ratios to bare are printed.
 //!
 //! Then the cost of a probe at a site where the interpreter inlined `PyObject_Malloc`
 //! (the executable is link-time optimised): a loop making one new int (`BIG + i`) per
 //! iteration, timed inside the interpreter, bare, under `--pid --empty-probes` (the
 //! trap's floor: every probe runs an empty program) and under `--pid`; ns per
 //! iteration, the probe hits per iteration (allocbpf's exact call count), and the ratio
-//! allocbpf/floor of the time each adds to bare.
+//! allocbpf/floor of the time each adds to bare. Then the same with `--live`, a loop
+//! making and dropping one 25-item tuple per iteration: allocated where the interpreter
+//! inlined `PyObject_Malloc` and freed where it inlined `PyObject_Free`, both probed.
 
 use std::{
     path::Path,
@@ -67,25 +70,59 @@ fn timed_run(profiler: Option<&[&str]>) -> Result<f64> {
 /// Iterations of the inlined-site loop.
 const INLINED_ITERATIONS: u64 = 2_000_000;
 
-/// The inlined-site loop: prints its pid, waits for a line, makes
-/// [`INLINED_ITERATIONS`] ints of 67 bits, prints ns per iteration.
+/// An inlined-site loop: prints its pid, waits for a line, runs `STATEMENT`
+/// [`INLINED_ITERATIONS`] times, prints ns per iteration.
 const INLINED_LOOP: &str = "import os, sys, time\n\
 BIG = 10**20\n\
+xs = list(range(25))\n\
 print(os.getpid(), flush=True)\n\
 sys.stdin.readline()\n\
 n = int(sys.argv[1])\n\
 start = time.perf_counter_ns()\n\
 for i in range(n):\n\
-\x20   x = BIG + i\n\
+\x20   STATEMENT\n\
 print((time.perf_counter_ns() - start) / n, flush=True)\n";
+
+/// A loop's statement, what it says it does, and the flags of its floor and allocbpf
+/// runs.
+struct InlinedLoop {
+    statement: &'static str,
+    what: &'static str,
+    floor: &'static [&'static str],
+    allocbpf: &'static [&'static str],
+}
+
+/// The loops: a new int a iteration (an inlined allocation; its free is the exported
+/// `PyObject_Free`, not probed without `--live`), and with `--live` a new 25-item tuple
+/// dropped a iteration (an inlined allocation and an inlined free).
+const LOOPS: [InlinedLoop; 2] = [
+    InlinedLoop {
+        statement: "x = BIG + i",
+        what: "an int from an inlined PyObject_Malloc each",
+        floor: &["--empty-probes"],
+        allocbpf: &[],
+    },
+    InlinedLoop {
+        statement: "x = tuple(xs)",
+        what: "with --live, a tuple from an inlined PyObject_Malloc dropped through an \
+               inlined PyObject_Free each",
+        floor: &["--empty-probes", "--live"],
+        allocbpf: &["--live"],
+    },
+];
 
 /// One run of the inlined-site loop with allocbpf attached as `profiler` says: ns per
 /// iteration, and with a profile written, the exact calls it counted.
-fn inlined_run(profiler: Option<&[&str]>, profile: &Path) -> Result<(f64, Option<f64>)> {
+fn inlined_run(
+    statement: &str,
+    profiler: Option<&[&str]>,
+    profile: &Path,
+) -> Result<(f64, Option<f64>)> {
     let iterations = INLINED_ITERATIONS.to_string();
+    let code = INLINED_LOOP.replace("STATEMENT", statement);
     let mut workload = Workload::start(
         Path::new("/usr/bin/python3.11"),
-        &["-c", INLINED_LOOP, &iterations],
+        &["-c", &code, &iterations],
     )?;
     let _ = std::fs::remove_file(profile);
     let output = profile.to_str().context("path")?;
@@ -113,19 +150,20 @@ fn inlined_run(profiler: Option<&[&str]>, profile: &Path) -> Result<(f64, Option
     Ok((ns, calls))
 }
 
-/// The inlined-site part: bare, floor and allocbpf alternate for `rounds` rounds.
-fn inlined_sites(rounds: usize, scratch: &Path) -> Result<()> {
+/// The inlined-site part, per loop: bare, floor and allocbpf alternate for `rounds`
+/// rounds.
+fn inlined_sites(rounds: usize, scratch: &Path, inlined: &InlinedLoop) -> Result<()> {
     let profile = scratch.join("inlined.json");
     let configs: [(&str, Option<&[&str]>); 3] = [
         ("bare", None),
-        ("floor", Some(&["--empty-probes"])),
-        ("allocbpf", Some(&[])),
+        ("floor", Some(inlined.floor)),
+        ("allocbpf", Some(inlined.allocbpf)),
     ];
     let mut ns: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     let mut hits = Vec::new();
     for _ in 0..rounds {
         for (i, (_, profiler)) in configs.iter().enumerate() {
-            let (per_iteration, calls) = inlined_run(*profiler, &profile)?;
+            let (per_iteration, calls) = inlined_run(inlined.statement, *profiler, &profile)?;
             ns[i].push(per_iteration);
             if let (2, Some(calls)) = (i, calls) {
                 hits.push(calls / INLINED_ITERATIONS as f64);
@@ -134,8 +172,8 @@ fn inlined_sites(rounds: usize, scratch: &Path) -> Result<()> {
     }
     let [bare, floor, allocbpf] = [median(&ns[0]), median(&ns[1]), median(&ns[2])];
     println!(
-        "python3.11 `x = BIG + i` ({INLINED_ITERATIONS} iterations, an int from an inlined \
-         PyObject_Malloc each), median of {rounds}:"
+        "python3.11 `{}` ({INLINED_ITERATIONS} iterations, {}), median of {rounds}:",
+        inlined.statement, inlined.what
     );
     for ((name, _), runs) in configs.iter().zip(&ns) {
         println!(
@@ -144,8 +182,8 @@ fn inlined_sites(rounds: usize, scratch: &Path) -> Result<()> {
         );
     }
     println!(
-        "  probe hits per iteration {:.2}; added to bare: floor {:.1} ns, allocbpf {:.1} ns, \
-         allocbpf/floor {:.3} (whole iterations: {:.3})",
+        "  allocation probe hits per iteration {:.2}; added to bare: floor {:.1} ns, \
+         allocbpf {:.1} ns, allocbpf/floor {:.3} (whole iterations: {:.3})",
         median(&hits),
         floor - bare,
         allocbpf - bare,
@@ -158,10 +196,11 @@ fn inlined_sites(rounds: usize, scratch: &Path) -> Result<()> {
 fn main() -> Result<()> {
     let rounds = rounds_arg(5)?;
     let scratch = scratch_dir("python-cost");
-    let configs: [(&str, Option<&[&str]>); 3] = [
+    let configs: [(&str, Option<&[&str]>); 4] = [
         ("bare", None),
         ("--pid", Some(&[])),
         ("--pid --budget 1%", Some(&["--budget", "1%"])),
+        ("--pid --live", Some(&["--live"])),
     ];
     let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); configs.len() + 1];
     for _ in 0..rounds {
@@ -188,5 +227,8 @@ fn main() -> Result<()> {
             m / bare
         );
     }
-    inlined_sites(rounds, &scratch)
+    for inlined in &LOOPS {
+        inlined_sites(rounds, &scratch, inlined)?;
+    }
+    Ok(())
 }

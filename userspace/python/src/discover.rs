@@ -10,10 +10,13 @@
 use std::{collections::HashMap, ops::Range, path::Path};
 
 use allocbpf_common::python::{PythonWalk, NO_OFFSET};
-use allocbpf_images::procfs::{self, MapsEntry};
+use allocbpf_images::{
+    image::inlined::{self, Usedpools},
+    procfs::{self, MapsEntry},
+};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use crate::{layout::Layout, memory::ProcessMemory};
+use crate::{layout::Layout, memory::ProcessMemory, pools::usedpools_address};
 
 /// Where libc's thread descriptor (`struct pthread`) keeps the kernel thread id in
 /// glibc on x86-64; used before 3.11 (no `native_thread_id`) when the descriptor of
@@ -97,6 +100,8 @@ pub struct InterpreterFile {
     eval_loop: Option<(u64, u64)>,
     /// The lowest address of its loadable segments (mapped at file offset 0).
     first_address: u64,
+    /// Where its pymalloc's `usedpools` is, when its allocator is inlined.
+    usedpools: Option<Usedpools>,
 }
 
 /// Most interpreter files remembered (by device and inode): a host runs a handful of
@@ -184,6 +189,7 @@ fn examine(
         unicode_type: symbol("PyUnicode_Type").map(|(address, _)| address),
         eval_loop: symbol("_PyEval_EvalFrameDefault"),
         first_address: elf.segments().map(|s| s.address()).min().unwrap_or(0),
+        usedpools: inlined::usedpools(&elf),
     }))
 }
 
@@ -205,7 +211,12 @@ fn in_process(
         pid,
         minor,
         layout,
-        walk: walk_of(pid, layout, bias.wrapping_add(file.runtime))?,
+        walk: walk_of(
+            pid,
+            layout,
+            bias.wrapping_add(file.runtime),
+            |memory, interpreter| usedpools_address(memory, file.usedpools, bias, interpreter),
+        )?,
         code_type: bias.wrapping_add(file.code_type),
         unicode_type: file.unicode_type.map(|a| bias.wrapping_add(a)),
         eval_loop: file
@@ -239,8 +250,14 @@ fn read_u32(elf: &object::File, address: u64) -> Option<u32> {
     })
 }
 
-/// The walk of process `pid` whose `_PyRuntime` is at `runtime`.
-fn walk_of(pid: u32, layout: &Layout, runtime: u64) -> Result<PythonWalk, PythonError> {
+/// The walk of process `pid` whose `_PyRuntime` is at `runtime`, and whose `usedpools`
+/// address `usedpools` tells from the main interpreter's address.
+fn walk_of(
+    pid: u32,
+    layout: &Layout,
+    runtime: u64,
+    usedpools: impl Fn(&ProcessMemory, u64) -> u64,
+) -> Result<PythonWalk, PythonError> {
     let memory = ProcessMemory::new(pid);
     let unreadable = |what| PythonError::Unreadable { pid, what };
     let interpreter = memory
@@ -267,6 +284,7 @@ fn walk_of(pid: u32, layout: &Layout, runtime: u64) -> Result<PythonWalk, Python
     Ok(PythonWalk {
         holder,
         threads_head: interpreter + layout.interpreter_threads_head as u64,
+        usedpools: usedpools(&memory, interpreter),
         thread_next: layout.thread_next,
         thread_native_id: opt(layout.thread_native_id),
         thread_pthread: layout.thread_pthread,

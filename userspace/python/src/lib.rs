@@ -11,10 +11,12 @@
 //!   hostile input;
 //! - [`linetable`]: the line of an instruction, from the code object's line table in
 //!   each version's format;
-//! - [`memory`]: bounded reads of another process's memory.
+//! - [`memory`]: bounded reads of another process's memory;
+//! - [`pools`]: where pymalloc's used pools are, for `--live` at inlined sites.
 
 pub mod code;
 pub mod discover;
 pub mod layout;
 pub mod linetable;
 pub mod memory;
+pub mod pools;

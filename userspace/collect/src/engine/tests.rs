@@ -69,6 +69,7 @@ fn image(key: ImageKey) -> AllocatorImage {
         entries: Vec::new(),
         frees: Vec::new(),
         inlined: Vec::new(),
+        inlined_frees: Vec::new(),
         skipped: Vec::new(),
     }
 }

@@ -204,10 +204,11 @@ pub struct AllocatorImage {
     pub entries: Vec<ProbedEntry>,
     /// Deallocation entries, probed when live blocks are tracked.
     pub frees: Vec<ProbedEntry>,
-    /// Allocation sites inlined into other functions ([`inlined`]): probed unless live
-    /// blocks are tracked (a site has no return to read its block from, so its blocks
-    /// could never be paired with their frees).
+    /// Allocation sites inlined into other functions ([`inlined`]), probed by plain
+    /// uprobes (a site has no return: with live tracking, its block is predicted).
     pub inlined: Vec<ProbedEntry>,
+    /// Deallocation sites inlined into other functions, probed with live tracking.
+    pub inlined_frees: Vec<ProbedEntry>,
     /// Entries defined but not probed: every call they make is counted where it lands.
     pub skipped: Vec<SkippedEntry>,
 }
@@ -278,12 +279,14 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
         .any(|symbol| symbol.name() == Ok("runtime.mallocgc"));
     let image = match resolve_entries(&file, &data, lookup) {
         Ok(found) => {
-            let inlined = inlined::find(&file, &found.entries);
+            let inlined = inlined::find(&file, &found.entries, &found.frees);
             if inlined.unrecognised > 0 {
                 tracing::debug!(
-                    "{}: {} inlined PyObject_Malloc sites probed, {} not understood",
+                    "{}: {} inlined PyObject_Malloc and {} PyObject_Free sites probed, {} \
+                     not understood",
                     path_in_target.display(),
                     inlined.sites.len(),
+                    inlined.frees.len(),
                     inlined.unrecognised
                 );
             }
@@ -295,6 +298,7 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
                 entries: found.entries,
                 frees: found.frees,
                 inlined: inlined.sites,
+                inlined_frees: inlined.frees,
                 skipped: found.skipped,
             })
         }
@@ -355,9 +359,11 @@ impl AllocatorImage {
                 .filter(|e| e.point.registers[0] == Reg::One);
             tracing::info!(
                 "{path}: {} sites where PyObject_Malloc is inlined probed at their branch to \
-                 it ({} of a constant size), unless live blocks are tracked",
+                 it ({} of a constant size); {} where PyObject_Free is, if live blocks are \
+                 tracked",
                 self.inlined.len(),
-                constant.count()
+                constant.count(),
+                self.inlined_frees.len()
             );
         }
         for skipped in &self.skipped {

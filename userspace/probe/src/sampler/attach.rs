@@ -44,6 +44,13 @@ impl ImageLinks {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Moves `other`'s links into these.
+    fn append(&mut self, mut other: ImageLinks) {
+        self.uprobes.append(&mut other.uprobes);
+        self.sessions.append(&mut other.sessions);
+        self.fd_probes += other.fd_probes;
+    }
 }
 
 /// Attaches `program(entry)` at every entry of `entries` through `programs`' links:
@@ -160,11 +167,36 @@ impl Sampler {
                 entry.shape.program()
             }
         };
-        if self.config.live.is_some() {
+        let live = self.config.live.is_some();
+        // Plain uprobes (never sessions): an inlined site is no function entry. Best
+        // effort: the image's entries are probed whatever becomes of its sites. With
+        // live tracking the inlined frees go with the inlined sites: a block predicted
+        // at a site must be seen freed wherever it dies.
+        let mut sites = ImageLinks::default();
+        let inlined = match live {
+            true => self
+                .attach_entries(image, &image.inlined_frees, program, &mut sites)
+                .and_then(|()| self.attach_entries(image, &image.inlined, program, &mut sites)),
+            false => self.attach_entries(image, &image.inlined, program, &mut sites),
+        };
+        match inlined {
+            Ok(()) => {
+                attached.links.append(sites);
+                attached.frees += if live { image.inlined_frees.len() } else { 0 };
+            }
+            Err(error) => {
+                self.detach(sites);
+                tracing::warn!(
+                    "{}: its inlined allocation sites are not probed: {error}",
+                    image.path_in_target.display()
+                );
+            }
+        }
+        if live {
             self.attach_entries(image, &image.frees, program, &mut attached.links)?;
             attached.frees += image.frees.len();
         }
-        if self.config.live.is_some() && !empty {
+        if live && !empty {
             if self.session_programs.is_some() {
                 attached.live_mode = LiveMode::Session;
                 return self.attach_sessions(image, &mut attached.links);
@@ -176,18 +208,6 @@ impl Sampler {
             for entry in &image.entries {
                 let link = self.attach_uprobe("probe_return", entry, 0, image)?;
                 attached.links.uprobes.push(link);
-            }
-        }
-        if self.config.live.is_none() {
-            // Plain uprobes (never sessions): an inlined site is no function entry. Best
-            // effort: the image's entries are probed whatever becomes of its sites.
-            if let Err(error) =
-                self.attach_entries(image, &image.inlined, program, &mut attached.links)
-            {
-                tracing::warn!(
-                    "{}: its inlined allocation sites are not probed: {error}",
-                    image.path_in_target.display()
-                );
             }
         }
         self.attach_entries(image, &image.entries, program, &mut attached.links)

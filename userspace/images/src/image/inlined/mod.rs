@@ -13,9 +13,10 @@
 //! - `lea -1(%R), ...` or `cmp $0x200, %R` (the size-class computation or the small
 //!   request check): the size is in register `R` at the branch;
 //! - a load of `usedpools[2 * class]` at a constant address: the compiler folded a
-//!   constant size into the site, and only its size class remains, `16 * (class + 1)`
-//!   bytes (the block pymalloc gives it; the request was at most that and more than
-//!   16 bytes less).
+//!   constant size into the site. The request is the constant the other path (the
+//!   hooked allocator's call) passes in `%rsi`, when found and in the class; else the
+//!   class's `16 * (class + 1)` bytes stand for it (the block pymalloc gives it; the
+//!   request was at most that and more than 16 bytes less).
 //!
 //! The default allocator's address and `usedpools` come from the exported
 //! `PyObject_Malloc`, which holds the same comparison and the same indexed load. An
@@ -23,6 +24,11 @@
 //! link-time optimisation: every allocation calls the exported function) has no sites.
 //! Everything else is skipped and counted; the sites are bounded
 //! ([`MAX_INLINED_SITES`]) since the file is another user's input.
+//!
+//! `PyObject_Free` is inlined the same way, compared with `_PyObject_Free`: its sites
+//! ([`free`]) retire tracked blocks under `--live`. A site's block, which it has no
+//! return to give, is predicted at the branch from `usedpools` ([`Usedpools`], which
+//! the process's Python registration resolves to an address).
 
 use allocbpf_common::{cookie::Reg, AllocFn, Shape};
 use iced_x86::{
@@ -35,6 +41,8 @@ use super::{
     entries::{code_at, file_offset_of},
     point, ProbePoint, ProbedEntry,
 };
+
+mod free;
 
 /// Most inlined sites probed in one image: a hostile file could repeat the pattern
 /// without end, and each site is a uprobe.
@@ -59,10 +67,12 @@ const SIZE_CLASS_BYTES: u64 = 16;
 /// What [`find`] found in one image.
 #[derive(Clone, Debug, Default)]
 pub struct InlinedSites {
-    /// The sites to probe.
+    /// The allocation sites to probe.
     pub sites: Vec<ProbedEntry>,
-    /// Comparisons with the default allocator whose inlined path did not start in a
-    /// way this module reads (left unprobed).
+    /// The deallocation sites, probed with live tracking (inlined `PyObject_Free`).
+    pub frees: Vec<ProbedEntry>,
+    /// Comparisons with the default allocator or deallocator whose inlined path did
+    /// not start in a way this module reads (left unprobed).
     pub unrecognised: usize,
 }
 
@@ -75,19 +85,41 @@ struct Markers {
     usedpools: Usedpools,
 }
 
-/// Where pymalloc's `usedpools` array is.
+/// Where pymalloc's `usedpools` array is: a pair of pool pointers per size class, the
+/// first of which is the pool a small allocation of that class is served from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Usedpools {
-    /// At a fixed address (up to 3.12: a static array).
+pub enum Usedpools {
+    /// At a fixed address of the file (up to 3.12: a static array).
     At(u64),
-    /// At offset `usedpools` of the allocator state whose pointer is loaded from offset
-    /// `state` of another structure (3.13: the interpreter's `obmalloc`).
-    InState { state: u64, usedpools: u64 },
+    /// At offset `usedpools` of the allocator state whose pointer is at offset `state`
+    /// of the interpreter (3.13: `PyInterpreterState.obmalloc`).
+    InState {
+        /// Offset of the state's pointer in the interpreter.
+        state: u64,
+        /// Offset of `usedpools` in the state.
+        usedpools: u64,
+    },
 }
 
-/// Finds the inlined copies of `PyObject_Malloc` in `file`, whose probed entries are
-/// `entries` (a file that does not probe `PyObject_Malloc` has none).
-pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
+/// Where `usedpools` is in `file`, read from its exported `PyObject_Malloc` when that
+/// has the inlined allocator (a link-time optimised interpreter; otherwise no site
+/// needs it).
+pub fn usedpools(file: &object::File) -> Option<Usedpools> {
+    let symbol = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("PyObject_Malloc") && s.is_definition())?;
+    let code = code_at(
+        file,
+        symbol.address(),
+        (symbol.size() as usize).clamp(1, MAX_ENTRY_BYTES),
+    )?;
+    Some(markers(code, symbol.address())?.usedpools)
+}
+
+/// Finds the inlined copies of `PyObject_Malloc` and `PyObject_Free` in `file`, whose
+/// probed entries are `entries` and `frees` (a file that does not probe
+/// `PyObject_Malloc` has none).
+pub fn find(file: &object::File, entries: &[ProbedEntry], frees: &[ProbedEntry]) -> InlinedSites {
     let mut found = InlinedSites::default();
     let Some(malloc) = entries.iter().find(|e| e.symbol == "PyObject_Malloc") else {
         return found;
@@ -113,10 +145,13 @@ pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
     {
         return found;
     }
-    let probed: Vec<(u64, u64)> = entries
-        .iter()
-        .map(|e| (e.address, e.address + e.size.max(1)))
-        .collect();
+    let span = |e: &ProbedEntry| (e.address, e.address + e.size.max(1));
+    let targets = Targets {
+        markers,
+        default_free: free::default_free(file),
+        probed: entries.iter().map(span).collect(),
+        probed_frees: frees.iter().map(span).collect(),
+    };
     let mut budget = MAX_DECODED_BYTES;
     for section in file.sections() {
         if section.kind() != SectionKind::Text {
@@ -127,8 +162,8 @@ pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
         };
         let data = &data[..data.len().min(budget)];
         budget -= data.len();
-        scan(file, data, section.address(), markers, &probed, &mut found);
-        if found.sites.len() >= MAX_INLINED_SITES
+        scan(file, data, section.address(), &targets, &mut found);
+        if found.sites.len() + found.frees.len() >= MAX_INLINED_SITES
             || found.unrecognised >= MAX_UNRECOGNISED
             || budget == 0
         {
@@ -144,6 +179,21 @@ pub fn find(file: &object::File, entries: &[ProbedEntry]) -> InlinedSites {
 /// follows, and the first load indexed by 8 from a constant address (or from such a
 /// register, or from a register loaded from another plus an offset: the state).
 fn markers(code: &[u8], ip: u64) -> Option<Markers> {
+    let (default_allocator, usedpools) = entry_facts(code, ip, true);
+    Some(Markers {
+        default_allocator: default_allocator?,
+        usedpools: usedpools?,
+    })
+}
+
+/// The default function an entry (`code` at `ip`) compares its domain's pointer with,
+/// as [`markers`] finds it.
+fn compared_default(code: &[u8], ip: u64) -> Option<u64> {
+    entry_facts(code, ip, false).0
+}
+
+/// [`markers`]' search: the compared default, and `usedpools` if `with_usedpools`.
+fn entry_facts(code: &[u8], ip: u64, with_usedpools: bool) -> (Option<u64>, Option<Usedpools>) {
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     // Registers holding a `lea`'s address, and registers loaded from a register plus
@@ -158,7 +208,9 @@ fn markers(code: &[u8], ip: u64) -> Option<Markers> {
     };
     let (mut default_allocator, mut usedpools) = (None, None);
     let mut compared: Option<u64> = None;
-    while decoder.can_decode() && (default_allocator.is_none() || usedpools.is_none()) {
+    while decoder.can_decode()
+        && (default_allocator.is_none() || (with_usedpools && usedpools.is_none()))
+    {
         let instruction = decoder.decode();
         if instruction.is_invalid() {
             break;
@@ -179,7 +231,8 @@ fn markers(code: &[u8], ip: u64) -> Option<Markers> {
                 _ => None,
             };
         }
-        if usedpools.is_none()
+        if with_usedpools
+            && usedpools.is_none()
             && has_memory_operand(&instruction)
             && instruction.memory_index() != Register::None
             && instruction.memory_index_scale() == 8
@@ -215,10 +268,10 @@ fn markers(code: &[u8], ip: u64) -> Option<Markers> {
             loaded_from.push((destination, offset));
         }
     }
-    Some(Markers {
-        default_allocator: default_allocator.filter(|&a| a != 0)?,
-        usedpools: usedpools.filter(|&u| u != Usedpools::At(0))?,
-    })
+    (
+        default_allocator.filter(|&a| a != 0),
+        usedpools.filter(|&u| u != Usedpools::At(0)),
+    )
 }
 
 /// For `mov offset(%reg), %r64` (a load from a register plus an offset, not the code's
@@ -236,22 +289,32 @@ fn has_memory_operand(instruction: &Instruction) -> bool {
     (0..instruction.op_count()).any(|i| instruction.op_kind(i) == OpKind::Memory)
 }
 
+/// What [`scan`] looks for: the comparisons with the default allocator and
+/// deallocator, outside the entries probed anyway.
+struct Targets {
+    markers: Markers,
+    /// `_PyObject_Free`'s address, as the exported `PyObject_Free` compares with it.
+    default_free: Option<u64>,
+    /// The probed allocation entries' spans.
+    probed: Vec<(u64, u64)>,
+    /// The probed deallocation entries' spans.
+    probed_frees: Vec<(u64, u64)>,
+}
+
 /// Decodes the text section `data` at `base` and adds every inlined site in it, until
 /// [`MAX_INLINED_SITES`] sites or [`MAX_UNRECOGNISED`] unrecognised comparisons.
-fn scan(
-    file: &object::File,
-    data: &[u8],
-    base: u64,
-    markers: Markers,
-    probed: &[(u64, u64)],
-    found: &mut InlinedSites,
-) {
+fn scan(file: &object::File, data: &[u8], base: u64, targets: &Targets, found: &mut InlinedSites) {
+    let defaults = [
+        Some(targets.markers.default_allocator),
+        targets.default_free,
+    ];
+    let inside = |spans: &[(u64, u64)], ip: u64| spans.iter().any(|&(s, e)| (s..e).contains(&ip));
     let mut decoder = Decoder::with_ip(64, data, base, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut previous = Instruction::default();
-    // Registers a `lea` of the default allocator's address loaded (position-independent
-    // code compares with a register, not a constant), until written again or a branch.
-    let mut holding: Vec<Register> = Vec::new();
+    // Registers a `lea` of a default's address loaded (position-independent code
+    // compares with a register, not a constant), until written again or a branch.
+    let mut holding: Vec<(Register, u64)> = Vec::new();
     let mut instruction = Instruction::default();
     while decoder.can_decode() {
         decoder.decode_out(&mut instruction);
@@ -260,52 +323,72 @@ fn scan(
             previous = Instruction::default();
             continue;
         }
-        if instruction.is_jcc_short_or_near()
-            && matches!(instruction.mnemonic(), Mnemonic::Jne | Mnemonic::Je)
-            && compares_with(&previous, markers.default_allocator, &holding)
-            && !probed
-                .iter()
-                .any(|&(start, end)| (start..end).contains(&instruction.ip()))
+        let compared = (instruction.is_jcc_short_or_near()
+            && matches!(instruction.mnemonic(), Mnemonic::Jne | Mnemonic::Je))
+        .then(|| compared_with(&previous, &defaults, &holding))
+        .flatten();
+        let ip = instruction.ip();
+        let site = match compared {
+            Some(a) if a == targets.markers.default_allocator && !inside(&targets.probed, ip) => {
+                Some(site(file, data, base, &instruction, targets.markers).map(|s| (s, false)))
+            }
+            Some(_) if !inside(&targets.probed_frees, ip) => {
+                Some(free::site(file, data, base, &instruction).map(|s| (s, true)))
+            }
+            _ => None,
+        };
+        match site {
+            Some(Some((site, false))) => found.sites.push(site),
+            Some(Some((site, true))) => found.frees.push(site),
+            Some(None) => found.unrecognised += 1,
+            None => {}
+        }
+        if found.sites.len() + found.frees.len() >= MAX_INLINED_SITES
+            || found.unrecognised >= MAX_UNRECOGNISED
         {
-            match site(file, data, base, &instruction, markers) {
-                Some(site) => found.sites.push(site),
-                None => found.unrecognised += 1,
-            }
-            if found.sites.len() >= MAX_INLINED_SITES || found.unrecognised >= MAX_UNRECOGNISED {
-                return;
-            }
+            return;
         }
         if instruction.flow_control() != FlowControl::Next {
             holding.clear();
         } else {
             if !holding.is_empty() {
                 let written = point::written_registers(&mut info, &instruction);
-                holding.retain(|r| !written.contains(r));
+                holding.retain(|(r, _)| !written.contains(r));
             }
-            if instruction.mnemonic() == Mnemonic::Lea
-                && instruction.is_ip_rel_memory_operand()
-                && instruction.ip_rel_memory_address() == markers.default_allocator
-            {
-                holding.push(instruction.op0_register().full_register());
+            if instruction.mnemonic() == Mnemonic::Lea && instruction.is_ip_rel_memory_operand() {
+                let address = instruction.ip_rel_memory_address();
+                if defaults.contains(&Some(address)) {
+                    holding.push((instruction.op0_register().full_register(), address));
+                }
             }
         }
         previous = instruction;
     }
 }
 
-/// True if `instruction` compares a register with `address` (an immediate, or a
-/// register in `holding`, which holds it).
-fn compares_with(instruction: &Instruction, address: u64, holding: &[Register]) -> bool {
+/// The default among `defaults` that `instruction` compares a register with (an
+/// immediate, or a register in `holding`, which holds it).
+fn compared_with(
+    instruction: &Instruction,
+    defaults: &[Option<u64>],
+    holding: &[(Register, u64)],
+) -> Option<u64> {
     if instruction.mnemonic() != Mnemonic::Cmp || instruction.op0_kind() != OpKind::Register {
-        return false;
+        return None;
     }
-    match instruction.op1_kind() {
-        OpKind::Immediate32to64 => instruction.immediate32to64() as u64 == address,
+    let address = match instruction.op1_kind() {
+        OpKind::Immediate32to64 => instruction.immediate32to64() as u64,
         OpKind::Register => [instruction.op0_register(), instruction.op1_register()]
             .iter()
-            .any(|r| holding.contains(&r.full_register())),
-        _ => false,
-    }
+            .find_map(|r| {
+                holding
+                    .iter()
+                    .find(|(h, _)| *h == r.full_register())
+                    .map(|(_, a)| *a)
+            })?,
+        _ => return None,
+    };
+    defaults.contains(&Some(address)).then_some(address)
 }
 
 /// The probed site of the branch `jump`, if its inlined path starts in a way that
@@ -324,7 +407,22 @@ fn site(
     };
     let start = path.checked_sub(base)? as usize;
     let code = data.get(start..(start + MAX_PATH_BYTES).min(data.len()))?;
-    let (register, multiplier) = size_of_path(code, path, markers.usedpools)?;
+    let (register, mut multiplier) = size_of_path(code, path, markers.usedpools)?;
+    if register == Reg::One {
+        // A constant size: the class's bytes, or the request itself where the hooked
+        // path passes it.
+        let hooked = match jump.mnemonic() {
+            Mnemonic::Jne => jump.near_branch_target(),
+            _ => jump.next_ip(),
+        };
+        let request = hooked
+            .checked_sub(base)
+            .and_then(|start| data.get(start as usize..))
+            .and_then(|code| constant_request(code, hooked, data, base));
+        if let Some(request) = request.filter(|&r| in_class(r, multiplier)) {
+            multiplier = request;
+        }
+    }
     let at = (jump.ip() - base) as usize;
     let bytes = data.get(at..at + jump.len())?;
     let file_offset = file_offset_of(file, jump.ip())?;
@@ -423,6 +521,65 @@ fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option<(Reg, u64)
         states.retain(|r| !now_written.contains(r));
         written.extend(now_written);
         states.extend(loaded_state);
+    }
+    None
+}
+
+/// True if a request of `bytes` is served from the size class of `class_bytes`.
+fn in_class(bytes: u64, class_bytes: u64) -> bool {
+    bytes > class_bytes.saturating_sub(SIZE_CLASS_BYTES) && bytes <= class_bytes
+}
+
+/// Instructions of a hooked path read at most for its constant request.
+const MAX_HOOKED_INSTRUCTIONS: usize = 8;
+
+/// The constant size the hooked path `code` (at `ip`, in the section `data` at
+/// `base`) passes to the domain's allocator: the value `%rsi` holds at its first
+/// indirect call, set by `mov $imm` (directly or through another register) on its
+/// straight-line path; one unconditional jump is followed.
+fn constant_request(code: &[u8], ip: u64, data: &[u8], base: u64) -> Option<u64> {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    let mut constants: Vec<(Register, u64)> = Vec::new();
+    let mut jumped = false;
+    for _ in 0..MAX_HOOKED_INSTRUCTIONS {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            return None;
+        }
+        match instruction.flow_control() {
+            FlowControl::IndirectCall => {
+                return constants
+                    .iter()
+                    .find(|(r, _)| *r == Register::RSI)
+                    .map(|(_, v)| *v);
+            }
+            FlowControl::UnconditionalBranch if !jumped && instruction.is_jmp_short_or_near() => {
+                jumped = true;
+                let target = instruction.near_branch_target();
+                let start = target.checked_sub(base)? as usize;
+                decoder = Decoder::with_ip(64, data.get(start..)?, target, DecoderOptions::NONE);
+                continue;
+            }
+            FlowControl::Next => {}
+            _ => return None,
+        }
+        let value = match (instruction.mnemonic(), instruction.op1_kind()) {
+            (
+                Mnemonic::Mov,
+                OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64,
+            ) => Some(instruction.immediate(1)),
+            (Mnemonic::Mov, OpKind::Register) => constants
+                .iter()
+                .find(|(r, _)| *r == instruction.op1_register().full_register())
+                .map(|(_, v)| *v),
+            _ => None,
+        };
+        let written = point::written_registers(&mut info, &instruction);
+        constants.retain(|(r, _)| !written.contains(r));
+        if let (Some(value), OpKind::Register) = (value, instruction.op0_kind()) {
+            constants.push((instruction.op0_register().full_register(), value));
+        }
     }
     None
 }

@@ -128,7 +128,7 @@ fn debian_python_has_inlined_sites() {
     };
     let file = object::File::parse(&*data).unwrap();
     let resolved = super::super::resolve_entries(&file, &data, &Default::default()).unwrap();
-    let found = find(&file, &resolved.entries);
+    let found = find(&file, &resolved.entries, &resolved.frees);
     assert!(found.sites.len() > 100, "{} sites", found.sites.len());
     assert!(found.sites.iter().all(|s| s.point.emulated));
     for site in &found.sites {
@@ -137,14 +137,96 @@ fn debian_python_has_inlined_sites() {
             .iter()
             .all(|e| !(e.address..e.address + e.size).contains(&site.address)));
     }
-    let constant = found
+    let constant: Vec<_> = found
         .sites
         .iter()
-        .filter(|s| s.point.registers[0] == Reg::One);
-    assert!(constant.count() > 10);
+        .filter(|s| s.point.registers[0] == Reg::One)
+        .collect();
+    assert!(constant.len() > 10);
+    // Most constant sites know their request exactly (not a multiple of 16).
+    let exact = constant.iter().filter(|s| s.size % 16 != 0).count();
+    println!("{exact} of {} constant sites exact", constant.len());
+    // Its inlined frees: dozens, at emulated branches, none in a probed free entry,
+    // each with its block in a register.
+    assert!(found.frees.len() > 30, "{} frees", found.frees.len());
+    assert!(found.frees.iter().all(|s| s.point.emulated));
+    assert!(found.frees.iter().all(|s| s.point.registers[0] != Reg::One));
+    for site in &found.frees {
+        assert!(resolved
+            .frees
+            .iter()
+            .all(|e| !(e.address..e.address + e.size).contains(&site.address)));
+    }
     println!(
-        "{} sites, {} unrecognised",
+        "{} sites, {} frees, {} unrecognised",
         found.sites.len(),
+        found.frees.len(),
         found.unrecognised
     );
+}
+
+/// Any interpreter named by `ALLOCBPF_PYTHON_IMAGE` (a manual check of other builds).
+#[test]
+fn sites_of_a_named_interpreter() {
+    let Ok(path) = std::env::var("ALLOCBPF_PYTHON_IMAGE") else {
+        return;
+    };
+    let data = std::fs::read(&path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let resolved = super::super::resolve_entries(&file, &data, &Default::default()).unwrap();
+    let found = find(&file, &resolved.entries, &resolved.frees);
+    println!(
+        "{path}: {} sites, {} frees, {} unrecognised, usedpools {:?}",
+        found.sites.len(),
+        found.frees.len(),
+        found.unrecognised,
+        usedpools(&file)
+    );
+    for e in found
+        .sites
+        .iter()
+        .filter(|s| s.point.registers[0] == Reg::One)
+    {
+        println!("constant site {:#x} {}", e.address, e.size);
+    }
+}
+
+/// The constant a hooked path passes in `%rsi` to the domain's allocator (Debian 3.11's
+/// paths: directly, through `%rbp`, and after a jump).
+#[test]
+fn constant_requests_of_hooked_paths() {
+    let direct = [
+        0xbe, 0x78, 0x00, 0x00, 0x00, // mov $0x78,%esi
+        0x41, 0xbe, 0x50, 0x00, 0x00, 0x00, // mov $0x50,%r14d
+        0xff, 0xd0, // call *%rax
+    ];
+    assert_eq!(
+        constant_request(&direct, 0x1000, &direct, 0x1000),
+        Some(0x78)
+    );
+    let through = [
+        0xbd, 0x1c, 0x00, 0x00, 0x00, // mov $0x1c,%ebp
+        0x48, 0x89, 0xee, // mov %rbp,%rsi
+        0xff, 0xd0, // call *%rax
+    ];
+    assert_eq!(
+        constant_request(&through, 0x1000, &through, 0x1000),
+        Some(0x1c)
+    );
+    // mov $0xa0,%esi; jmp +2; (skipped: ud2); call *%rax
+    let jumped = [
+        0xbe, 0xa0, 0x00, 0x00, 0x00, 0xeb, 0x02, 0x0f, 0x0b, 0xff, 0xd0,
+    ];
+    assert_eq!(
+        constant_request(&jumped, 0x1000, &jumped, 0x1000),
+        Some(0xa0)
+    );
+    // %rsi overwritten by a load, or a call before: nothing.
+    let loaded = [
+        0xbe, 0x78, 0x00, 0x00, 0x00, // mov $0x78,%esi
+        0x48, 0x8b, 0x37, // mov (%rdi),%rsi
+        0xff, 0xd0, // call *%rax
+    ];
+    assert_eq!(constant_request(&loaded, 0x1000, &loaded, 0x1000), None);
+    assert!(in_class(0x78, 128) && !in_class(0x70, 128) && !in_class(129, 128));
 }
