@@ -15,7 +15,7 @@ use iced_x86::{
 };
 use object::{Object, ObjectSymbol};
 
-use super::{code_at, compared_default, file_offset_of, point, ProbePoint, ProbedEntry};
+use super::{code_at, compared_default, point, ProbedEntry, Site};
 
 /// Instructions of an inlined deallocation path read at most for its block's register
 /// (3.13 loads its allocator state before it computes the pool).
@@ -75,31 +75,14 @@ pub(super) fn site(
         path_ip = first.near_branch_target();
         code = path_code(data, base, path_ip)?;
     }
-    let register = freed_register(code, path_ip)?;
-    let at = (jump.ip() - base) as usize;
-    let bytes = data.get(at..at + jump.len())?;
-    Some(ProbedEntry {
-        symbol: format!("PyObject_Free (inlined, {:#x})", jump.ip()),
+    let site = Site {
+        symbol: "PyObject_Free",
         function: AllocFn::Free,
         shape: Shape::Free,
-        file_offset: file_offset_of(file, jump.ip())?,
-        address: jump.ip(),
+        register: freed_register(code, path_ip)?,
         size: 0,
-        point: ProbePoint {
-            offset: 0,
-            registers: [register, Reg::One, Reg::One],
-            overflow_check: false,
-            instruction: jump.to_string(),
-            emulated: point::is_emulated(jump, bytes),
-        },
-        wrapper: false,
-        nests: false,
-        nest_span: 0,
-        nests_checked: false,
-        forward_call_depth: None,
-        tail_forward: false,
-        tail_only_if_null: false,
-    })
+    };
+    site.at(file, data, base, jump)
 }
 
 /// The code of the text section `data` (at `base`) from `ip`, as much as a path reads.
