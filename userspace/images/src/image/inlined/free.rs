@@ -15,7 +15,7 @@ use iced_x86::{
 };
 use object::{Object, ObjectSymbol};
 
-use super::{code_at, compared_default, point, ProbedEntry, Site};
+use super::{code_at, compared_default, exported_code, point, ProbedEntry, Site};
 
 /// Instructions of an inlined deallocation path read at most for its block's register
 /// (3.13 loads its allocator state before it computes the pool).
@@ -38,15 +38,8 @@ const ARENA_MAP_TOP_SHIFT: u64 = 49;
 /// pointer with, when it has the inlined deallocator (and that is code of this image,
 /// `_PyObject_Free` itself where the symbol table names it).
 pub(super) fn default_free(file: &object::File) -> Option<u64> {
-    let symbol = file
-        .dynamic_symbols()
-        .find(|s| s.name() == Ok("PyObject_Free") && s.is_definition())?;
-    let code = code_at(
-        file,
-        symbol.address(),
-        (symbol.size() as usize).clamp(1, MAX_ENTRY_BYTES),
-    )?;
-    let default = compared_default(code, symbol.address())?;
+    let (address, code) = exported_code(file, "PyObject_Free", MAX_ENTRY_BYTES)?;
+    let default = compared_default(code, address)?;
     code_at(file, default, 1)?;
     let named = file
         .symbols()

@@ -108,15 +108,22 @@ pub enum Usedpools {
 /// has the inlined allocator (a link-time optimised interpreter; otherwise no site
 /// needs it).
 pub fn usedpools(file: &object::File) -> Option<Usedpools> {
+    let (address, code) = exported_code(file, "PyObject_Malloc", MAX_ENTRY_BYTES)?;
+    Some(markers(code, address)?.usedpools)
+}
+
+/// The address of the function `name` that `file` exports, and its code (at most
+/// `limit` bytes).
+fn exported_code<'a>(file: &'a object::File, name: &str, limit: usize) -> Option<(u64, &'a [u8])> {
     let symbol = file
         .dynamic_symbols()
-        .find(|s| s.name() == Ok("PyObject_Malloc") && s.is_definition())?;
+        .find(|s| s.name() == Ok(name) && s.is_definition())?;
     let code = code_at(
         file,
         symbol.address(),
-        (symbol.size() as usize).clamp(1, MAX_ENTRY_BYTES),
+        (symbol.size() as usize).clamp(1, limit),
     )?;
-    Some(markers(code, symbol.address())?.usedpools)
+    Some((symbol.address(), code))
 }
 
 /// Finds the inlined copies of `PyObject_Malloc` and `PyObject_Free` in `file`, whose
