@@ -56,9 +56,24 @@ def churn_tuples(items):
     return dropped is None
 
 
+def kept_mixed(ints):
+    # Kept and dropped ints of one size class (40 and 36 bytes: 48-byte blocks),
+    # interleaved: each kept int takes the block the previous dropped one freed, so a
+    # block predicted wrongly moves bytes from one site to the other.
+    for i in range(SMALL):
+        ints[i] = BIG + i  # SITE kept_mixed
+        churn_mixed(i)
+
+
+def churn_mixed(i):
+    dropped = BIG - i  # SITE churn_mixed
+    return dropped is None
+
+
 def main():
     objects = [None] * KEPT
     ints = [None] * SMALL
+    mixed_ints = [None] * SMALL
     tuples = [None] * TUPLES
     items = list(range(TUPLE_ITEMS))
     print(os.getpid(), flush=True)
@@ -69,6 +84,7 @@ def main():
     churn_ints()
     kept_tuples(tuples, items)
     churn_tuples(items)
+    kept_mixed(mixed_ints)
     time.sleep(0.4)
     for name, size, live in [
         ("kept", 4000 + BYTES_HEADER, KEPT),
@@ -77,6 +93,9 @@ def main():
         ("churn_ints", BIG_INT_BYTES, 0),
         ("kept_tuples", TUPLE_BYTES, TUPLES),
         ("churn_tuples", TUPLE_BYTES, 0),
+        ("kept_mixed", BIG_INT_BYTES, SMALL),
+        # BIG - i: three digits.
+        ("churn_mixed", BIG_INT_BYTES - 4, 0),
     ]:
         print("truth", name, site_line(name, __file__), size, live, flush=True)
     os._exit(0)

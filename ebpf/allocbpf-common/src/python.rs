@@ -25,12 +25,15 @@ pub const POOL_FREEBLOCK: u64 = 8;
 /// empty list's head).
 pub const POOL_NEXTPOOL: u64 = 16;
 
+/// `PyThreadState.interp` (after `prev` and `next`, the same from 3.9 on).
+pub const THREAD_INTERP: u64 = 16;
+
 /// log2 of pymalloc's size-class granularity on 64-bit builds (`ALIGNMENT_SHIFT`).
 pub const PYMALLOC_ALIGNMENT_SHIFT: u64 = 4;
 
 /// How to find and walk one process's Python frames, keyed by its pid in the `PYTHON`
-/// map. Every field but `holder`, `threads_head` and `usedpools` is an offset in bytes,
-/// or [`NO_OFFSET`].
+/// map. Every field but `holder`, `threads_head`, `usedpools` and `interpreter` is an
+/// offset in bytes, or [`NO_OFFSET`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonWalk {
@@ -45,6 +48,8 @@ pub struct PythonWalk {
     /// Address in the process of pymalloc's `usedpools` (the main interpreter's), or 0:
     /// where `--live` predicts the block an inlined small-object site is handed.
     pub usedpools: u64,
+    /// Address in the process of the main interpreter (whose `usedpools` that is).
+    pub interpreter: u64,
     /// `PyThreadState.next`: the next thread state in that list.
     pub thread_next: u32,
     /// `PyThreadState.native_thread_id` (3.11+): compared with the sampled thread's id,

@@ -115,8 +115,8 @@ pub(crate) fn on_return(state: &mut ThreadState, pid: u32, rax: u64) {
 /// A sampled small object allocated at an inlined site (no return to read its block
 /// from): tracked at the block its allocator is about to hand out.
 #[inline(always)]
-pub(crate) fn on_inlined_site(pid: u32, size: u64, id: u64) {
-    track(pid, predicted_block(pid, size).unwrap_or(0), id);
+pub(crate) fn on_inlined_site(pid: u32, tid: u32, size: u64, id: u64) {
+    track(pid, predicted_block(pid, tid, size).unwrap_or(0), id);
 }
 
 /// Tracks sample `id` of `pid` at block `address` (0: the block is not known).

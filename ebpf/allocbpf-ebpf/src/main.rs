@@ -316,7 +316,7 @@ fn on_alloc(
     // probe whatever this says): its block is predicted now.
     if inlined {
         if sample_id != 0 {
-            live::on_inlined_site(pid, size, sample_id);
+            live::on_inlined_site(pid, tid, size, sample_id);
         }
         return skip_return();
     }

@@ -13,7 +13,7 @@ use core::ptr::addr_of_mut;
 use allocbpf_common::{
     python::{
         PythonFrameRecord, PythonStatus, PythonWalk, MAX_PYTHON_FRAMES, MAX_PYTHON_PROCESSES,
-        MAX_PYTHON_THREADS, NO_OFFSET, POOL_FREEBLOCK, POOL_NEXTPOOL, PYMALLOC_ALIGNMENT_SHIFT,
+        MAX_PYTHON_THREADS, NO_OFFSET, POOL_FREEBLOCK, POOL_NEXTPOOL, PYMALLOC_ALIGNMENT_SHIFT, THREAD_INTERP,
     },
     PythonStack, SampleEvent, SAMPLE_FLAG_PYTHON,
 };
@@ -33,19 +33,28 @@ fn read_word(address: u64, offset: u32) -> Option<u64> {
 }
 
 /// The block pymalloc's inlined fast path is about to hand out for `size` bytes (1 to
-/// 512) in `pid`: the head of the free list of its size class's first used pool. The
-/// sampled thread holds the GIL at an inlined site, so no other thread takes it first.
-/// `None` when the class has no used pool (a new one will serve it), when the process's
-/// `usedpools` is not known, or a read fails: the sample is then not tracked.
+/// 512) to thread `tid` of `pid`: the head of the free list of its size class's first
+/// used pool. The thread must hold the main interpreter's GIL (it is the holder, and
+/// its thread state is the main interpreter's), so no other thread takes the block
+/// first and the pools are the main interpreter's. `None` when the class has no used
+/// pool (a new one will serve it), when the process's `usedpools` is not known, when
+/// the thread is not the main interpreter's holder (a subinterpreter's), or a read
+/// fails: the sample is then not tracked.
 #[inline(always)]
-pub(crate) fn predicted_block(pid: u32, size: u64) -> Option<u64> {
+pub(crate) fn predicted_block(pid: u32, tid: u32, size: u64) -> Option<u64> {
     // SAFETY: a live map value, written whole by userspace.
-    let usedpools = unsafe { (*PYTHON.get_ptr(&pid)?).usedpools };
-    if usedpools == 0 || size == 0 {
+    let walk = unsafe { &*PYTHON.get_ptr(&pid)? };
+    if walk.usedpools == 0 || size == 0 {
+        return None;
+    }
+    let holder = read_word(walk.holder, 0)?;
+    if thread_id(walk, holder)? != tid
+        || read_word(holder.wrapping_add(THREAD_INTERP), 0)? != walk.interpreter
+    {
         return None;
     }
     let class = (size - 1) >> PYMALLOC_ALIGNMENT_SHIFT;
-    let pool = read_word(usedpools.wrapping_add(16 * class), 0)?;
+    let pool = read_word(walk.usedpools.wrapping_add(16 * class), 0)?;
     let next = read_word(pool.wrapping_add(POOL_NEXTPOOL), 0)?;
     if next == pool {
         return None;

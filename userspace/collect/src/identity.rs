@@ -38,6 +38,9 @@ pub struct ProcessInfo {
     /// The CPython version it runs (`3.11`), once the engine has looked (not read from
     /// procfs: [`ProcessInfo::read`] leaves it `None`).
     pub python_version: Option<String>,
+    /// The Go version it was built with (`go1.26.8`), once the engine has read its heap
+    /// profile (not read from procfs either).
+    pub go_version: Option<String>,
 }
 
 impl ProcessInfo {
@@ -73,6 +76,7 @@ impl ProcessInfo {
             container_id: container_id(&cgroup.to_string_lossy()),
             cgroup,
             python_version: None,
+            go_version: None,
         })
     }
 
@@ -97,6 +101,9 @@ impl ProcessInfo {
         }
         if let Some(version) = &self.python_version {
             labels.push(("python_version", version.clone()));
+        }
+        if let Some(version) = &self.go_version {
+            labels.push(("go_version", version.clone()));
         }
         labels
     }

@@ -41,7 +41,8 @@ impl std::fmt::Display for Silence {
         f.write_str(match self {
             Silence::GoRuntime => {
                 "no probed call: this is a Go program, whose heap is the Go runtime's own \
-                 (runtime.mallocgc, not probed); only its C allocations (cgo) are counted"
+                 (read from its heap profile, not probed); only its C allocations (cgo) \
+                 are probed"
             }
             Silence::NoAllocationImports => {
                 "no probed call: none of the files this process maps calls an allocation \
@@ -117,6 +118,18 @@ impl ImageCache {
             .values()
             .flatten()
             .filter_map(|facts| facts.image.as_ref())
+    }
+
+    /// The mappings of Go executables (already discovered) among `maps`.
+    pub fn go_mappings<'m>(&self, maps: &'m [MapsEntry]) -> Vec<&'m MapsEntry> {
+        crate::image::candidate_mappings(maps)
+            .into_iter()
+            .filter(|entry| {
+                self.known
+                    .get(&ImageKey::of(entry))
+                    .is_some_and(|facts| facts.as_ref().is_some_and(|f| f.go_runtime))
+            })
+            .collect()
     }
 
     /// Why a process with these (already discovered) mappings would make no probed

@@ -6,7 +6,8 @@
 //! entries, at which instruction; [`allocators`]: the catalogue of families) → what the
 //! sampler attaches (`allocbpf-probe`). [`target`] resolves one process's images;
 //! [`sealed_copy`] makes the bounded, sealed copies of mapped files that symbolization
-//! reads; [`elf_ranges`] says which byte ranges of an ELF file those copies need.
+//! reads; [`elf_ranges`] says which byte ranges of an ELF file those copies need;
+//! [`memory`] reads another process's memory (bounded; what comes back is hostile).
 //!
 //! Nothing here touches the kernel's BPF side: it reads files and process maps, and
 //! decodes instructions. Errors are typed ([`target::TargetError`],
@@ -17,6 +18,7 @@ pub mod allocators;
 pub mod discover;
 pub mod elf_ranges;
 pub mod image;
+pub mod memory;
 pub mod procfs;
 pub mod sealed_copy;
 pub mod target;

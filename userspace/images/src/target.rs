@@ -56,7 +56,8 @@ pub struct Target {
     /// Its command name (bytes, not necessarily UTF-8).
     pub comm: OsString,
     /// The allocator images it may allocate through: every file it maps that defines
-    /// allocation entries (libc, jemalloc, its own executable...).
+    /// allocation entries (libc, jemalloc, its own executable...); none for a Go program
+    /// without cgo (its heap profile is read instead).
     pub images: Vec<AllocatorImage>,
     /// What to say if it makes no probed call while profiled.
     pub silence: Silence,
@@ -94,7 +95,8 @@ impl Target {
         }
         let mut cache = ImageCache::default();
         let images = cache.discover(pid, &maps, lookup);
-        if images.is_empty() {
+        // A Go program's heap is read from its runtime's own profile: it needs no probe.
+        if images.is_empty() && cache.go_mappings(&maps).is_empty() {
             return Err(TargetError::NoAllocator {
                 pid,
                 comm: text(&comm),

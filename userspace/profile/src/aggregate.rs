@@ -82,6 +82,18 @@ impl StackStats {
         self.inuse_objects += other.inuse_objects;
     }
 
+    /// Accounts for `count` samples of `size` bytes (`offset` bytes before each sampled
+    /// byte) taken at `rate`, observed full time.
+    pub fn add_repeated(&mut self, size: u64, offset: u64, rate: u64, count: u64) {
+        let w = weight(size, rate, false);
+        let n = count as f64;
+        self.samples += count;
+        self.estimated_bytes += w.bytes * n;
+        self.estimated_objects += w.objects * n;
+        self.observed_bytes += w.bytes * n;
+        self.interval_inputs.add_repeated(size, offset, rate, count);
+    }
+
     /// Accounts for one sample of `size` bytes (`offset` bytes before the sampled byte)
     /// taken at `rate`; `certain` samples were recorded with probability 1. Its weights
     /// are multiplied by `time_weight` (1 when observed full time).
@@ -177,6 +189,9 @@ pub struct Aggregate {
     leak_min_age: Option<std::time::Duration>,
     /// Under time sampling: time-weighted bytes per period, for the total's variance.
     pub periods: PeriodTotals,
+    /// Objects in use per stack as a runtime's own sampler counts them (the Go
+    /// runtime's buckets): (size, sampled objects in use, rate), replaced at each read.
+    runtime_in_use: HashMap<StackKey, Vec<(u64, u64, u64)>>,
 }
 
 impl Aggregate {
@@ -226,6 +241,31 @@ impl Aggregate {
                 },
             );
         }
+    }
+
+    /// Adds `count` samples of `size` bytes taken by a runtime's own sampler at mean
+    /// interval `rate` (the Go runtime's heap profile), under `key`. Such a sampler
+    /// does not say where in each allocation its countdown ran out: each sample counts
+    /// the expected offset ([`crate::estimate::expected_offset`]), which centres the
+    /// interval on the estimate.
+    pub fn add_counted(&mut self, key: StackKey, size: u64, rate: u64, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let offset = crate::estimate::expected_offset(size, rate);
+        let next = self.stacks.len();
+        let stack = *self.index.entry(key.clone()).or_insert(next);
+        if stack == next {
+            self.stacks.push((key, StackStats::default()));
+        }
+        self.stacks[stack].1.add_repeated(size, offset, rate, count);
+        self.totals.add_repeated(size, offset, rate, count);
+    }
+
+    /// Replaces the objects in use that a runtime's own sampler counts
+    /// ([`Aggregate::add_counted`]): per stack, (size, sampled objects, rate).
+    pub fn set_runtime_in_use(&mut self, in_use: HashMap<StackKey, Vec<(u64, u64, u64)>>) {
+        self.runtime_in_use = in_use;
     }
 
     /// A tracked block died.
@@ -286,6 +326,10 @@ impl Aggregate {
     /// Computes in-use figures per stack, and with `min_age` the leak groups: blocks
     /// still live at `now_ns` (CLOCK_MONOTONIC) and allocated at least `min_age` before.
     pub fn finish(&mut self, now_ns: u64, min_age: Option<std::time::Duration>) {
+        if self.live.is_none() && !self.runtime_in_use.is_empty() {
+            self.live = Some(HashMap::new());
+        }
+        self.add_runtime_in_use();
         let Some(live) = self.live.as_ref() else {
             return;
         };
@@ -320,6 +364,30 @@ impl Aggregate {
         }
         self.leaks = leaks.into_iter().collect();
         self.leak_min_age = min_age;
+        for (key, counted) in &self.runtime_in_use {
+            let Some(&stack) = self.index.get(key) else {
+                continue;
+            };
+            for &(size, count, rate) in counted {
+                let w = weight(size, rate, false);
+                let stats = &mut self.stacks[stack].1;
+                stats.inuse_bytes += w.bytes * count as f64;
+                stats.inuse_objects += w.objects * count as f64;
+                self.totals.inuse_bytes += w.bytes * count as f64;
+                self.totals.inuse_objects += w.objects * count as f64;
+            }
+        }
+    }
+
+    /// Gives every stack with objects in use by a runtime's count an entry (one that
+    /// allocated nothing in the interval still shows what it holds).
+    fn add_runtime_in_use(&mut self) {
+        for key in self.runtime_in_use.keys() {
+            if !self.index.contains_key(key) {
+                self.index.insert(key.clone(), self.stacks.len());
+                self.stacks.push((key.clone(), StackStats::default()));
+            }
+        }
     }
 
     /// Starts a new interval (the agent's periodic profiles): allocation figures start

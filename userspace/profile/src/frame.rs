@@ -55,71 +55,75 @@ pub enum Frame {
     /// The only frame of samples the kernel's sample ring had no room for: they kept
     /// their weight but not their stack ([`LOST_SAMPLES_NAME`]).
     Lost,
-    /// A Python function at a line: an index into [`python_locations`].
+    /// A Python function at a line: an index into [`source_locations`].
     Python(u32),
+    /// A Go function at a line, read from the process's own function table (the Go
+    /// runtime's heap profile): an index into [`source_locations`].
+    Go(u32),
 }
 
-/// Where a Python frame was: function (qualified name where the version has one),
-/// file and line (0 when the line table gave none).
+/// Where a frame read from a runtime's own tables was (a Python frame, a Go frame):
+/// function (Python's qualified name where the version has one), file and line (0 when
+/// the line table gave none).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PythonLocation {
-    /// `co_qualname` (3.11+) or `co_name`.
+pub struct SourceLocation {
+    /// The function.
     pub function: String,
-    /// `co_filename`.
+    /// Its source file.
     pub file: String,
-    /// The line of the frame's current instruction; 0 when unknown.
+    /// The line; 0 when unknown.
     pub line: u32,
 }
 
-/// Most distinct Python locations a session keeps; later new ones share one frame
-/// ([`PYTHON_LOCATIONS_FULL`]). Frames in aggregated stacks refer to them for the whole
+/// Most distinct source locations a session keeps; later new ones share one frame
+/// ([`SOURCE_LOCATIONS_FULL`]). Frames in aggregated stacks refer to them for the whole
 /// session, so they are never released; the bound keeps a hostile process that forges
 /// endless names from growing the agent without limit.
-pub const MAX_PYTHON_LOCATIONS: usize = 1 << 18;
+pub const MAX_SOURCE_LOCATIONS: usize = 1 << 18;
 
-/// How the location of a Python frame past [`MAX_PYTHON_LOCATIONS`] reads.
-pub const PYTHON_LOCATIONS_FULL: &str = "[python: location table full]";
+/// How a location past [`MAX_SOURCE_LOCATIONS`] reads.
+pub const SOURCE_LOCATIONS_FULL: &str = "[location table full]";
 
-/// The session's Python locations, interned: a [`Frame::Python`] is an index here.
-/// One table per process (not per report): frames cross from the engine to the
-/// agent's writer, and every report of the session names them the same way.
+/// The session's source locations, interned: a [`Frame::Python`] or [`Frame::Go`] is an
+/// index here. One table per process (not per report): frames cross from the engine to
+/// the agent's writer, and every report of the session names them the same way.
 #[derive(Default)]
-pub struct PythonLocations {
-    ids: HashMap<Arc<PythonLocation>, u32>,
-    all: Vec<Arc<PythonLocation>>,
+pub struct SourceLocations {
+    ids: HashMap<Arc<SourceLocation>, u32>,
+    all: Vec<Arc<SourceLocation>>,
 }
 
-impl PythonLocations {
-    /// The frame of `location`, interned on first sight.
-    pub fn intern(&mut self, location: PythonLocation) -> Frame {
+impl SourceLocations {
+    /// The id of `location`, interned on first sight.
+    pub fn intern(&mut self, location: SourceLocation) -> u32 {
         if let Some(&id) = self.ids.get(&location) {
-            return Frame::Python(id);
+            return id;
         }
-        if self.all.len() < MAX_PYTHON_LOCATIONS {
+        if self.all.len() < MAX_SOURCE_LOCATIONS {
             return self.push(location);
         }
-        let full = PythonLocation {
-            function: PYTHON_LOCATIONS_FULL.to_string(),
+        let full = SourceLocation {
+            function: SOURCE_LOCATIONS_FULL.to_string(),
             file: String::new(),
             line: 0,
         };
         match self.ids.get(&full) {
-            Some(&id) => Frame::Python(id),
+            Some(&id) => id,
             None => self.push(full),
         }
     }
 
     /// Adds a location not interned yet.
-    fn push(&mut self, location: PythonLocation) -> Frame {
+    fn push(&mut self, location: SourceLocation) -> u32 {
         let location = Arc::new(location);
         let id = self.all.len() as u32;
         self.all.push(location.clone());
         self.ids.insert(location, id);
-        Frame::Python(id)
+        id
     }
 
-    /// The location of frame id `id`.
-    pub fn get(&self, id: u32) -> Option<Arc<PythonLocation>> {
+    /// The location of id `id`.
+    pub fn get(&self, id: u32) -> Option<Arc<SourceLocation>> {
         self.all.get(id as usize).cloned()
     }
 
@@ -134,15 +138,25 @@ impl PythonLocations {
     }
 }
 
-/// The session's Python location table.
-pub fn python_locations() -> &'static RwLock<PythonLocations> {
-    static TABLE: OnceLock<RwLock<PythonLocations>> = OnceLock::new();
+/// The session's source location table.
+pub fn source_locations() -> &'static RwLock<SourceLocations> {
+    static TABLE: OnceLock<RwLock<SourceLocations>> = OnceLock::new();
     TABLE.get_or_init(Default::default)
 }
 
-/// The functions of a Python frame, for reports.
+/// The functions of a Python frame, for reports: shown as `function (file:line)`.
 pub fn python_functions(id: u32) -> Functions {
-    let location = python_locations()
+    source_functions(id, true)
+}
+
+/// The functions of a Go frame, for reports: shown by name, as native frames are.
+pub fn go_functions(id: u32) -> Functions {
+    source_functions(id, false)
+}
+
+/// The function at location `id`; `with_line`: shown with its file and line.
+fn source_functions(id: u32, with_line: bool) -> Functions {
+    let location = source_locations()
         .read()
         .ok()
         .and_then(|table| table.get(id));
@@ -153,11 +167,12 @@ pub fn python_functions(id: u32) -> Functions {
                 name: location.function.clone(),
                 file: (!location.file.is_empty()).then(|| location.file.clone()),
                 line,
-                shown: Some(python_shown_name(&location.function, &location.file, line)),
+                shown: with_line
+                    .then(|| python_shown_name(&location.function, &location.file, line)),
             }
         }
         None => FunctionFrame {
-            name: format!("[python location {id}]"),
+            name: format!("[source location {id}]"),
             file: None,
             line: None,
             shown: None,

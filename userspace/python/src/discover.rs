@@ -215,7 +215,17 @@ fn in_process(
             pid,
             layout,
             bias.wrapping_add(file.runtime),
-            |memory, interpreter| usedpools_address(memory, file.usedpools, bias, interpreter),
+            |memory, interpreter| {
+                let address = usedpools_address(memory, file.usedpools, bias, interpreter);
+                if address == 0 && file.usedpools.is_some() {
+                    tracing::info!(
+                        "pid {pid}: pymalloc's usedpools is not where {} says: --live does \
+                         not track its inlined small objects",
+                        path.display()
+                    );
+                }
+                address
+            },
         )?,
         code_type: bias.wrapping_add(file.code_type),
         unicode_type: file.unicode_type.map(|a| bias.wrapping_add(a)),
@@ -285,6 +295,7 @@ fn walk_of(
         holder,
         threads_head: interpreter + layout.interpreter_threads_head as u64,
         usedpools: usedpools(&memory, interpreter),
+        interpreter,
         thread_next: layout.thread_next,
         thread_native_id: opt(layout.thread_native_id),
         thread_pthread: layout.thread_pthread,

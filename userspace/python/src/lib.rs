@@ -11,12 +11,13 @@
 //!   hostile input;
 //! - [`linetable`]: the line of an instruction, from the code object's line table in
 //!   each version's format;
-//! - [`memory`]: bounded reads of another process's memory;
+//! - [`memory`]: bounded reads of another process's memory (`allocbpf-images`' own,
+//!   shared with the Go reader);
 //! - [`pools`]: where pymalloc's used pools are, for `--live` at inlined sites.
 
 pub mod code;
 pub mod discover;
 pub mod layout;
 pub mod linetable;
-pub mod memory;
+pub use allocbpf_images::memory;
 pub mod pools;

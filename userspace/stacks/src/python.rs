@@ -10,7 +10,7 @@ use std::{
 
 use allocbpf_images::procfs::MapsEntry;
 use allocbpf_probe::events::RawSample;
-use allocbpf_profile::frame::{python_locations, Frame, PythonLocation};
+use allocbpf_profile::frame::{source_locations, Frame, SourceLocation};
 use allocbpf_python::{
     code::{CodeResolver, ResolvedFrame},
     discover::{InterpreterFiles, PythonError, PythonProcess},
@@ -111,15 +111,15 @@ impl PythonStacks {
         if segments.is_empty() {
             return native;
         }
-        let Ok(mut table) = python_locations().write() else {
+        let Ok(mut table) = source_locations().write() else {
             return native;
         };
         let mut intern = |frame: &ResolvedFrame| {
-            table.intern(PythonLocation {
+            Frame::Python(table.intern(SourceLocation {
                 function: frame.function.clone(),
                 file: frame.file.clone(),
                 line: frame.line,
-            })
+            }))
         };
         let mut segments = segments.iter();
         let mut merged = Vec::with_capacity(native.len() + sample.python.len());

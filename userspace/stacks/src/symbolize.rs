@@ -15,7 +15,8 @@ use std::{collections::HashMap, sync::Arc};
 use blazesym::symbolize::{Symbolized, Symbolizer};
 
 use allocbpf_profile::frame::{
-    python_functions, Frame, FunctionFrame, Functions, Module, Symbolize, LOST_SAMPLES_NAME,
+    go_functions, python_functions, Frame, FunctionFrame, Functions, Module, Symbolize,
+    LOST_SAMPLES_NAME,
 };
 
 use crate::copies::{Copies, COPY_BUDGET_BYTES};
@@ -101,6 +102,9 @@ impl FrameSymbolizer {
                 }
                 Frame::Python(id) => {
                     self.cache.insert(*frame, python_functions(id));
+                }
+                Frame::Go(id) => {
+                    self.cache.insert(*frame, go_functions(id));
                 }
             }
         }

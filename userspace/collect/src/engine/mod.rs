@@ -387,6 +387,7 @@ impl Collector {
                     self.stacks.forget(pid);
                     if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
                         tracked.info.python_version = None;
+                        tracked.info.go_version = None;
                     }
                     if let Some(kernel) = self.kernel.as_deref_mut() {
                         kernel.forget_python(pid);

@@ -152,8 +152,10 @@ impl ProcessTable {
             if same {
                 // What the engine learnt (not procfs) stays until an exec clears it.
                 let python_version = tracked.info.python_version.take();
+                let go_version = tracked.info.go_version.take();
                 tracked.info = ProcessInfo {
                     python_version: info.python_version.clone().or(python_version),
+                    go_version: info.go_version.clone().or(go_version),
                     ..info
                 };
                 tracked.admitted = admitted;

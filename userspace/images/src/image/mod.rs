@@ -274,9 +274,11 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
                 .name()
                 .is_ok_and(|name| allocators::is_allocation_symbol(name, prefixes))
     });
-    let go_runtime = file
-        .symbols()
-        .any(|symbol| symbol.name() == Ok("runtime.mallocgc"));
+    // Every Go executable keeps its function table, stripped or not.
+    let go_runtime = file.section_by_name(".gopclntab").is_some()
+        || file
+            .symbols()
+            .any(|symbol| symbol.name() == Ok("runtime.mallocgc"));
     let image = match resolve_entries(&file, &data, lookup) {
         Ok(found) => {
             let inlined = inlined::find(&file, &found.entries, &found.frees);

@@ -168,10 +168,16 @@ impl Sampler {
             }
         };
         let live = self.config.live.is_some();
+        // The exported deallocation entries first: a block predicted at an inlined site
+        // from the moment those sites are in may die through them.
+        if live {
+            self.attach_entries(image, &image.frees, program, &mut attached.links)?;
+            attached.frees += image.frees.len();
+        }
         // Plain uprobes (never sessions): an inlined site is no function entry. Best
         // effort: the image's entries are probed whatever becomes of its sites. With
-        // live tracking the inlined frees go with the inlined sites: a block predicted
-        // at a site must be seen freed wherever it dies.
+        // live tracking the inlined frees go with the inlined sites, and before them: a
+        // block predicted at a site must be seen freed wherever it dies.
         let mut sites = ImageLinks::default();
         let inlined = match live {
             true => self
@@ -191,10 +197,6 @@ impl Sampler {
                     image.path_in_target.display()
                 );
             }
-        }
-        if live {
-            self.attach_entries(image, &image.frees, program, &mut attached.links)?;
-            attached.frees += image.frees.len();
         }
         if live && !empty {
             if self.session_programs.is_some() {

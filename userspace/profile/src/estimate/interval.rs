@@ -77,6 +77,15 @@ impl IntervalInputs {
         }
     }
 
+    /// Accounts for `count` samples alike (a runtime's counted samples).
+    pub fn add_repeated(&mut self, size: u64, offset: u64, rate: u64, count: u64) {
+        self.counted_samples += count;
+        self.untried_bytes += size.saturating_sub(offset) * count;
+        self.sampled_bytes += size * count;
+        self.rate_sum += rate as f64 * count as f64;
+        self.rate_square_sum += (rate as f64).powi(2) * count as f64;
+    }
+
     /// The gamma law's shape and scale matched to the countdowns' sum (module docs);
     /// samples of unknown rate count at `rate`.
     fn failure_law(&self, rate: u64) -> (f64, f64) {

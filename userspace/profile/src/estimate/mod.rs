@@ -60,6 +60,21 @@ pub fn weight(size: u64, rate: u64, certain: bool) -> Weight {
     }
 }
 
+/// The expected offset of a sampled allocation of `size` bytes at mean interval `rate`:
+/// the bytes before its sampling point, given that the exponential countdown ran out
+/// inside it, `E[X | X < S] = R (1 - x / (e^x - 1))` with `x = S/R` (about `S/2` for
+/// small allocations). For samples whose sampler does not say (a runtime's own counts):
+/// with it, the interval of [`IntervalInputs`] is centred on the unbiased estimate
+/// (docs/statistics.md, "Go").
+pub fn expected_offset(size: u64, rate: u64) -> u64 {
+    if size == 0 || rate == 0 {
+        return 0;
+    }
+    let x = size as f64 / rate as f64;
+    let expected = rate as f64 * (1.0 - x / x.exp_m1());
+    (expected.round() as u64).min(size)
+}
+
 /// Variance contributed to a byte estimate by ONE allocation of `size` bytes (sampled
 /// or not): `S^2 (1 - p) / p`, or 0 at and above `threshold` where sampling is certain.
 /// Summed over a workload's allocations it gives the estimate's variance
@@ -85,6 +100,22 @@ pub fn median(values: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    /// The expected offset: about half a small allocation; for S = R,
+    /// `R (1 - 1/(e - 1)) = 0.418 R`; and the interval's centre `rate + S - offset`
+    /// equals the weight `S / p(S)` (derived in docs/statistics.md).
+    #[test]
+    fn expected_offsets() {
+        let rate = 524_288;
+        assert_eq!(super::expected_offset(64, rate), 32);
+        let at_rate = super::expected_offset(rate, rate) as f64 / rate as f64;
+        assert!((at_rate - 0.418).abs() < 0.001, "{at_rate}");
+        for size in [16u64, 4096, 100_000, 524_288, 2_000_000] {
+            let centre = (rate + size - super::expected_offset(size, rate)) as f64;
+            let w = super::weight(size, rate, false).bytes;
+            assert!((centre / w - 1.0).abs() < 1e-5, "{size}: {centre} vs {w}");
+        }
+    }
+
     use super::*;
     use rand::{Rng, SeedableRng};
 

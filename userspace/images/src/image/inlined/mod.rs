@@ -77,6 +77,27 @@ pub struct InlinedSites {
     /// Comparisons with the default allocator or deallocator whose inlined path did
     /// not start in a way this module reads (left unprobed).
     pub unrecognised: usize,
+    /// Those of them with the default deallocator.
+    pub unrecognised_frees: usize,
+    /// `_PyObject_Free`'s address, when found.
+    pub default_free: Option<u64>,
+    /// Where `usedpools` is, when found.
+    pub usedpools: Option<Usedpools>,
+    /// Every text section was searched (no cap was reached).
+    pub searched_all: bool,
+}
+
+impl InlinedSites {
+    /// True if `--live` can predict the blocks of the inlined allocation sites: every
+    /// place a block dies is probed (each inlined deallocation site understood, and
+    /// `_PyObject_Free` known), so a predicted block is never left live by a free
+    /// nothing saw.
+    pub fn predictable(&self) -> bool {
+        self.searched_all
+            && self.default_free.is_some()
+            && self.unrecognised_frees == 0
+            && self.usedpools.is_some()
+    }
 }
 
 /// How `PyObject_Malloc` recognises its default allocator, read from its code.
@@ -92,7 +113,8 @@ struct Markers {
 /// first of which is the pool a small allocation of that class is served from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Usedpools {
-    /// At a fixed address of the file (up to 3.12: a static array).
+    /// At a fixed address of the file (up to 3.11: a static array; 3.12 keeps it inside
+    /// the interpreter, which is not read here).
     At(u64),
     /// At offset `usedpools` of the allocator state whose pointer is at offset `state`
     /// of the interpreter (3.13: `PyInterpreterState.obmalloc`).
@@ -104,12 +126,24 @@ pub enum Usedpools {
     },
 }
 
-/// Where `usedpools` is in `file`, read from its exported `PyObject_Malloc` when that
-/// has the inlined allocator (a link-time optimised interpreter; otherwise no site
-/// needs it).
+/// Where `usedpools` is in `file`, when `--live` can predict the blocks of its inlined
+/// allocation sites from it ([`InlinedSites::predictable`]; a file whose allocator is
+/// not inlined needs no prediction).
 pub fn usedpools(file: &object::File) -> Option<Usedpools> {
-    let (address, code) = exported_code(file, "PyObject_Malloc", MAX_ENTRY_BYTES)?;
-    Some(markers(code, address)?.usedpools)
+    let found = search(file, &[], &[]);
+    if found.usedpools.is_some() && !found.predictable() {
+        tracing::info!(
+            "inlined small-object sites: {} deallocation sites not understood, \
+             _PyObject_Free {}: --live does not track their blocks",
+            found.unrecognised_frees,
+            if found.default_free.is_some() {
+                "found"
+            } else {
+                "not found"
+            }
+        );
+    }
+    found.predictable().then_some(found.usedpools?)
 }
 
 /// The address of the function `name` that `file` exports, and its code (at most
@@ -130,18 +164,19 @@ fn exported_code<'a>(file: &'a object::File, name: &str, limit: usize) -> Option
 /// probed entries are `entries` and `frees` (a file that does not probe
 /// `PyObject_Malloc` has none).
 pub fn find(file: &object::File, entries: &[ProbedEntry], frees: &[ProbedEntry]) -> InlinedSites {
+    if !entries.iter().any(|e| e.symbol == "PyObject_Malloc") {
+        return InlinedSites::default();
+    }
+    search(file, entries, frees)
+}
+
+/// [`find`]'s search, outside the spans of `entries` and `frees`.
+fn search(file: &object::File, entries: &[ProbedEntry], frees: &[ProbedEntry]) -> InlinedSites {
     let mut found = InlinedSites::default();
-    let Some(malloc) = entries.iter().find(|e| e.symbol == "PyObject_Malloc") else {
+    let Some((address, code)) = exported_code(file, "PyObject_Malloc", MAX_ENTRY_BYTES) else {
         return found;
     };
-    let Some(code) = code_at(
-        file,
-        malloc.address,
-        (malloc.size as usize).min(MAX_ENTRY_BYTES),
-    ) else {
-        return found;
-    };
-    let Some(markers) = markers(code, malloc.address) else {
+    let Some(markers) = markers(code, address) else {
         return found;
     };
     // The default allocator is code of this image: `_PyObject_Malloc` itself where the
@@ -162,6 +197,9 @@ pub fn find(file: &object::File, entries: &[ProbedEntry], frees: &[ProbedEntry])
         probed: entries.iter().map(span).collect(),
         probed_frees: frees.iter().map(span).collect(),
     };
+    found.default_free = targets.default_free;
+    found.usedpools = Some(markers.usedpools);
+    found.searched_all = true;
     let mut budget = MAX_DECODED_BYTES;
     for section in file.sections() {
         if section.kind() != SectionKind::Text {
@@ -177,8 +215,15 @@ pub fn find(file: &object::File, entries: &[ProbedEntry], frees: &[ProbedEntry])
             || found.unrecognised >= MAX_UNRECOGNISED
             || budget == 0
         {
+            found.searched_all = false;
             break;
         }
+    }
+    if let Some(entry) = targets
+        .default_free
+        .and_then(|default| free::default_free_entry(file, default, frees))
+    {
+        found.frees.push(entry);
     }
     found
 }
@@ -342,8 +387,15 @@ fn scan(file: &object::File, data: &[u8], base: u64, targets: &Targets, found: &
             Some(a) if a == targets.markers.default_allocator && !inside(&targets.probed, ip) => {
                 Some(site(file, data, base, &instruction, targets.markers).map(|s| (s, false)))
             }
-            Some(_) if !inside(&targets.probed_frees, ip) => {
-                Some(free::site(file, data, base, &instruction).map(|s| (s, true)))
+            Some(a) if Some(a) == targets.default_free && !inside(&targets.probed_frees, ip) => {
+                match free::site(file, data, base, &instruction) {
+                    free::Freed::Site(site) => Some(Some((site, true))),
+                    free::Freed::Nothing => None,
+                    free::Freed::Unknown => {
+                        found.unrecognised_frees += 1;
+                        Some(None)
+                    }
+                }
             }
             _ => None,
         };

@@ -182,12 +182,9 @@ fn sites_of_a_named_interpreter() {
         found.unrecognised,
         usedpools(&file)
     );
-    for e in found
-        .sites
-        .iter()
-        .filter(|s| s.point.registers[0] == Reg::One)
-    {
-        println!("constant site {:#x} {}", e.address, e.size);
+    for e in &found.frees {
+        let register = e.point.registers[0];
+        println!("free {:#x} +{} {register:?}", e.address, e.point.offset);
     }
 }
 

@@ -1,0 +1,3 @@
+module allocbpf.test/go_allocs
+
+go 1.19

@@ -1,0 +1,230 @@
+//! One Go process read from outside: its executable examined once (version, function
+//! table, where the profiling variables are), then its buckets read at each poll, the
+//! counts since the previous poll given as deltas and the in-use counts as of the last
+//! GC cycle.
+//!
+//! The executable is read through the kernel's link to the very file mapped
+//! (`allocbpf_images::procfs::open_mapped`, checked and size-capped); the memory read
+//! is the process's own, bounded ([`crate::buckets`]).
+
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
+
+use allocbpf_images::{
+    memory::ProcessMemory,
+    procfs::{self, MapsEntry},
+};
+use object::{Object, ObjectSegment};
+
+use crate::{
+    buckets::{self, Bucket, Counts, WalkEnd},
+    buildinfo::{self, GoVersion},
+    pclntab::{Location, Pclntab, PclntabError},
+    runtime::{self, LocateError, ProfileVariables},
+};
+
+/// Most return addresses whose location a file remembers; past it the cache starts
+/// over (a process cannot grow it without bound by forging stacks).
+const MAX_CACHED_LOCATIONS: usize = 1 << 16;
+
+/// Why a Go process cannot be read.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum GoError {
+    /// Its function table could not be read.
+    #[error("{path}: {source}")]
+    Pclntab {
+        /// The executable.
+        path: String,
+        /// Why.
+        source: PclntabError,
+    },
+    /// The profiling variables were not found in its code.
+    #[error("{path} ({version}): {source}")]
+    Variables {
+        /// The executable.
+        path: String,
+        /// Its Go version.
+        version: String,
+        /// Why.
+        source: LocateError,
+    },
+    /// The executable could not be read.
+    #[error("{path}: {reason}")]
+    Unreadable {
+        /// The executable.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A Go executable, whichever process runs it.
+pub struct GoFile {
+    /// The file's bytes (as `procfs::read_mapped` reads them: debug sections zeroed).
+    data: Arc<Vec<u8>>,
+    /// Its Go version.
+    pub version: GoVersion,
+    /// Where its profiling variables are (file addresses).
+    pub variables: ProfileVariables,
+    /// The lowest address of its loadable segments (mapped at file offset 0).
+    first_address: u64,
+    /// Locations of return addresses (file addresses) seen so far.
+    locations: HashMap<u64, Option<Location>>,
+}
+
+impl GoFile {
+    /// Examines the file `pid` maps at `mapping`: `Ok(None)` if it is not a Go
+    /// executable (no `.gopclntab`).
+    pub fn examine(pid: u32, mapping: &MapsEntry) -> Result<Option<GoFile>, GoError> {
+        let path = mapping
+            .file_path()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| mapping.name.to_string_lossy().into_owned());
+        let unreadable = |reason: String| GoError::Unreadable {
+            path: path.clone(),
+            reason,
+        };
+        let file = procfs::open_mapped(pid, mapping).map_err(|e| unreadable(e.to_string()))?;
+        let data = procfs::read_mapped(&file, PathBuf::from(&path).as_path())
+            .map_err(|e| unreadable(e.to_string()))?;
+        let elf = object::File::parse(&*data).map_err(|e| unreadable(e.to_string()))?;
+        if elf.section_by_name(".gopclntab").is_none() {
+            return Ok(None);
+        }
+        let version = buildinfo::version(&elf).unwrap_or(GoVersion {
+            text: "go (version unknown)".to_string(),
+            minor: None,
+        });
+        let table = Pclntab::parse(&elf).map_err(|source| GoError::Pclntab {
+            path: path.clone(),
+            source,
+        })?;
+        let variables = runtime::locate(&elf, &table).map_err(|source| GoError::Variables {
+            path: path.clone(),
+            version: version.text.clone(),
+            source,
+        })?;
+        let first_address = elf.segments().map(|s| s.address()).min().unwrap_or(0);
+        Ok(Some(GoFile {
+            data: Arc::new(data),
+            version,
+            variables,
+            first_address,
+            locations: HashMap::new(),
+        }))
+    }
+
+    /// Where the return address `pc` (a file address) was: the innermost function at
+    /// `pc - 1`, its file and line (the runtime's stacks already list each inlined
+    /// call's own return address).
+    pub fn location(&mut self, pc: u64) -> Option<Location> {
+        if let Some(known) = self.locations.get(&pc) {
+            return known.clone();
+        }
+        if self.locations.len() >= MAX_CACHED_LOCATIONS {
+            self.locations.clear();
+        }
+        let found = object::File::parse(&**self.data).ok().and_then(|elf| {
+            let table = Pclntab::parse(&elf).ok()?;
+            let at = pc.checked_sub(1)?;
+            let func = table.func_at(at)?;
+            table.location(&func, at)
+        });
+        self.locations.insert(pc, found.clone());
+        found
+    }
+}
+
+/// One poll of a process's buckets.
+#[derive(Clone, Debug, Default)]
+pub struct Poll {
+    /// Per bucket with new sampled allocations since the previous poll: its stack
+    /// (return addresses in the file's addresses), size and the new count.
+    pub allocated: Vec<(Vec<u64>, u64, u64)>,
+    /// Per bucket with objects in use as of the last GC cycle: stack, size and count.
+    pub in_use: Vec<(Vec<u64>, u64, u64)>,
+    /// `runtime.MemProfileRate` as read (0: profiling is off).
+    pub rate: i64,
+    /// How the walk ended.
+    pub end: Option<WalkEnd>,
+}
+
+/// A Go process being read.
+pub struct GoProcess {
+    memory: ProcessMemory,
+    /// Added to a file address to get the process's.
+    bias: u64,
+    /// Counts reported at the previous poll, by bucket address.
+    previous: HashMap<u64, Counts>,
+    /// A poll set the baseline.
+    polled: bool,
+}
+
+impl GoProcess {
+    /// Process `pid`, which maps `file` at `mapping` (its first page).
+    pub fn new(pid: u32, file: &GoFile, mapping: &MapsEntry) -> GoProcess {
+        GoProcess {
+            memory: ProcessMemory::new(pid),
+            bias: mapping
+                .range
+                .start
+                .wrapping_sub(file.first_address & !0xfff),
+            previous: HashMap::new(),
+            polled: false,
+        }
+    }
+
+    /// Reads the buckets of the process running `file`: the allocations sampled since
+    /// the previous poll (the first poll only sets the baseline: nothing is new) and
+    /// the objects in use.
+    pub fn poll(&mut self, file: &GoFile) -> Result<Poll, std::io::Error> {
+        let variables = file.variables;
+        let rate = self.memory.u64(self.bias.wrapping_add(variables.rate))? as i64;
+        let cycle = variables
+            .cycle
+            .and_then(|c| self.memory.i32(self.bias.wrapping_add(c)).ok())
+            .map(|c| c as u32);
+        let (buckets, end) =
+            buckets::walk(&self.memory, self.bias.wrapping_add(variables.mbuckets));
+        let first = !std::mem::replace(&mut self.polled, true);
+        let mut poll = Poll {
+            rate,
+            end: Some(end),
+            ..Poll::default()
+        };
+        let mut seen = HashMap::with_capacity(buckets.len());
+        for bucket in buckets {
+            let reported = bucket.reported(cycle);
+            let stack = self.file_addresses(&bucket);
+            let before = self.previous.get(&bucket.address).copied();
+            let new = match before {
+                // Counts only grow; a smaller one is a torn or forged read: skipped.
+                Some(before) => reported.allocs.saturating_sub(before.allocs),
+                None if first => 0,
+                None => reported.allocs,
+            };
+            let live = reported.allocs.saturating_sub(reported.frees);
+            if new > 0 {
+                poll.allocated.push((stack.clone(), bucket.size, new));
+            }
+            if live > 0 {
+                poll.in_use.push((stack, bucket.size, live));
+            }
+            let kept = match before {
+                Some(before) if reported.allocs < before.allocs => before,
+                _ => reported,
+            };
+            seen.insert(bucket.address, kept);
+        }
+        self.previous = seen;
+        Ok(poll)
+    }
+
+    /// The bucket's stack in the file's addresses.
+    fn file_addresses(&self, bucket: &Bucket) -> Vec<u64> {
+        bucket
+            .stack
+            .iter()
+            .map(|pc| pc.wrapping_sub(self.bias))
+            .collect()
+    }
+}
