@@ -1,10 +1,12 @@
 // A Go program with allocation sites of known sizes, for allocbpf's Go tests.
 //
-// Prints its pid, waits for a line on stdin, runs each site ROUNDS times (keeping the
-// objects of the `kept` site alive), forces a GC cycle (the runtime publishes its
-// profile counts at GC), writes its own allocs profile (runtime/pprof) to the path
-// given as the first argument if any, prints `truth SITE BYTES CALLS LIVE` per site,
-// then waits for stdin to close before it exits, so that its memory can still be read.
+// Usage: go_allocs PROFILE|- [ROUNDS [RATE [HOLD_SECONDS]]]. Sets
+// runtime.MemProfileRate to RATE if given (0 turns profiling off), prints its pid,
+// waits for a line on stdin, runs each site ROUNDS times (keeping the objects of the
+// `kept` site alive), forces GC cycles (the runtime publishes its profile counts at
+// GC), writes its own heap profile (runtime/pprof, with alloc and in-use values) to
+// PROFILE, prints `truth SITE BYTES CALLS LIVE` per site, then stays HOLD_SECONDS
+// (default 3) so that its memory can still be read.
 package main
 
 import (
@@ -14,6 +16,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"time"
 )
 
 // Rounds of each site.
@@ -34,8 +37,15 @@ func allocKept() *[256]byte { return new([256]byte) }
 var sink interface{}
 
 func main() {
+	hold := 3
 	if len(os.Args) > 2 {
 		rounds, _ = strconv.Atoi(os.Args[2])
+	}
+	if len(os.Args) > 3 {
+		runtime.MemProfileRate, _ = strconv.Atoi(os.Args[3])
+	}
+	if len(os.Args) > 4 {
+		hold, _ = strconv.Atoi(os.Args[4])
 	}
 	fmt.Println(os.Getpid())
 	in := bufio.NewReader(os.Stdin)
@@ -53,7 +63,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] != "-" {
 		f, err := os.Create(os.Args[1])
 		if err == nil {
-			pprof.Lookup("allocs").WriteTo(f, 0)
+			pprof.Lookup("heap").WriteTo(f, 0)
 			f.Close()
 		}
 	}
@@ -61,6 +71,6 @@ func main() {
 	fmt.Println("truth medium", 4096, rounds, 0)
 	fmt.Println("truth large", 100000, rounds, 0)
 	fmt.Println("truth kept", 256, rounds, len(kept))
-	in.ReadString('\n')
+	time.Sleep(time.Duration(hold) * time.Second)
 	runtime.KeepAlive(kept)
 }

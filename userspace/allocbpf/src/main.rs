@@ -212,18 +212,19 @@ fn announce(started: &Started<'_>) {
         Started::Host { images } => eprintln!(
             "allocbpf: profiling every process through {images} allocator image(s); Ctrl-C to stop"
         ),
-        Started::Process { target, rate } => eprintln!(
-            "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {rate} bytes",
-            target.pid,
-            target.comm.to_string_lossy(),
-            target
-                .images
-                .iter()
-                .map(|image| image.describe())
-                .collect::<Vec<_>>()
-                .join("; "),
-            target.probes,
-        ),
+        Started::Process { target, rate } => {
+            let mut through: Vec<String> = target.images.iter().map(|i| i.describe()).collect();
+            if let Some(go) = &target.go {
+                through.push(go.clone());
+            }
+            eprintln!(
+                "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {rate} bytes",
+                target.pid,
+                target.comm.to_string_lossy(),
+                through.join("; "),
+                target.probes,
+            )
+        }
         Started::LiveTracking { mode, frees } => {
             let how = match mode {
                 LiveMode::Session => "uprobe session links (only sampled calls pay for the return)",

@@ -65,8 +65,8 @@ pub struct GoFile {
     pub version: GoVersion,
     /// Where its profiling variables are (file addresses).
     pub variables: ProfileVariables,
-    /// The lowest address of its loadable segments (mapped at file offset 0).
-    first_address: u64,
+    /// Its loadable segments: (address, file offset, file size).
+    segments: Vec<(u64, u64, u64)>,
     /// Locations of return addresses (file addresses) seen so far.
     locations: HashMap<u64, Option<Location>>,
 }
@@ -103,12 +103,18 @@ impl GoFile {
             version: version.text.clone(),
             source,
         })?;
-        let first_address = elf.segments().map(|s| s.address()).min().unwrap_or(0);
+        let segments = elf
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                (s.address(), offset, size)
+            })
+            .collect();
         Ok(Some(GoFile {
             data: Arc::new(data),
             version,
             variables,
-            first_address,
+            segments,
             locations: HashMap::new(),
         }))
     }
@@ -160,17 +166,21 @@ pub struct GoProcess {
 }
 
 impl GoProcess {
-    /// Process `pid`, which maps `file` at `mapping` (its first page).
-    pub fn new(pid: u32, file: &GoFile, mapping: &MapsEntry) -> GoProcess {
-        GoProcess {
+    /// Process `pid`, which maps `file` at `mapping`; `None` if no loadable segment of
+    /// the file holds the mapping's offset.
+    pub fn new(pid: u32, file: &GoFile, mapping: &MapsEntry) -> Option<GoProcess> {
+        // The address the file gives the mapping's first byte.
+        let linked = file.segments.iter().find_map(|&(address, offset, size)| {
+            (offset..offset + size)
+                .contains(&mapping.offset)
+                .then(|| address + (mapping.offset - offset))
+        })?;
+        Some(GoProcess {
             memory: ProcessMemory::new(pid),
-            bias: mapping
-                .range
-                .start
-                .wrapping_sub(file.first_address & !0xfff),
+            bias: mapping.range.start.wrapping_sub(linked),
             previous: HashMap::new(),
             polled: false,
-        }
+        })
     }
 
     /// Reads the buckets of the process running `file`: the allocations sampled since

@@ -106,6 +106,8 @@ impl Collector {
         } else {
             FrameSymbolizer::unsymbolized()
         };
+        // The Go processes' counts up to now belong to this interval.
+        self.poll_go();
         let symbolizing = Instant::now();
         let mut profiles = Vec::new();
         let mut gone = HashSet::new();
@@ -336,6 +338,7 @@ impl Collector {
         for pid in &gone {
             self.processes.tracked.remove(pid);
             self.stacks.forget(*pid);
+            self.go.forget(*pid);
         }
         // Processes never tracked are in no report, and those that departed had their
         // last: their entries go too (a pid reused since has sampled and is tracked,

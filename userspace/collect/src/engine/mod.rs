@@ -43,6 +43,7 @@ use allocbpf_stacks::resolve::StackResolver;
 mod budget_control;
 mod cut;
 mod exec_queue;
+mod golang;
 mod hit_cost;
 mod images;
 mod interval;
@@ -105,6 +106,8 @@ pub struct AttachedTarget {
     pub frees: usize,
     /// What to say if it makes no probed call while profiled.
     pub silence: Silence,
+    /// For a Go program: how its heap profile is read (its version and sampling rate).
+    pub go: Option<String>,
 }
 
 /// Collects samples per process. See the module docs.
@@ -129,6 +132,8 @@ pub struct Collector {
     last_collect: Instant,
     /// Under a budget: when windows next open or close (CLOCK_MONOTONIC ns).
     next_window_change_ns: Option<u64>,
+    /// Go processes, whose heap profile is read rather than probed.
+    go: golang::GoReaders,
     /// Running counts.
     pub stats: CollectorStats,
 }
@@ -226,6 +231,7 @@ impl Collector {
         if admitted {
             self.attach_images_of(pid, &maps);
             self.look_for_python(pid, &maps);
+            self.look_for_go(pid, &maps);
         }
     }
 
@@ -389,6 +395,7 @@ impl Collector {
                         tracked.info.python_version = None;
                         tracked.info.go_version = None;
                     }
+                    self.go.forget(pid);
                     if let Some(kernel) = self.kernel.as_deref_mut() {
                         kernel.forget_python(pid);
                     }
@@ -431,6 +438,9 @@ impl Collector {
     pub fn housekeeping(&mut self) {
         let now = Instant::now();
         self.observe_execs_due(now);
+        if self.go.poll_due(now) {
+            self.poll_go();
+        }
         self.rescan_maps_due(now);
         let host = matches!(self.scope, Scope::Host { .. });
         if host && now.duration_since(self.last_scan) >= RESCAN_INTERVAL {

@@ -113,6 +113,7 @@ impl Collector {
             last_refresh: now,
             last_collect: now,
             next_window_change_ns: None,
+            go: Default::default(),
             stats: CollectorStats::default(),
         })
     }
@@ -133,6 +134,7 @@ impl Collector {
             live_mode: None,
             frees: 0,
             silence: target.silence,
+            go: None,
         };
         // What resolving it found about its files: a rescan of its maps examines only
         // files mapped since (dlopen).
@@ -155,6 +157,10 @@ impl Collector {
         let comm = attached.comm.clone();
         self.target = Some(attached);
         self.observe(pid);
+        let go = self.go_description(pid);
+        if let Some(target) = self.target.as_mut() {
+            target.go = go;
+        }
         if !self.processes.tracked.contains_key(&pid) {
             // Its identity could not be read (it may be exiting): its samples still
             // count, under what was read when it was resolved.

@@ -1,0 +1,219 @@
+//! Go programs, profiled from their runtime's own heap profile (read from their memory,
+//! no probe): `tests/workloads/go_allocs` built with several Go versions, with and
+//! without a symbol table, against the heap profile the program writes itself
+//! (`runtime/pprof`, read with `go tool pprof`). Both read the same bucket counts, so
+//! per function they agree to rounding; in use, the kept site is also checked against
+//! its truth within 5 sd. Run as root.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use allocbpf_e2e::{
+    go_pprof, one_profiler_at_a_time, require_root, scratch_dir, stacks_with, workspace_root,
+    Profiler, Workload,
+};
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+
+/// Rounds of each site.
+const ROUNDS: &str = "20000";
+
+/// The sampling rate the workload sets (`runtime.MemProfileRate`), smaller than the
+/// default for tighter in-use bounds; allocbpf must read it from the process.
+const RATE: u64 = 65536;
+
+/// The Go versions the workload is built with: the machine's own (`local`), and older
+/// toolchains the go command fetches from the module proxy (`GOTOOLCHAIN`).
+const VERSIONS: &[&str] = &["local", "go1.22.12", "go1.19.13"];
+
+/// The go command: the newest on PATH (it can fetch the others).
+fn go() -> &'static str {
+    ["/usr/local/go/bin/go"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("go")
+}
+
+/// Builds the workload with Go `version`, stripped (`-s -w`) or not, once per run.
+fn build(version: &str, stripped: bool) -> Result<PathBuf> {
+    let dir = scratch_dir(&format!(
+        "go-build-{version}-{}",
+        if stripped { "s" } else { "g" }
+    ));
+    let binary = dir.join("go_allocs");
+    let mut command = Command::new(go());
+    command
+        .arg("build")
+        .arg("-o")
+        .arg(&binary)
+        .current_dir(workspace_root().join("tests/workloads/go_allocs"))
+        .env("GOTOOLCHAIN", version)
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOCACHE", workspace_root().join("target/e2e/gocache"));
+    if stripped {
+        command.arg("-ldflags=-s -w");
+    }
+    command.arg(".");
+    let output = command.output().context("go build")?;
+    ensure!(
+        output.status.success(),
+        "go build ({version}): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(binary)
+}
+
+/// Per function, the flat value of `index` (`alloc_space`, `inuse_space`) in the
+/// program's own profile, in bytes.
+fn pprof_flat(profile: &Path, index: &str, scratch: &Path) -> Vec<(String, f64)> {
+    let top = go_pprof(
+        &[
+            "-top",
+            &format!("-sample_index={index}"),
+            "-unit=B",
+            "-nodefraction=0",
+            "-nodecount=1000",
+        ],
+        profile,
+        scratch,
+    );
+    top.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flat = fields.first()?.strip_suffix('B')?.parse().ok()?;
+            Some((fields.last()?.to_string(), flat))
+        })
+        .collect()
+}
+
+/// Sum over the stacks whose innermost frame is `function` (the JSON lists frames
+/// outermost first) of `field`.
+fn ours(profile: &Value, function: &str, field: &str) -> f64 {
+    stacks_with(profile, function)
+        .iter()
+        .filter(|s| s["frames"].as_array().and_then(|f| f.last()) == Some(&Value::from(function)))
+        .map(|s| s[field].as_f64().unwrap_or(0.0))
+        .sum()
+}
+
+/// Profiles one build of the workload by pid and compares with its own profile.
+fn check(binary: &Path, label: &str) -> Result<()> {
+    let scratch = scratch_dir(&format!("go-{label}"));
+    let own = scratch.join("own.pprof");
+    let out = scratch.join("profile.json");
+    let rate = RATE.to_string();
+    let mut workload =
+        Workload::start(binary, &[own.to_str().context("path")?, ROUNDS, &rate, "3"])?;
+    let pid = workload.pid.to_string();
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ])?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(120))?;
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    ensure!(
+        finished
+            .stderr
+            .contains("its Go runtime's heap profile (go1."),
+        "{label}: {}",
+        finished.stderr
+    );
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let allocated = pprof_flat(&own, "alloc_space", &scratch);
+    let in_use = pprof_flat(&own, "inuse_space", &scratch);
+    let theirs = |table: &[(String, f64)], function: &str| {
+        table
+            .iter()
+            .find(|(name, _)| name == function)
+            .map_or(0.0, |(_, v)| *v)
+    };
+    for function in [
+        "main.allocSmall",
+        "main.allocMedium",
+        "main.allocLarge",
+        "main.allocKept",
+    ] {
+        let (mine, pprof) = (
+            ours(&profile, function, "estimated_bytes"),
+            theirs(&allocated, function),
+        );
+        println!("{label} {function}: allocated {mine:.0}, its own pprof {pprof:.0}");
+        ensure!(pprof > 0.0, "{label}: its own profile has no {function}");
+        ensure!(
+            (mine - pprof).abs() <= 0.01 * pprof,
+            "{label} {function}: {mine} vs {pprof}"
+        );
+    }
+    // In use: the kept objects, as its own profile says, and against their truth
+    // (20,000 objects of 256 bytes at 64 KiB: sd = sqrt(n S R) = 580 KB).
+    let kept = ours(&profile, "main.allocKept", "inuse_bytes");
+    let pprof_kept = theirs(&in_use, "main.allocKept");
+    let truth = 256.0 * 20000.0;
+    let sd = (20000.0 * 256.0 * RATE as f64).sqrt();
+    println!(
+        "{label} kept in use {kept:.0}, its own pprof {pprof_kept:.0}, truth {truth} +- {sd:.0}"
+    );
+    ensure!(
+        (kept - pprof_kept).abs() <= 0.01 * pprof_kept,
+        "{label}: in use"
+    );
+    ensure!((kept - truth).abs() <= 5.0 * sd, "{label}: in use vs truth");
+    // The dropped objects are not in use.
+    ensure!(ours(&profile, "main.allocLarge", "inuse_bytes") < 0.01 * truth);
+    Ok(())
+}
+
+/// Go 1.19, 1.22 and the machine's own, each stripped; the machine's own with its
+/// symbol table too.
+#[test]
+fn go_heap_profiles_agree_with_the_programs_own() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    check(&build("local", false)?, "local")?;
+    for version in VERSIONS {
+        check(&build(version, true)?, &format!("{version}-stripped"))?;
+    }
+    Ok(())
+}
+
+/// A program that turned profiling off (`runtime.MemProfileRate = 0`) is said not to
+/// sample, and gets no Go stacks.
+#[test]
+fn a_go_program_that_does_not_sample_is_told_apart() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let binary = build("local", true)?;
+    let scratch = scratch_dir("go-off");
+    let out = scratch.join("profile.json");
+    let mut workload = Workload::start(&binary, &["-", "2000", "0", "2"])?;
+    let pid = workload.pid.to_string();
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ])?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(60))?;
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    ensure!(
+        finished.stderr.contains("does not sample allocations"),
+        "{}",
+        finished.stderr
+    );
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    ensure!(stacks_with(&profile, "main.allocLarge").is_empty());
+    Ok(())
+}
