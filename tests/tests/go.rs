@@ -217,3 +217,179 @@ fn a_go_program_that_does_not_sample_is_told_apart() -> Result<()> {
     ensure!(stacks_with(&profile, "main.allocLarge").is_empty());
     Ok(())
 }
+
+/// A free local port (bound, then released for the server to take).
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
+        .local_addr()?
+        .port())
+}
+
+/// `GET path` on `127.0.0.1:port`: the body (HTTP/1.0, the server closes).
+fn http_get(port: u16, path: &str) -> Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("HTTP response without headers")?;
+    ensure!(
+        response.starts_with(b"HTTP/1.0 200") || response.starts_with(b"HTTP/1.1 200"),
+        "GET {path}: {}",
+        String::from_utf8_lossy(&response[..split])
+    );
+    Ok(response[split + 4..].to_vec())
+}
+
+/// A real Go server nobody here wrote: Debian's prometheus (a stripped Go 1.19 binary)
+/// scraping itself every second, with queries and scrapes of its metrics as load.
+/// allocbpf profiles it by pid while the test takes its own allocation profile
+/// (`/debug/pprof/allocs`) at the start and at the end; `go tool pprof -base` gives
+/// what it allocated in between. Both read the same counts, published at GC cycles, so
+/// they differ by the GC cycles that end between a snapshot and allocbpf's poll next
+/// to it: the top functions' shares of the total are compared, within 10 points.
+#[test]
+fn prometheus_top_sites_agree_with_its_own_pprof() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let prometheus = Path::new("/usr/bin/prometheus");
+    ensure!(
+        prometheus.exists(),
+        "Debian's prometheus is missing: sudo cargo xtask setup (apt-get install prometheus)"
+    );
+    let scratch = scratch_dir("go-prometheus");
+    let port = free_port()?;
+    let config = scratch.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: self\n    \
+             static_configs:\n      - targets: [\"127.0.0.1:{port}\"]\n"
+        ),
+    )?;
+    let mut server = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            scratch.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(scratch.join("prometheus.log"))?)
+        .spawn()?;
+    let _stop = KillOnDrop(server.id());
+    let ready = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(200));
+        http_get(port, "/-/ready").is_ok()
+    });
+    ensure!(ready, "prometheus did not get ready");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = http_get(port, "/metrics");
+                let _ = http_get(
+                    port,
+                    "/api/v1/query?query=rate(prometheus_http_requests_total%5B1m%5D)",
+                );
+            }
+        })
+    };
+    let out = scratch.join("profile.json");
+    let pid = server.id().to_string();
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ])?;
+    let before = scratch.join("before.pprof");
+    std::fs::write(&before, http_get(port, "/debug/pprof/allocs")?)?;
+    std::thread::sleep(Duration::from_secs(10));
+    let after = scratch.join("after.pprof");
+    std::fs::write(&after, http_get(port, "/debug/pprof/allocs")?)?;
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(profiler.child.id() as i32, libc::SIGINT) };
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = load.join();
+    let _ = server.kill();
+    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    ensure!(
+        finished
+            .stderr
+            .contains("its Go runtime's heap profile (go1.19"),
+        "{}",
+        finished.stderr
+    );
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let top = go_pprof(
+        &[
+            "-top",
+            "-sample_index=alloc_space",
+            "-unit=B",
+            "-nodefraction=0",
+            "-nodecount=1000",
+            "-base",
+            before.to_str().context("path")?,
+        ],
+        &after,
+        &scratch,
+    );
+    let mut theirs: Vec<(String, f64)> = top
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flat = fields.first()?.strip_suffix('B')?.parse().ok()?;
+            // `(inline)` ends some names: the function is the field before it.
+            let name = match fields.last()? {
+                &"(inline)" => fields.get(fields.len() - 2)?,
+                name => name,
+            };
+            Some((name.to_string(), flat))
+        })
+        .collect();
+    theirs.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let their_total: f64 = theirs.iter().map(|(_, v)| v).sum();
+    let our_total: f64 = profile["stacks"]
+        .as_array()
+        .context("stacks")?
+        .iter()
+        .map(|s| s["estimated_bytes"].as_f64().unwrap_or(0.0))
+        .sum();
+    println!("prometheus: allocbpf {our_total:.0} B, its own pprof {their_total:.0} B");
+    ensure!(their_total > 0.0 && our_total > 0.0);
+    ensure!(
+        (0.5..2.0).contains(&(our_total / their_total)),
+        "totals {our_total} vs {their_total}"
+    );
+    for (function, flat) in theirs.iter().take(5) {
+        let (mine, theirs) = (
+            ours(&profile, function, "estimated_bytes") / our_total,
+            flat / their_total,
+        );
+        println!("  {function}: share {mine:.3}, its own pprof {theirs:.3}");
+        ensure!(
+            (mine - theirs).abs() <= 0.10,
+            "{function}: {mine} vs {theirs}"
+        );
+    }
+    Ok(())
+}
+
+/// Kills a process when dropped (a server a failed test leaves behind).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: a plain signal to a child we started.
+        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+    }
+}

@@ -58,6 +58,9 @@ const APT_PACKAGES: &[&str] = &[
     "bindfs",
     // A Debian trixie root for the Python tests (CPython 3.13 with its own libc).
     "debootstrap",
+    // A real Go server nobody here wrote, for the Go heap-profile test (a stripped Go
+    // 1.19 binary).
+    "prometheus",
     // A real Python program for the Python tests (pyflakes over the standard library).
     "python3-pyflakes",
 ];

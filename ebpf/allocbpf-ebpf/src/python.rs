@@ -13,7 +13,8 @@ use core::ptr::addr_of_mut;
 use allocbpf_common::{
     python::{
         PythonFrameRecord, PythonStatus, PythonWalk, MAX_PYTHON_FRAMES, MAX_PYTHON_PROCESSES,
-        MAX_PYTHON_THREADS, NO_OFFSET, POOL_FREEBLOCK, POOL_NEXTPOOL, PYMALLOC_ALIGNMENT_SHIFT, THREAD_INTERP,
+        MAX_PYTHON_THREADS, NO_OFFSET, POOL_FREEBLOCK, POOL_NEXTPOOL, PYMALLOC_ALIGNMENT_SHIFT,
+        THREAD_INTERP,
     },
     PythonStack, SampleEvent, SAMPLE_FLAG_PYTHON,
 };

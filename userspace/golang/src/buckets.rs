@@ -172,3 +172,80 @@ fn read_bucket(
         allnext,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    //! Forged bucket lists in this process's own memory, read back through
+    //! `process_vm_readv` as a target's would be.
+
+    use super::*;
+
+    /// A bucket's words: header, `nstk` return addresses, a memRecord.
+    fn bucket(allnext: u64, typ: u64, size: u64, stack: &[u64], active: [u64; 4]) -> Vec<u64> {
+        let mut words = vec![0, allnext, typ, 0, size, stack.len() as u64];
+        words.extend_from_slice(stack);
+        words.extend_from_slice(&active);
+        words.extend_from_slice(&[0; 12]);
+        words
+    }
+
+    fn me() -> ProcessMemory {
+        ProcessMemory::new(std::process::id())
+    }
+
+    #[test]
+    fn a_list_is_read_to_its_end() {
+        let second = bucket(0, MEM_PROFILE, 64, &[0x401000], [3, 1, 192, 64]);
+        let first = bucket(
+            second.as_ptr() as u64,
+            MEM_PROFILE,
+            128,
+            &[1, 2],
+            [5, 0, 640, 0],
+        );
+        let head = [first.as_ptr() as u64];
+        let (buckets, end) = walk(&me(), head.as_ptr() as u64);
+        assert_eq!(end, WalkEnd::Complete);
+        assert_eq!(buckets.len(), 2);
+        assert_eq!(buckets[0].size, 128);
+        assert_eq!(buckets[0].stack, vec![1, 2]);
+        assert_eq!(buckets[1].active.frees, 1);
+        assert_eq!(buckets[1].reported(Some(4)).allocs, 3);
+    }
+
+    #[test]
+    fn a_cycle_ends_the_walk() {
+        let mut looped = bucket(0, MEM_PROFILE, 64, &[1], [1, 0, 64, 0]);
+        looped[1] = looped.as_ptr() as u64;
+        let head = [looped.as_ptr() as u64];
+        let (buckets, end) = walk(&me(), head.as_ptr() as u64);
+        assert_eq!(end, WalkEnd::Cycle);
+        assert_eq!(buckets.len(), 1);
+    }
+
+    #[test]
+    fn impossible_buckets_and_pointers_end_the_walk() {
+        // A stack deeper than any runtime keeps: not read.
+        let mut deep = bucket(0, MEM_PROFILE, 64, &[1], [1, 0, 64, 0]);
+        deep[5] = 1 << 40;
+        let head = [deep.as_ptr() as u64];
+        assert_eq!(
+            walk(&me(), head.as_ptr() as u64).1,
+            WalkEnd::Bad(deep.as_ptr() as u64)
+        );
+        // Another profile's bucket (a block profile's): not read.
+        let block = bucket(0, 2, 64, &[1], [1, 0, 64, 0]);
+        let head = [block.as_ptr() as u64];
+        assert!(matches!(
+            walk(&me(), head.as_ptr() as u64).1,
+            WalkEnd::Bad(_)
+        ));
+        // A next pointer into nothing mapped.
+        let wild = bucket(0x10, MEM_PROFILE, 64, &[1], [1, 0, 64, 0]);
+        let head = [wild.as_ptr() as u64];
+        let (buckets, end) = walk(&me(), head.as_ptr() as u64);
+        assert_eq!((buckets.len(), end), (1, WalkEnd::Bad(0x10)));
+        // A head that cannot be read.
+        assert_eq!(walk(&me(), 0x10).1, WalkEnd::Bad(0x10));
+    }
+}
