@@ -393,3 +393,75 @@ impl Drop for KillOnDrop {
         unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
     }
 }
+
+/// The variance of the estimate of `calls` allocations of `size` bytes sampled at mean
+/// interval `rate`: `calls S^2 (1-p)/p` (docs/statistics.md).
+fn variance(calls: f64, size: f64, rate: f64) -> f64 {
+    let p = -(-size / rate).exp_m1();
+    calls * size * size * (1.0 - p) / p
+}
+
+/// A cgo program: its Go allocations (from its runtime's heap profile, the outermost
+/// frame saying so) and its C allocations (probed malloc) in one profile, each site
+/// within 5 sd of its truth at its own sampler's rate.
+#[test]
+fn a_cgo_program_has_both_samplers_in_one_profile() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let scratch = scratch_dir("go-cgo");
+    let binary = scratch.join("go_cgo");
+    let output = Command::new(go())
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg(".")
+        .current_dir(workspace_root().join("tests/workloads/go_cgo"))
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "1")
+        .env("GOCACHE", workspace_root().join("target/e2e/gocache"))
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "go build (cgo): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out = scratch.join("profile.json");
+    let mut workload = Workload::start(&binary, &["20000"])?;
+    let pid = workload.pid.to_string();
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid,
+        "--rate",
+        "64KiB",
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ])?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(60))?;
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let go_stacks = stacks_with(&profile, "main.goAllocate");
+    ensure!(!go_stacks.is_empty(), "no Go stack");
+    ensure!(go_stacks
+        .iter()
+        .all(|s| s["frames"][0] == "[go runtime heap profile]"));
+    let go_bytes: f64 = go_stacks
+        .iter()
+        .map(|s| s["estimated_bytes"].as_f64().unwrap_or(0.0))
+        .sum();
+    let c_bytes: f64 = stacks_with(&profile, "c_allocate")
+        .iter()
+        .map(|s| s["estimated_bytes"].as_f64().unwrap_or(0.0))
+        .sum();
+    let (go_truth, c_truth) = (4096.0 * 20000.0, 3000.0 * 20000.0);
+    let go_sd = variance(20000.0, 4096.0, 524288.0).sqrt();
+    let c_sd = variance(20000.0, 3000.0, 65536.0).sqrt();
+    println!(
+        "cgo: Go {go_bytes:.0} ({go_truth} +- {go_sd:.0}), C {c_bytes:.0} ({c_truth} +- {c_sd:.0})"
+    );
+    ensure!((go_bytes - go_truth).abs() <= 5.0 * go_sd, "Go site");
+    ensure!((c_bytes - c_truth).abs() <= 5.0 * c_sd, "C site");
+    Ok(())
+}

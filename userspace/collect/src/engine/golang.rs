@@ -18,6 +18,11 @@ use allocbpf_profile::{
 
 use super::Collector;
 
+/// The outermost frame of every stack read from the Go runtime's heap profile: in a
+/// program that also allocates through malloc (cgo), each stack says which sampler it
+/// came from.
+pub const GO_SAMPLER_FRAME: &str = "[go runtime heap profile]";
+
 /// How often Go processes are polled between cuts (a process that exits between two
 /// polls loses what it allocated since the last one).
 pub const GO_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -192,7 +197,7 @@ fn add_poll(
 
 /// The frames of a bucket's stack (return addresses, innermost first), as Go frames:
 /// the runtime's own frames at the top (the allocator, `runtime.mallocgc`...) are
-/// dropped, as `go tool pprof` does.
+/// dropped, as `go tool pprof` does; [`GO_SAMPLER_FRAME`] is the outermost.
 fn frames(file: &mut GoFile, stack: &[u64]) -> Vec<Frame> {
     let mut locations: Vec<SourceLocation> = stack
         .iter()
@@ -216,6 +221,11 @@ fn frames(file: &mut GoFile, stack: &[u64]) -> Vec<Frame> {
     if let Some(first) = locations.iter().position(|l| !runtime(l)) {
         locations.drain(..first);
     }
+    locations.push(SourceLocation {
+        function: GO_SAMPLER_FRAME.to_string(),
+        file: String::new(),
+        line: 0,
+    });
     let Ok(mut table) = source_locations().write() else {
         return vec![Frame::Lost];
     };

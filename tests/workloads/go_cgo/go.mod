@@ -1,0 +1,3 @@
+module allocbpf.test/go_cgo
+
+go 1.19
