@@ -465,3 +465,153 @@ fn a_cgo_program_has_both_samplers_in_one_profile() -> Result<()> {
     ensure!((c_bytes - c_truth).abs() <= 5.0 * c_sd, "C site");
     Ok(())
 }
+
+/// The address of symbol `name` in `binary` (`go tool nm`).
+fn go_symbol(binary: &Path, name: &str) -> Result<u64> {
+    let output = Command::new(go())
+        .args(["tool", "nm"])
+        .arg(binary)
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(2) == Some(name))
+        .with_context(|| format!("{name} in {}", binary.display()))?;
+    Ok(u64::from_str_radix(
+        line.split_whitespace().next().context("address")?,
+        16,
+    )?)
+}
+
+/// A running process's memory, read and written through `/proc/PID/mem` (root).
+struct Memory(std::fs::File);
+
+impl Memory {
+    fn open(pid: u32) -> Result<Memory> {
+        Ok(Memory(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/{pid}/mem"))?,
+        ))
+    }
+
+    fn read(&self, address: u64) -> Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut word = [0u8; 8];
+        self.0.read_exact_at(&mut word, address)?;
+        Ok(u64::from_le_bytes(word))
+    }
+
+    fn write(&self, address: u64, value: u64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.0.write_all_at(&value.to_le_bytes(), address)?;
+        Ok(())
+    }
+}
+
+/// A process whose heap-profile structures are forged while allocbpf reads them: its
+/// newest bucket made to point at itself (a cycle), then given an impossible stack
+/// depth, then the list head pointed into nothing. allocbpf goes on polling (bounded
+/// walks), exits 0 when the process does, and its profile is whole.
+#[test]
+fn forged_go_runtime_structures_cannot_make_allocbpf_loop_or_crash() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let binary = build("local", false)?;
+    let mbuckets = go_symbol(&binary, "runtime.mbuckets")?;
+    let scratch = scratch_dir("go-forged");
+    let out = scratch.join("profile.json");
+    let mut workload = Workload::start(&binary, &["-", "2000", "65536", "8"])?;
+    let pid = workload.pid;
+    let profiler = Profiler::attach(&[
+        "--pid",
+        &pid.to_string(),
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ])?;
+    workload.go()?;
+    workload
+        .stdout
+        .wait_for("truth kept", Duration::from_secs(60))?;
+    let memory = Memory::open(pid)?;
+    let head = memory.read(mbuckets)?;
+    ensure!(head != 0, "no bucket to forge");
+    // allnext (+8) to itself: a cycle.
+    memory.write(head + 8, head)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    // nstk (+0x28): deeper than any runtime keeps.
+    memory.write(head + 0x28, 1 << 40)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    // The head into nothing mapped.
+    memory.write(mbuckets, 0x10)?;
+    workload.wait(Duration::from_secs(60))?;
+    let finished = profiler.finish(Duration::from_secs(30))?;
+    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    ensure!(!finished.stderr.contains("panicked"), "{}", finished.stderr);
+    for end in ["Cycle", "Bad"] {
+        ensure!(
+            finished
+                .stderr
+                .contains(&format!("did not end as a list does ({end}")),
+            "{end}: {}",
+            finished.stderr
+        );
+    }
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    ensure!(profile["stacks"].is_array());
+    Ok(())
+}
+
+/// System-wide (`--comm`), a Go program started after allocbpf: found at its exec,
+/// read like a target, and its profile agrees with its own (as by pid).
+#[test]
+fn go_programs_are_profiled_system_wide() -> Result<()> {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let binary = build("local", true)?;
+    let scratch = scratch_dir("go-host");
+    let own = scratch.join("own.pprof");
+    let out = scratch.join("profile.json");
+    let mut profiler = Profiler::spawn(&[
+        "--comm",
+        "^go_allocs$",
+        "--duration",
+        "12s",
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ])?;
+    profiler
+        .stderr
+        .wait_for("allocbpf: profiling every process", Duration::from_secs(60))?;
+    let rate = RATE.to_string();
+    let mut workload = Workload::start(
+        &binary,
+        &[own.to_str().context("path")?, ROUNDS, &rate, "3"],
+    )?;
+    // Its exec is looked at once its loader is done: well before this.
+    std::thread::sleep(Duration::from_secs(3));
+    workload.go()?;
+    workload.wait(Duration::from_secs(60))?;
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let allocated = pprof_flat(&own, "alloc_space", &scratch);
+    for function in ["main.allocLarge", "main.allocMedium", "main.allocKept"] {
+        let mine = ours(&profile, function, "estimated_bytes");
+        let theirs = allocated
+            .iter()
+            .find(|(name, _)| name == function)
+            .map_or(0.0, |(_, v)| *v);
+        println!("system-wide {function}: allocated {mine:.0}, its own pprof {theirs:.0}");
+        ensure!(
+            theirs > 0.0 && (mine - theirs).abs() <= 0.01 * theirs,
+            "{function}"
+        );
+    }
+    Ok(())
+}

@@ -103,7 +103,10 @@ impl ProcessInfo {
             labels.push(("python_version", version.clone()));
         }
         if let Some(version) = &self.go_version {
+            // Its profiles hold the Go runtime's own samples (their stacks end in
+            // `[go runtime heap profile]`); any others are allocbpf's probes'.
             labels.push(("go_version", version.clone()));
+            labels.push(("sampler", "go_runtime".to_string()));
         }
         labels
     }
@@ -240,7 +243,8 @@ mod tests {
         assert_eq!(cgroup_v2_path("1:cpu:/a\n"), None);
     }
 
-    /// A Python process's profiles say which CPython it runs; others have no such label.
+    /// A Python process's profiles say which CPython it runs, a Go one's which Go and
+    /// that the Go runtime sampled it; others have no such labels.
     #[test]
     fn python_processes_are_labelled_with_their_version() {
         let mut info = ProcessInfo {
@@ -251,6 +255,11 @@ mod tests {
             .labels("host")
             .iter()
             .all(|(k, _)| *k != "python_version"));
+        info.go_version = Some("go1.26.8".to_string());
+        assert!(info
+            .labels("h")
+            .contains(&("sampler", "go_runtime".to_string())));
+        info.go_version = None;
         info.python_version = Some("3.11".to_string());
         assert!(info
             .labels("host")

@@ -98,6 +98,11 @@ impl Bucket {
     }
 }
 
+/// Bytes of a bucket as read: header, stack, record.
+pub fn bytes_of(bucket: &Bucket) -> u64 {
+    (HEADER_BYTES + bucket.stack.len() * 8 + 4 * CYCLE_BYTES) as u64
+}
+
 /// How a walk ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WalkEnd {

@@ -152,6 +152,10 @@ pub struct Poll {
     pub rate: i64,
     /// How the walk ended.
     pub end: Option<WalkEnd>,
+    /// Buckets read.
+    pub buckets: usize,
+    /// Bytes of the process's memory read.
+    pub bytes_read: u64,
 }
 
 /// A Go process being read.
@@ -199,6 +203,9 @@ impl GoProcess {
         let mut poll = Poll {
             rate,
             end: Some(end),
+            buckets: buckets.len(),
+            // The rate, the cycle, the head, then each bucket whole.
+            bytes_read: 8 + 4 + 8 + buckets.iter().map(buckets::bytes_of).sum::<u64>(),
             ..Poll::default()
         };
         let mut seen = HashMap::with_capacity(buckets.len());

@@ -9,7 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_go::process::{GoFile, GoProcess, Poll};
+use allocbpf_go::{
+    buckets::WalkEnd,
+    process::{GoFile, GoProcess, Poll},
+};
 use allocbpf_images::procfs::MapsEntry;
 use allocbpf_profile::{
     aggregate::StackKey,
@@ -39,6 +42,9 @@ pub(crate) struct GoReaders {
     processes: HashMap<u32, (GoProcess, (u64, u64))>,
     /// Processes whose runtime does not sample (rate 0), said once.
     not_sampling: std::collections::HashSet<u32>,
+    /// How each process's last walk of its bucket list ended, when it did not reach the
+    /// list's end (said when it changes).
+    walk_ends: HashMap<u32, WalkEnd>,
     /// When they were last polled.
     last_poll: Option<Instant>,
 }
@@ -48,6 +54,7 @@ impl GoReaders {
     pub(crate) fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
         self.not_sampling.remove(&pid);
+        self.walk_ends.remove(&pid);
     }
 
     /// True if a poll is due.
@@ -127,7 +134,8 @@ impl Collector {
     /// Polls every Go process read: new sampled allocations go into its aggregate, its
     /// objects in use replace the previous ones.
     pub(super) fn poll_go(&mut self) {
-        self.go.last_poll = Some(Instant::now());
+        let started = Instant::now();
+        self.go.last_poll = Some(started);
         let pids: Vec<u32> = self.go.processes.keys().copied().collect();
         for pid in pids {
             let Some((process, key)) = self.go.processes.get_mut(&pid) else {
@@ -153,11 +161,28 @@ impl Collector {
                 continue;
             }
             self.go.not_sampling.remove(&pid);
+            self.stats.go_polls += 1;
+            self.stats.go_buckets_read += poll.buckets as u64;
+            self.stats.go_bytes_read += poll.bytes_read;
+            match poll.end {
+                Some(WalkEnd::Complete) | None => {
+                    self.go.walk_ends.remove(&pid);
+                }
+                Some(end) => {
+                    if self.go.walk_ends.insert(pid, end) != Some(end) {
+                        tracing::warn!(
+                            "pid {pid}: its Go bucket list did not end as a list does \
+                             ({end:?}): read as far as it goes"
+                        );
+                    }
+                }
+            }
             let Some(tracked) = self.processes.tracked.get_mut(&pid) else {
                 continue;
             };
             add_poll(&mut tracked.aggregate, pid, file, &poll);
         }
+        self.stats.go_poll_ns += started.elapsed().as_nanos() as u64;
     }
 }
 

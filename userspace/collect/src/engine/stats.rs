@@ -72,4 +72,12 @@ pub struct CollectorStats {
     pub kernel_processes: u64,
     /// Blocks in the kernel's live map at the last cut (live tracking).
     pub kernel_live_blocks: u64,
+    /// Polls of Go processes' heap profiles (total).
+    pub go_polls: u64,
+    /// Buckets those polls read (total).
+    pub go_buckets_read: u64,
+    /// Bytes of Go processes' memory those polls read (total).
+    pub go_bytes_read: u64,
+    /// Time spent polling Go processes, in nanoseconds (total).
+    pub go_poll_ns: u64,
 }
