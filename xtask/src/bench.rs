@@ -151,6 +151,10 @@ pub enum Part {
     /// (tests/src/bin/python_cost.rs). The cost per Python entry point is in `entries`
     /// (family `cpython`).
     Python,
+    /// Reading Go programs' heap profiles: one read's CPU and bytes against the number
+    /// of buckets, and a Go program's throughput with and without allocbpf reading it
+    /// every second (tests/src/bin/go_cost.rs).
+    Go,
     /// Pushing: profiles per second delivered to a real OpenTelemetry Collector (and a
     /// real Pyroscope when `$ALLOCBPF_PYROSCOPE` names one) and the agent's CPU per
     /// delivered profile, at 1 and 100 processes (tests/src/bin/push_bench.rs).
@@ -189,6 +193,11 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
     }
     if parts.contains(&Part::Python) {
         let mut command = crate::setup::e2e_bin("python_cost")?;
+        command.args(["--rounds", &rounds.min(5).to_string()]);
+        crate::util::run(&mut command)?;
+    }
+    if parts.contains(&Part::Go) {
+        let mut command = crate::setup::e2e_bin("go_cost")?;
         command.args(["--rounds", &rounds.min(5).to_string()]);
         crate::util::run(&mut command)?;
     }

@@ -55,12 +55,13 @@ enum Task {
         iterations: u64,
         /// Which parts to run: malloc+free pairs (with unwinding throughput), every
         /// entry point of every allocator family, redis-benchmark, the default agent's
-        /// cost to gcc compiles and redis, a Python program's runtime; `push` (not in
-        /// the default set): delivery to real profile stores.
+        /// cost to gcc compiles and redis, a Python program's runtime, reading Go
+        /// programs' heap profiles; `push` (not in the default set): delivery to real
+        /// profile stores.
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "pairs,entries,redis,agent,python"
+            default_value = "pairs,entries,redis,agent,python,go"
         )]
         parts: Vec<bench::Part>,
         /// The allocator families the entries part measures (default: every one

@@ -287,6 +287,26 @@ pub(super) const GAUGES: &[Metric] = &[
         reading: Reading::Engine(|s| s.kernel_live_blocks),
     },
     Metric {
+        name: "go_polls",
+        help: "Reads of Go processes' heap profiles (the Go runtime's own sampler)",
+        reading: Reading::Engine(|s| s.go_polls),
+    },
+    Metric {
+        name: "go_buckets_read",
+        help: "Heap-profile buckets those reads walked",
+        reading: Reading::Engine(|s| s.go_buckets_read),
+    },
+    Metric {
+        name: "go_bytes_read",
+        help: "Bytes of Go processes' memory those reads copied",
+        reading: Reading::Engine(|s| s.go_bytes_read),
+    },
+    Metric {
+        name: "go_poll_milliseconds",
+        help: "Time spent reading Go processes' heap profiles",
+        reading: Reading::Engine(|s| s.go_poll_ns / 1_000_000),
+    },
+    Metric {
         name: "open_descriptors",
         help: "File descriptors the agent holds",
         reading: Reading::Process(super::open_descriptors),

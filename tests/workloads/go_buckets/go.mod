@@ -1,0 +1,3 @@
+module allocbpf.test/go_buckets
+
+go 1.19
