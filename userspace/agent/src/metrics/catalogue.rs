@@ -222,6 +222,26 @@ pub(super) const COUNTERS: &[Metric] = &[
         help: "Metrics connections closed at once: too many open",
         reading: Reading::Counted,
     },
+    Metric {
+        name: "go_polls",
+        help: "Reads of Go processes' heap profiles (the Go runtime's own sampler)",
+        reading: Reading::Engine(|s| s.go_polls),
+    },
+    Metric {
+        name: "go_buckets_read",
+        help: "Heap-profile buckets those reads walked",
+        reading: Reading::Engine(|s| s.go_buckets_read),
+    },
+    Metric {
+        name: "go_bytes_read",
+        help: "Bytes of Go processes' memory those reads copied",
+        reading: Reading::Engine(|s| s.go_bytes_read),
+    },
+    Metric {
+        name: "go_poll_milliseconds",
+        help: "Time spent reading Go processes' heap profiles",
+        reading: Reading::Engine(|s| s.go_poll_ns / 1_000_000),
+    },
 ];
 
 /// Gauges: values now.
@@ -285,26 +305,6 @@ pub(super) const GAUGES: &[Metric] = &[
         name: "kernel_live_blocks",
         help: "Sampled blocks in the kernel's live map at the last cut",
         reading: Reading::Engine(|s| s.kernel_live_blocks),
-    },
-    Metric {
-        name: "go_polls",
-        help: "Reads of Go processes' heap profiles (the Go runtime's own sampler)",
-        reading: Reading::Engine(|s| s.go_polls),
-    },
-    Metric {
-        name: "go_buckets_read",
-        help: "Heap-profile buckets those reads walked",
-        reading: Reading::Engine(|s| s.go_buckets_read),
-    },
-    Metric {
-        name: "go_bytes_read",
-        help: "Bytes of Go processes' memory those reads copied",
-        reading: Reading::Engine(|s| s.go_bytes_read),
-    },
-    Metric {
-        name: "go_poll_milliseconds",
-        help: "Time spent reading Go processes' heap profiles",
-        reading: Reading::Engine(|s| s.go_poll_ns / 1_000_000),
     },
     Metric {
         name: "open_descriptors",
