@@ -99,27 +99,44 @@ fn ours(profile: &Value, function: &str, field: &str) -> f64 {
         .sum()
 }
 
+/// Starts `binary args` (the workload protocol), profiles it by pid with `flags` into a
+/// JSON profile at `out` until it exits, and returns the profile and allocbpf's run.
+fn profile_by_pid(
+    binary: &Path,
+    args: &[&str],
+    flags: &[&str],
+    out: &Path,
+) -> Result<(Value, allocbpf_e2e::Finished)> {
+    let mut workload = Workload::start(binary, args)?;
+    let pid = workload.pid.to_string();
+    let mut all = vec!["--pid", pid.as_str()];
+    all.extend_from_slice(flags);
+    all.extend([
+        "--format",
+        "json",
+        "--output",
+        out.to_str().context("path")?,
+    ]);
+    let profiler = Profiler::attach(&all)?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(120))?;
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    Ok((serde_json::from_slice(&std::fs::read(out)?)?, finished))
+}
+
 /// Profiles one build of the workload by pid and compares with its own profile.
 fn check(binary: &Path, label: &str) -> Result<()> {
     let scratch = scratch_dir(&format!("go-{label}"));
     let own = scratch.join("own.pprof");
     let out = scratch.join("profile.json");
     let rate = RATE.to_string();
-    let mut workload =
-        Workload::start(binary, &[own.to_str().context("path")?, ROUNDS, &rate, "3"])?;
-    let pid = workload.pid.to_string();
-    let profiler = Profiler::attach(&[
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "--output",
-        out.to_str().context("path")?,
-    ])?;
-    workload.go()?;
-    workload.wait(Duration::from_secs(120))?;
-    let finished = profiler.finish(Duration::from_secs(60))?;
-    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    let (profile, finished) = profile_by_pid(
+        binary,
+        &[own.to_str().context("path")?, ROUNDS, &rate, "3"],
+        &[],
+        &out,
+    )?;
     ensure!(
         finished
             .stderr
@@ -127,7 +144,6 @@ fn check(binary: &Path, label: &str) -> Result<()> {
         "{label}: {}",
         finished.stderr
     );
-    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
     let allocated = pprof_flat(&own, "alloc_space", &scratch);
     let in_use = pprof_flat(&own, "inuse_space", &scratch);
     let theirs = |table: &[(String, f64)], function: &str| {
@@ -194,26 +210,12 @@ fn a_go_program_that_does_not_sample_is_told_apart() -> Result<()> {
     let binary = build("local", true)?;
     let scratch = scratch_dir("go-off");
     let out = scratch.join("profile.json");
-    let mut workload = Workload::start(&binary, &["-", "2000", "0", "2"])?;
-    let pid = workload.pid.to_string();
-    let profiler = Profiler::attach(&[
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "--output",
-        out.to_str().context("path")?,
-    ])?;
-    workload.go()?;
-    workload.wait(Duration::from_secs(60))?;
-    let finished = profiler.finish(Duration::from_secs(60))?;
-    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    let (profile, finished) = profile_by_pid(&binary, &["-", "2000", "0", "2"], &[], &out)?;
     ensure!(
         finished.stderr.contains("does not sample allocations"),
         "{}",
         finished.stderr
     );
-    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
     ensure!(stacks_with(&profile, "main.allocLarge").is_empty());
     Ok(())
 }
@@ -402,8 +404,8 @@ fn variance(calls: f64, size: f64, rate: f64) -> f64 {
 }
 
 /// A cgo program: its Go allocations (from its runtime's heap profile, the outermost
-/// frame saying so) and its C allocations (probed malloc) in one profile, each site
-/// within 5 sd of its truth at its own sampler's rate.
+/// frame saying so: equal to its own profile's) and its C allocations (probed malloc:
+/// within 5 sd of their truth) in one profile.
 #[test]
 fn a_cgo_program_has_both_samplers_in_one_profile() -> Result<()> {
     require_root();
@@ -425,23 +427,13 @@ fn a_cgo_program_has_both_samplers_in_one_profile() -> Result<()> {
         String::from_utf8_lossy(&output.stderr)
     );
     let out = scratch.join("profile.json");
-    let mut workload = Workload::start(&binary, &["20000"])?;
-    let pid = workload.pid.to_string();
-    let profiler = Profiler::attach(&[
-        "--pid",
-        &pid,
-        "--rate",
-        "64KiB",
-        "--format",
-        "json",
-        "--output",
-        out.to_str().context("path")?,
-    ])?;
-    workload.go()?;
-    workload.wait(Duration::from_secs(60))?;
-    let finished = profiler.finish(Duration::from_secs(60))?;
-    ensure!(finished.code == Some(0), "{}", finished.stderr);
-    let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let own = scratch.join("own.pprof");
+    let (profile, _) = profile_by_pid(
+        &binary,
+        &["20000", own.to_str().context("path")?],
+        &["--rate", "64KiB"],
+        &out,
+    )?;
     let go_stacks = stacks_with(&profile, "main.goAllocate");
     ensure!(!go_stacks.is_empty(), "no Go stack");
     ensure!(go_stacks
@@ -455,13 +447,17 @@ fn a_cgo_program_has_both_samplers_in_one_profile() -> Result<()> {
         .iter()
         .map(|s| s["estimated_bytes"].as_f64().unwrap_or(0.0))
         .sum();
-    let (go_truth, c_truth) = (4096.0 * 20000.0, 3000.0 * 20000.0);
-    let go_sd = variance(20000.0, 4096.0, 524288.0).sqrt();
+    let go_own = pprof_flat(&own, "alloc_space", &scratch)
+        .into_iter()
+        .find(|(name, _)| name == "main.goAllocate")
+        .map_or(0.0, |(_, v)| v);
+    let c_truth = 3000.0 * 20000.0;
     let c_sd = variance(20000.0, 3000.0, 65536.0).sqrt();
-    println!(
-        "cgo: Go {go_bytes:.0} ({go_truth} +- {go_sd:.0}), C {c_bytes:.0} ({c_truth} +- {c_sd:.0})"
+    println!("cgo: Go {go_bytes:.0} (its own pprof {go_own:.0}), C {c_bytes:.0} ({c_truth} +- {c_sd:.0})");
+    ensure!(
+        go_own > 0.0 && (go_bytes - go_own).abs() <= 0.01 * go_own,
+        "Go site"
     );
-    ensure!((go_bytes - go_truth).abs() <= 5.0 * go_sd, "Go site");
     ensure!((c_bytes - c_truth).abs() <= 5.0 * c_sd, "C site");
     Ok(())
 }
@@ -578,8 +574,6 @@ fn go_programs_are_profiled_system_wide() -> Result<()> {
     let mut profiler = Profiler::spawn(&[
         "--comm",
         "^go_allocs$",
-        "--duration",
-        "12s",
         "--format",
         "json",
         "--output",
@@ -597,6 +591,10 @@ fn go_programs_are_profiled_system_wide() -> Result<()> {
     std::thread::sleep(Duration::from_secs(3));
     workload.go()?;
     workload.wait(Duration::from_secs(60))?;
+    // System-wide mode runs until told to stop: once the program has exited (its last
+    // poll, in its hold, read everything).
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(profiler.child.id() as i32, libc::SIGINT) };
     let finished = profiler.finish(Duration::from_secs(60))?;
     ensure!(finished.code == Some(0), "{}", finished.stderr);
     let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;

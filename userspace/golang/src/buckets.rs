@@ -7,8 +7,8 @@
 //! starts at `mbuckets` and goes on through `allnext`; buckets are never freed, and a
 //! new one is published at the head only once written whole.
 //!
-//! The process can forge all of it: the walk stops at [`MAX_BUCKETS`] buckets or at an
-//! address seen before, each read is one bounded `process_vm_readv`, a bucket whose
+//! The process can forge all of it: the walk stops at [`MAX_BUCKETS`] buckets or
+//! [`MAX_WALK_BYTES`] read, or at an address seen before, each read is one bounded `process_vm_readv`, a bucket whose
 //! type or depth is impossible ends the walk, and counts are taken as they come (torn
 //! counts of a bucket being updated are what a reader without the runtime's locks
 //! gets; they settle by the next read).
@@ -19,6 +19,10 @@ use allocbpf_images::memory::ProcessMemory;
 
 /// Most buckets read in one walk.
 pub const MAX_BUCKETS: usize = 1 << 18;
+
+/// Most bytes of the process's memory one walk reads (a forged list of deep buckets
+/// would otherwise have it read and hold gigabytes).
+pub const MAX_WALK_BYTES: u64 = 64 << 20;
 
 /// Deepest stack believed (Go 1.23+ `GODEBUG=profstackdepth` goes up to 1024, plus the
 /// runtime's own frames).
@@ -88,6 +92,13 @@ pub struct Bucket {
 }
 
 impl Bucket {
+    /// Every count, published or pending (what a bucket has recorded so far).
+    pub fn pending(&self) -> Counts {
+        self.future
+            .iter()
+            .fold(self.active, |total, cycle| total.plus(cycle))
+    }
+
     /// What `runtime.MemProfile` reports for the bucket when the cycle counter reads
     /// `cycle`: the published counts plus the pending cycle it folds in first.
     pub fn reported(&self, cycle: Option<u32>) -> Counts {
@@ -125,8 +136,9 @@ pub fn walk(memory: &ProcessMemory, mbuckets: u64) -> (Vec<Bucket>, WalkEnd) {
         return (buckets, WalkEnd::Bad(mbuckets));
     };
     let mut buffer = Vec::new();
+    let mut bytes = 0u64;
     while next != 0 {
-        if buckets.len() >= MAX_BUCKETS {
+        if buckets.len() >= MAX_BUCKETS || bytes >= MAX_WALK_BYTES {
             return (buckets, WalkEnd::TooMany);
         }
         if !seen.insert(next) {
@@ -135,6 +147,7 @@ pub fn walk(memory: &ProcessMemory, mbuckets: u64) -> (Vec<Bucket>, WalkEnd) {
         let Some((bucket, allnext)) = read_bucket(memory, next, &mut buffer) else {
             return (buckets, WalkEnd::Bad(next));
         };
+        bytes += bytes_of(&bucket);
         buckets.push(bucket);
         next = allnext;
     }

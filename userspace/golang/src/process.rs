@@ -7,7 +7,7 @@
 //! (`allocbpf_images::procfs::open_mapped`, checked and size-capped); the memory read
 //! is the process's own, bounded ([`crate::buckets`]).
 
-use std::{collections::HashMap, path::PathBuf, sync::Arc};
+use std::{collections::HashMap, path::PathBuf};
 
 use allocbpf_images::{
     memory::ProcessMemory,
@@ -57,10 +57,11 @@ pub enum GoError {
     },
 }
 
-/// A Go executable, whichever process runs it.
+/// A Go executable, whichever process runs it: what reading its processes needs (its
+/// function table, its variables' addresses), not the file itself.
 pub struct GoFile {
-    /// The file's bytes (as `procfs::read_mapped` reads them: debug sections zeroed).
-    data: Arc<Vec<u8>>,
+    /// Its function table.
+    table: Pclntab,
     /// Its Go version.
     pub version: GoVersion,
     /// Where its profiling variables are (file addresses).
@@ -111,7 +112,7 @@ impl GoFile {
             })
             .collect();
         Ok(Some(GoFile {
-            data: Arc::new(data),
+            table,
             version,
             variables,
             segments,
@@ -129,25 +130,36 @@ impl GoFile {
         if self.locations.len() >= MAX_CACHED_LOCATIONS {
             self.locations.clear();
         }
-        let found = object::File::parse(&**self.data).ok().and_then(|elf| {
-            let table = Pclntab::parse(&elf).ok()?;
-            let at = pc.checked_sub(1)?;
-            let func = table.func_at(at)?;
-            table.location(&func, at)
+        let found = pc.checked_sub(1).and_then(|at| {
+            let func = self.table.func_at(at)?;
+            self.table.location(&func, at)
         });
         self.locations.insert(pc, found.clone());
         found
     }
 }
 
+/// Sampled objects of one bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counted {
+    /// The bucket's address in the process (its identity: a bucket never changes its
+    /// stack or size).
+    pub bucket: u64,
+    /// Its stack: return addresses, in the file's addresses, innermost first.
+    pub stack: Vec<u64>,
+    /// Its objects' size.
+    pub size: u64,
+    /// How many sampled objects.
+    pub count: u64,
+}
+
 /// One poll of a process's buckets.
 #[derive(Clone, Debug, Default)]
 pub struct Poll {
-    /// Per bucket with new sampled allocations since the previous poll: its stack
-    /// (return addresses in the file's addresses), size and the new count.
-    pub allocated: Vec<(Vec<u64>, u64, u64)>,
-    /// Per bucket with objects in use as of the last GC cycle: stack, size and count.
-    pub in_use: Vec<(Vec<u64>, u64, u64)>,
+    /// Per bucket with new sampled allocations since the previous poll: the new count.
+    pub allocated: Vec<Counted>,
+    /// Per bucket with objects in use as of the last GC cycle: their count.
+    pub in_use: Vec<Counted>,
     /// `runtime.MemProfileRate` as read (0: profiling is off).
     pub rate: i64,
     /// How the walk ended.
@@ -173,12 +185,21 @@ impl GoProcess {
     /// Process `pid`, which maps `file` at `mapping`; `None` if no loadable segment of
     /// the file holds the mapping's offset.
     pub fn new(pid: u32, file: &GoFile, mapping: &MapsEntry) -> Option<GoProcess> {
-        // The address the file gives the mapping's first byte.
-        let linked = file.segments.iter().find_map(|&(address, offset, size)| {
-            (offset..offset + size)
-                .contains(&mapping.offset)
-                .then(|| address + (mapping.offset - offset))
-        })?;
+        // The address the file gives the mapping's first byte, from the segment the
+        // mapping was made for: the one whose page-aligned offset it starts at (a
+        // linker that does not pad segments to pages has the previous one's tail in
+        // the same page), else one that holds its offset.
+        let page = |offset: u64| offset & !0xfff;
+        let holds = |&&(_, offset, size): &&(u64, u64, u64)| {
+            (page(offset)..offset.saturating_add(size)).contains(&mapping.offset)
+        };
+        let segment = file
+            .segments
+            .iter()
+            .find(|&&(_, offset, _)| page(offset) == mapping.offset)
+            .or_else(|| file.segments.iter().find(holds))?;
+        let &(address, offset, _) = segment;
+        let linked = address.wrapping_add(mapping.offset).wrapping_sub(offset);
         Some(GoProcess {
             memory: ProcessMemory::new(pid),
             bias: mapping.range.start.wrapping_sub(linked),
@@ -208,10 +229,22 @@ impl GoProcess {
             bytes_read: 8 + 4 + 8 + buckets.iter().map(buckets::bytes_of).sum::<u64>(),
             ..Poll::default()
         };
-        let mut seen = HashMap::with_capacity(buckets.len());
+        // Before the first GC cycle nothing is published: the runtime then reports
+        // every pending cycle (runtime.MemProfile does the same).
+        let unpublished = buckets
+            .iter()
+            .all(|b| b.active.allocs == 0 && b.active.frees == 0);
+        // A walk cut short keeps what the buckets it did not reach counted, so they
+        // are not new when a later walk reaches them.
+        let mut seen = match end {
+            WalkEnd::Complete => HashMap::with_capacity(buckets.len()),
+            _ => self.previous.clone(),
+        };
         for bucket in buckets {
-            let reported = bucket.reported(cycle);
-            let stack = self.file_addresses(&bucket);
+            let reported = match unpublished {
+                true => bucket.pending(),
+                false => bucket.reported(cycle),
+            };
             let before = self.previous.get(&bucket.address).copied();
             let new = match before {
                 // Counts only grow; a smaller one is a torn or forged read: skipped.
@@ -220,15 +253,29 @@ impl GoProcess {
                 None => reported.allocs,
             };
             let live = reported.allocs.saturating_sub(reported.frees);
+            let stack = self.file_addresses(&bucket);
             if new > 0 {
-                poll.allocated.push((stack.clone(), bucket.size, new));
+                poll.allocated.push(Counted {
+                    bucket: bucket.address,
+                    stack: stack.clone(),
+                    size: bucket.size,
+                    count: new,
+                });
             }
             if live > 0 {
-                poll.in_use.push((stack, bucket.size, live));
+                poll.in_use.push(Counted {
+                    bucket: bucket.address,
+                    stack,
+                    size: bucket.size,
+                    count: live,
+                });
             }
+            // The baseline counts what was allocated before it, published or still
+            // pending (it is published later, and is not new then).
+            let counted = if first { bucket.pending() } else { reported };
             let kept = match before {
-                Some(before) if reported.allocs < before.allocs => before,
-                _ => reported,
+                Some(before) if counted.allocs < before.allocs => before,
+                _ => counted,
             };
             seen.insert(bucket.address, kept);
         }

@@ -62,11 +62,16 @@ pub fn locate(file: &object::File, table: &Pclntab) -> Result<ProfileVariables, 
             0,
             Code::Mov_r64_rm64,
         )?,
-        rate: load(
-            "runtime.profilealloc",
-            "runtime.MemProfileRate",
-            1,
-            Code::Mov_r64_rm64,
+        rate: rate_of(file, table).map_or_else(
+            || {
+                load(
+                    "runtime.profilealloc",
+                    "runtime.MemProfileRate",
+                    1,
+                    Code::Mov_r64_rm64,
+                )
+            },
+            Ok,
         )?,
         cycle: load(
             "runtime.mProf_Flush",
@@ -75,6 +80,30 @@ pub fn locate(file: &object::File, table: &Pclntab) -> Result<ProfileVariables, 
             Code::Mov_r32_rm32,
         )
         .ok(),
+    })
+}
+
+/// `runtime.MemProfileRate` where the file says so itself: the load of
+/// `runtime.profilealloc` whose target holds the default rate (`512 * 1024`) in the
+/// file's initialized data (Go 1.20 on; 1.19 initializes it at run time).
+fn rate_of(file: &object::File, table: &Pclntab) -> Option<u64> {
+    const DEFAULT_RATE: u64 = 512 * 1024;
+    let func = table.find("runtime.profilealloc")?;
+    let size = table.size(&func).unwrap_or(MAX_DECODED_BYTES);
+    let mut targets = loads(
+        file,
+        func.entry,
+        size.min(MAX_DECODED_BYTES),
+        Code::Mov_r64_rm64,
+    );
+    targets.find(|&address| {
+        file.sections().any(|s| {
+            matches!(s.name(), Ok(".data" | ".noptrdata"))
+                && s.data_range(address, 8)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|b| b == DEFAULT_RATE.to_le_bytes())
+        })
     })
 }
 

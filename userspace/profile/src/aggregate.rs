@@ -87,7 +87,7 @@ impl StackStats {
     pub fn add_repeated(&mut self, size: u64, offset: u64, rate: u64, count: u64) {
         let w = weight(size, rate, false);
         let n = count as f64;
-        self.samples += count;
+        self.samples = self.samples.saturating_add(count);
         self.estimated_bytes += w.bytes * n;
         self.estimated_objects += w.objects * n;
         self.observed_bytes += w.bytes * n;
@@ -326,20 +326,18 @@ impl Aggregate {
     /// Computes in-use figures per stack, and with `min_age` the leak groups: blocks
     /// still live at `now_ns` (CLOCK_MONOTONIC) and allocated at least `min_age` before.
     pub fn finish(&mut self, now_ns: u64, min_age: Option<std::time::Duration>) {
-        if self.live.is_none() && !self.runtime_in_use.is_empty() {
-            self.live = Some(HashMap::new());
-        }
         self.add_runtime_in_use();
-        let Some(live) = self.live.as_ref() else {
-            return;
-        };
-        self.live_counts.live_samples = live.len() as u64;
         for (_, stats) in &mut self.stacks {
             stats.inuse_bytes = 0.0;
             stats.inuse_objects = 0.0;
         }
         self.totals.inuse_bytes = 0.0;
         self.totals.inuse_objects = 0.0;
+        self.finish_runtime_in_use();
+        let Some(live) = self.live.as_ref() else {
+            return;
+        };
+        self.live_counts.live_samples = live.len() as u64;
         let mut leaks: HashMap<usize, LeakStats> = HashMap::new();
         for block in live.values() {
             let stats = &mut self.stacks[block.stack].1;
@@ -364,6 +362,10 @@ impl Aggregate {
         }
         self.leaks = leaks.into_iter().collect();
         self.leak_min_age = min_age;
+    }
+
+    /// Adds the objects in use by a runtime's own count to the in-use figures.
+    fn finish_runtime_in_use(&mut self) {
         for (key, counted) in &self.runtime_in_use {
             let Some(&stack) = self.index.get(key) else {
                 continue;
@@ -427,7 +429,7 @@ impl Aggregate {
 
     /// True if nothing was sampled this interval and no block is live.
     pub fn is_empty(&self) -> bool {
-        self.stacks.is_empty()
+        self.stacks.is_empty() && self.runtime_in_use.is_empty()
     }
 
     /// The minimum age [`Aggregate::finish`] cut leaks at (`None`: no leak report).
@@ -437,7 +439,7 @@ impl Aggregate {
 
     /// True if blocks are tracked until freed.
     pub fn tracks_live(&self) -> bool {
-        self.live.is_some()
+        self.live.is_some() || !self.runtime_in_use.is_empty()
     }
 
     /// The stacks and their figures.
@@ -573,5 +575,45 @@ mod tests {
         assert_eq!(leaks.len(), 1);
         assert_eq!(leaks[0].1.samples, 1);
         assert_eq!(leaks[0].1.max_age_ns, 9_000);
+    }
+
+    /// A runtime's counted samples and in-use objects (the Go runtime's heap profile):
+    /// weighted as ours, in use without live tracking, and never turning live tracking
+    /// on for the process's other samples (a cgo program's malloc samples).
+    #[test]
+    fn runtime_counts_and_in_use() {
+        let rate = 524_288;
+        let mut aggregate = Aggregate::default();
+        aggregate.add_counted(key(1), 4096, rate, 3);
+        let w = weight(4096, rate, false);
+        let in_use = HashMap::from([
+            (key(1), vec![(4096, 2, rate)]),
+            (key(2), vec![(64, 1, rate)]),
+        ]);
+        aggregate.set_runtime_in_use(in_use);
+        aggregate.finish(0, None);
+        let stats = |a: &Aggregate, k: u64| {
+            a.stacks()
+                .find(|(s, _)| **s == key(k))
+                .map(|(_, stats)| *stats)
+                .unwrap_or_default()
+        };
+        assert_eq!(stats(&aggregate, 1).samples, 3);
+        assert!((stats(&aggregate, 1).estimated_bytes - 3.0 * w.bytes).abs() < 1e-6);
+        assert!((stats(&aggregate, 1).inuse_bytes - 2.0 * w.bytes).abs() < 1e-6);
+        // A stack that only holds objects still has its entry.
+        assert!(stats(&aggregate, 2).inuse_bytes > 0.0);
+        // A probed sample of the same process, next interval: not tracked as live.
+        aggregate.start_interval();
+        aggregate.add(key(3), &sample(1, 100, 65536, false, 0));
+        aggregate.set_runtime_in_use(HashMap::new());
+        assert!(!aggregate.is_empty());
+        aggregate.finish(0, None);
+        assert_eq!(stats(&aggregate, 3).inuse_bytes, 0.0);
+        assert_eq!(aggregate.live_counts.live_samples, 0);
+        // Only objects in use: not empty (its profile shows what it holds).
+        let mut holding = Aggregate::default();
+        holding.set_runtime_in_use(HashMap::from([(key(4), vec![(64, 1, rate)])]));
+        assert!(!holding.is_empty());
     }
 }

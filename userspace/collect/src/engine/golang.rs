@@ -11,7 +11,7 @@ use std::{
 
 use allocbpf_go::{
     buckets::WalkEnd,
-    process::{GoFile, GoProcess, Poll},
+    process::{Counted, GoFile, GoProcess, Poll},
 };
 use allocbpf_images::procfs::MapsEntry;
 use allocbpf_profile::{
@@ -26,6 +26,9 @@ use super::Collector;
 /// came from.
 pub const GO_SAMPLER_FRAME: &str = "[go runtime heap profile]";
 
+/// How a return address the function table does not know reads.
+pub const UNKNOWN_GO_FRAME: &str = "[go: unknown pc]";
+
 /// How often Go processes are polled between cuts (a process that exits between two
 /// polls loses what it allocated since the last one).
 pub const GO_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -33,13 +36,24 @@ pub const GO_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Go executables remembered (by device and inode); past it the cache starts over.
 const MAX_GO_FILES: usize = 256;
 
+/// One Go process read.
+struct GoReader {
+    process: GoProcess,
+    /// Its executable's key in [`GoReaders::files`].
+    file: (u64, u64),
+    /// Its start time (a later process with its pid is not read as this one).
+    start_time: Option<u64>,
+    /// The frames of each bucket read so far (a bucket's stack never changes).
+    frames: HashMap<u64, Vec<Frame>>,
+}
+
 /// The Go processes read, and their files.
 #[derive(Default)]
 pub(crate) struct GoReaders {
     /// Examined files: `None` for one that cannot be read as Go.
     files: HashMap<(u64, u64), Option<GoFile>>,
-    /// Processes polled, with their file's key.
-    processes: HashMap<u32, (GoProcess, (u64, u64))>,
+    /// Processes polled.
+    processes: HashMap<u32, GoReader>,
     /// Processes whose runtime does not sample (rate 0), said once.
     not_sampling: std::collections::HashSet<u32>,
     /// How each process's last walk of its bucket list ended, when it did not reach the
@@ -79,7 +93,14 @@ impl Collector {
         };
         let key = (mapping.device, mapping.inode);
         if self.go.files.len() >= MAX_GO_FILES && !self.go.files.contains_key(&key) {
-            self.go.files.clear();
+            // Only files no process is read through go.
+            let used: std::collections::HashSet<(u64, u64)> =
+                self.go.processes.values().map(|r| r.file).collect();
+            self.go.files.retain(|key, _| used.contains(key));
+            if self.go.files.len() >= MAX_GO_FILES {
+                tracing::warn!("pid {pid}: {MAX_GO_FILES} Go executables read already");
+                return;
+            }
         }
         let file = self.go.files.entry(key).or_insert_with(|| {
             GoFile::examine(pid, mapping).unwrap_or_else(|error| {
@@ -112,16 +133,26 @@ impl Collector {
             }
         }
         let version = file.version.text.clone();
+        let mut start_time = None;
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
             tracked.info.go_version = Some(version);
+            start_time = tracked.info.start_time;
         }
-        self.go.processes.insert(pid, (process, key));
+        self.go.processes.insert(
+            pid,
+            GoReader {
+                process,
+                file: key,
+                start_time,
+                frames: HashMap::new(),
+            },
+        );
     }
 
     /// How `pid`'s Go heap profile is read, if it is: what the start-up line says.
     pub(super) fn go_description(&self, pid: u32) -> Option<String> {
-        let (_, key) = self.go.processes.get(&pid)?;
-        let file = self.go.files.get(key)?.as_ref()?;
+        let reader = self.go.processes.get(&pid)?;
+        let file = self.go.files.get(&reader.file)?.as_ref()?;
         Some(match self.go.not_sampling.contains(&pid) {
             true => not_sampling(&file.version.text),
             false => format!(
@@ -138,14 +169,20 @@ impl Collector {
         self.go.last_poll = Some(started);
         let pids: Vec<u32> = self.go.processes.keys().copied().collect();
         for pid in pids {
-            let Some((process, key)) = self.go.processes.get_mut(&pid) else {
+            let Some(reader) = self.go.processes.get_mut(&pid) else {
                 continue;
             };
-            let Some(Some(file)) = self.go.files.get_mut(key) else {
+            // The process read must still be the one followed under its pid.
+            let same = self
+                .processes
+                .tracked
+                .get(&pid)
+                .is_some_and(|t| t.info.start_time == reader.start_time);
+            let Some(Some(file)) = self.go.files.get_mut(&reader.file).filter(|_| same) else {
                 self.go.processes.remove(&pid);
                 continue;
             };
-            let poll = match process.poll(file) {
+            let poll = match reader.process.poll(file) {
                 Ok(poll) => poll,
                 Err(error) => {
                     // Gone, most likely: its last profile keeps what was read.
@@ -180,7 +217,7 @@ impl Collector {
             let Some(tracked) = self.processes.tracked.get_mut(&pid) else {
                 continue;
             };
-            add_poll(&mut tracked.aggregate, pid, file, &poll);
+            add_poll(&mut tracked.aggregate, pid, file, &mut reader.frames, &poll);
         }
         self.stats.go_poll_ns += started.elapsed().as_nanos() as u64;
     }
@@ -195,35 +232,43 @@ fn not_sampling(version: &str) -> String {
     )
 }
 
-/// Adds one poll of `pid` to its aggregate.
+/// Adds one poll of `pid` to its aggregate; `frames`: each bucket's, as symbolized.
 fn add_poll(
     aggregate: &mut allocbpf_profile::aggregate::Aggregate,
     pid: u32,
     file: &mut GoFile,
+    frames: &mut HashMap<u64, Vec<Frame>>,
     poll: &Poll,
 ) {
     let rate = poll.rate as u64;
-    let mut frames_of = |stack: &[u64]| StackKey {
+    let mut key_of = |counted: &Counted| StackKey {
         pid,
-        frames: frames(file, stack),
+        frames: frames
+            .entry(counted.bucket)
+            .or_insert_with(|| frames_of(file, &counted.stack))
+            .clone(),
     };
-    for (stack, size, count) in &poll.allocated {
-        aggregate.add_counted(frames_of(stack), *size, rate, *count);
+    for counted in &poll.allocated {
+        aggregate.add_counted(key_of(counted), counted.size, rate, counted.count);
     }
     let mut in_use: HashMap<StackKey, Vec<(u64, u64, u64)>> = HashMap::new();
-    for (stack, size, count) in &poll.in_use {
+    for counted in &poll.in_use {
         in_use
-            .entry(frames_of(stack))
+            .entry(key_of(counted))
             .or_default()
-            .push((*size, *count, rate));
+            .push((counted.size, counted.count, rate));
     }
     aggregate.set_runtime_in_use(in_use);
+    // Buckets no longer in the list (a forged one, gone) keep no frames.
+    if frames.len() > poll.buckets.saturating_mul(2).max(1024) {
+        frames.clear();
+    }
 }
 
 /// The frames of a bucket's stack (return addresses, innermost first), as Go frames:
 /// the runtime's own frames at the top (the allocator, `runtime.mallocgc`...) are
 /// dropped, as `go tool pprof` does; [`GO_SAMPLER_FRAME`] is the outermost.
-fn frames(file: &mut GoFile, stack: &[u64]) -> Vec<Frame> {
+fn frames_of(file: &mut GoFile, stack: &[u64]) -> Vec<Frame> {
     let mut locations: Vec<SourceLocation> = stack
         .iter()
         .map(|&pc| match file.location(pc) {
@@ -232,8 +277,10 @@ fn frames(file: &mut GoFile, stack: &[u64]) -> Vec<Frame> {
                 file: location.file.unwrap_or_default(),
                 line: location.line.unwrap_or(0),
             },
+            // One location for every pc the table does not know: a forged stack
+            // cannot fill the session's location table.
             None => SourceLocation {
-                function: format!("[unknown go pc {pc:#x}]"),
+                function: UNKNOWN_GO_FRAME.to_string(),
                 file: String::new(),
                 line: 0,
             },

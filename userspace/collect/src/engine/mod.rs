@@ -222,6 +222,7 @@ impl Collector {
                 self.stats.processes_seen += 1;
                 // What was cached about the pid is the earlier process's.
                 self.stacks.forget(pid);
+                self.go.forget(pid);
             }
         }
         // Records the files it maps (what a rescan of its maps compares with) and
@@ -427,6 +428,8 @@ impl Collector {
                     if self.processes.exited(pid) {
                         self.stacks.forget(pid);
                     }
+                    // Its memory is gone: what its last poll read is what it has.
+                    self.go.forget(pid);
                 }
             }
         }

@@ -28,7 +28,7 @@ const PCDATA_INL_TREE_INDEX: u32 = 2;
 const FUNCDATA_INL_TREE: u32 = 3;
 
 /// Offset of `text` in the runtime's `moduledata` (every version read here).
-const MODULEDATA_TEXT: usize = 0xb0;
+const MODULEDATA_TEXT: u64 = 0xb0;
 
 /// Which table format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,25 +74,32 @@ pub struct Location {
     pub line: Option<u32>,
 }
 
-/// A parsed table (borrowing the file's bytes).
-pub struct Pclntab<'data> {
+/// Most bytes of the inline trees' area (`go:func.*`) kept.
+const MAX_GOFUNC_BYTES: usize = 64 << 20;
+
+/// A parsed table: its own copy of `.gopclntab` (and of the inline trees' area), so
+/// that the file it came from need not be kept.
+pub struct Pclntab {
     format: Format,
     quantum: u64,
     nfunc: usize,
     text_start: u64,
-    funcnames: &'data [u8],
-    cutab: &'data [u8],
-    filetab: &'data [u8],
-    pctab: &'data [u8],
+    /// The section's bytes.
+    table: Vec<u8>,
+    /// Where each sub-table starts in `table`.
+    funcnames: usize,
+    cutab: usize,
+    filetab: usize,
+    pctab: usize,
     /// The function table, followed by the `_func` records it points into.
-    funcdata: &'data [u8],
+    funcdata: usize,
     /// The file's bytes at `moduledata.gofunc` onwards (inlining trees), when found.
-    gofunc: Option<&'data [u8]>,
+    gofunc: Option<Vec<u8>>,
 }
 
-impl<'data> Pclntab<'data> {
+impl Pclntab {
     /// The table of `file`.
-    pub fn parse(file: &object::File<'data>) -> Result<Self, PclntabError> {
+    pub fn parse(file: &object::File) -> Result<Self, PclntabError> {
         let section = file
             .section_by_name(".gopclntab")
             .ok_or(PclntabError::Missing)?;
@@ -112,20 +119,23 @@ impl<'data> Pclntab<'data> {
             ));
         }
         let bad = PclntabError::Malformed("header offsets");
-        let tail = |index: usize| -> Result<&'data [u8], PclntabError> {
-            let offset = word(index).ok_or(bad.clone())? as usize;
-            data.get(offset..).ok_or(bad.clone())
+        let offset = |index: usize| -> Result<usize, PclntabError> {
+            let offset =
+                usize::try_from(word(index).ok_or(bad.clone())?).map_err(|_| bad.clone())?;
+            (offset <= data.len()).then_some(offset).ok_or(bad.clone())
         };
-        let nfunc = word(0).ok_or(bad.clone())? as usize;
-        let funcdata = tail(7)?;
-        if (nfunc + 1).saturating_mul(8) > funcdata.len() {
+        let funcdata = offset(7)?;
+        // nfunc + 1 entries of 8 bytes must fit (checked: a forged count must not wrap).
+        let nfunc = usize::try_from(word(0).ok_or(bad.clone())?).map_err(|_| bad.clone())?;
+        let table_bytes = nfunc.checked_add(1).and_then(|n| n.checked_mul(8));
+        if table_bytes.is_none_or(|bytes| bytes > data.len() - funcdata) {
             return Err(PclntabError::Malformed("function table"));
         }
-        let header_text = word(2).ok_or(bad.clone())?;
-        let moduledata = module_data(file, section.address());
-        let text_start = match header_text {
-            0 => moduledata
-                .and_then(|m| read_u64(m, MODULEDATA_TEXT))
+        let relocated = Relocated::of(file);
+        let moduledata = module_data(file, section.address(), &relocated);
+        let field = |at: u64| relocated.word(file, moduledata?.checked_add(at)?);
+        let text_start = match word(2).ok_or(bad.clone())? {
+            0 => field(MODULEDATA_TEXT)
                 .filter(|&t| t != 0)
                 .or_else(|| file.section_by_name(".text").map(|s| s.address()))
                 .ok_or(PclntabError::Malformed("no text start"))?,
@@ -135,21 +145,42 @@ impl<'data> Pclntab<'data> {
             Format::Go118 => 0x130,
             Format::Go120 => 0x140,
         };
-        let gofunc = moduledata
-            .and_then(|m| read_u64(m, gofunc_field))
-            .and_then(|address| bytes_at(file, address));
+        let gofunc = field(gofunc_field)
+            .and_then(|address| bytes_at(file, address))
+            .map(|bytes| bytes[..bytes.len().min(MAX_GOFUNC_BYTES)].to_vec());
         Ok(Pclntab {
             format,
             quantum: 1,
             nfunc,
             text_start,
-            funcnames: tail(3)?,
-            cutab: tail(4)?,
-            filetab: tail(5)?,
-            pctab: tail(6)?,
+            funcnames: offset(3)?,
+            cutab: offset(4)?,
+            filetab: offset(5)?,
+            pctab: offset(6)?,
             funcdata,
+            table: data.to_vec(),
             gofunc,
         })
+    }
+
+    fn funcnames(&self) -> &[u8] {
+        &self.table[self.funcnames..]
+    }
+
+    fn cutab(&self) -> &[u8] {
+        &self.table[self.cutab..]
+    }
+
+    fn filetab(&self) -> &[u8] {
+        &self.table[self.filetab..]
+    }
+
+    fn pctab(&self) -> &[u8] {
+        &self.table[self.pctab..]
+    }
+
+    fn funcdata(&self) -> &[u8] {
+        &self.table[self.funcdata..]
     }
 
     /// The table's format.
@@ -170,8 +201,8 @@ impl<'data> Pclntab<'data> {
     /// The `index`th function table entry: (entry offset, record offset).
     fn entry(&self, index: usize) -> Option<(u32, u32)> {
         Some((
-            read_u32(self.funcdata, 8 * index)?,
-            read_u32(self.funcdata, 8 * index + 4)?,
+            read_u32(self.funcdata(), 8 * index)?,
+            read_u32(self.funcdata(), 8 * index + 4)?,
         ))
     }
 
@@ -219,12 +250,12 @@ impl<'data> Pclntab<'data> {
     pub fn size(&self, func: &Func) -> Option<u64> {
         let offset = u32::try_from(func.entry.checked_sub(self.text_start)?).ok()?;
         let index = (0..self.nfunc).find(|&i| self.entry(i).map(|e| e.0) == Some(offset))?;
-        Some(u64::from(self.entry(index + 1)?.0 - offset))
+        Some(u64::from(self.entry(index + 1)?.0.checked_sub(offset)?))
     }
 
     /// A field of `func`'s `_func` record, as an u32 at `offset`.
     fn field(&self, func: &Func, offset: usize) -> Option<u32> {
-        read_u32(self.funcdata, func.record.checked_add(offset)?)
+        read_u32(self.funcdata(), func.record.checked_add(offset)?)
     }
 
     /// The size of the record's fixed part (where its pcdata offsets start).
@@ -239,13 +270,15 @@ impl<'data> Pclntab<'data> {
     fn data_counts(&self, func: &Func) -> Option<(u32, u32)> {
         let npcdata = self.field(func, 28)?;
         let nfuncdata_at = self.fixed_size() - 1;
-        let nfuncdata = *self.funcdata.get(func.record.checked_add(nfuncdata_at)?)?;
+        let nfuncdata = *self
+            .funcdata()
+            .get(func.record.checked_add(nfuncdata_at)?)?;
         Some((npcdata, u32::from(nfuncdata)))
     }
 
     /// The name of `func`.
     pub fn name(&self, func: &Func) -> Option<String> {
-        c_string(self.funcnames, self.field(func, 4)? as usize)
+        c_string(self.funcnames(), self.field(func, 4)? as usize)
     }
 
     /// Where `pc` (an address inside `func`, not a return address) is: the innermost
@@ -267,7 +300,7 @@ impl<'data> Pclntab<'data> {
             return None;
         }
         pc_value(
-            self.pctab.get(offset as usize..)?,
+            self.pctab().get(offset as usize..)?,
             func.entry,
             pc,
             self.quantum,
@@ -279,8 +312,8 @@ impl<'data> Pclntab<'data> {
         let index = self.value_at(func, self.field(func, 20)?, pc)?;
         let cu = self.field(func, 32)? as usize;
         let slot = cu.checked_add(usize::try_from(index).ok()?)?;
-        let offset = read_u32(self.cutab, slot.checked_mul(4)?)?;
-        c_string(self.filetab, offset as usize)
+        let offset = read_u32(self.cutab(), slot.checked_mul(4)?)?;
+        c_string(self.filetab(), offset as usize)
     }
 
     /// The name of the innermost call inlined at `pc` in `func`, if any.
@@ -300,7 +333,7 @@ impl<'data> Pclntab<'data> {
         if tree == u32::MAX {
             return None;
         }
-        let tree = self.gofunc?.get(tree as usize..)?;
+        let tree = self.gofunc.as_deref()?.get(tree as usize..)?;
         let index = usize::try_from(index).ok()?;
         let name_offset = match self.format {
             // funcID u8, pad [3]u8, nameOff i32, parentPc i32, startLine i32
@@ -308,35 +341,90 @@ impl<'data> Pclntab<'data> {
             // parent i16, funcID u8, pad u8, file i32, line i32, func_ i32, parentPc i32
             Format::Go118 => read_u32(tree, index.checked_mul(20)? + 12)?,
         };
-        c_string(self.funcnames, name_offset as usize)
+        c_string(self.funcnames(), name_offset as usize)
     }
 }
 
-/// The runtime's `moduledata` of `file` (its first word points to the pc table at
-/// `pclntab`): the `.go.module` section (Go 1.26+), else the first such word in
-/// `.noptrdata` or `.data`.
-fn module_data<'data>(file: &object::File<'data>, pclntab: u64) -> Option<&'data [u8]> {
-    if let Some(data) = file
-        .section_by_name(".go.module")
-        .and_then(|s| s.data().ok())
-        .filter(|d| read_u64(d, 0) == Some(pclntab))
-    {
-        return Some(data);
+/// The address of the runtime's `moduledata` in `file` (its first word points to the
+/// pc table at `pclntab`): the `.go.module` section (Go 1.26+), else the first such
+/// word in `.noptrdata` or `.data` (as the file holds it, or as a relocation of a
+/// position-independent file sets it).
+fn module_data(file: &object::File, pclntab: u64, relocated: &Relocated) -> Option<u64> {
+    if let Some(section) = file.section_by_name(".go.module") {
+        if relocated.word(file, section.address()) == Some(pclntab) {
+            return Some(section.address());
+        }
     }
     [".noptrdata", ".data"].iter().find_map(|name| {
-        let data = file.section_by_name(name)?.data().ok()?;
+        let section = file.section_by_name(name)?;
+        let data = section.data().ok()?;
         let position = data
             .chunks_exact(8)
-            .position(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()) == pclntab)?;
-        data.get(position * 8..)
+            .position(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()) == pclntab);
+        let range = section.address()..section.address().saturating_add(section.size());
+        position
+            .map(|p| section.address() + p as u64 * 8)
+            .or_else(|| relocated.address_of(pclntab, &range))
     })
+}
+
+/// A position-independent file's `R_X86_64_RELATIVE` relocations: what the loader
+/// writes at an address (the file holds 0 there).
+struct Relocated {
+    /// (address, value), sorted by address.
+    values: Vec<(u64, u64)>,
+}
+
+impl Relocated {
+    /// Most relocations kept (a Go binary has tens of thousands).
+    const MAX: usize = 1 << 22;
+
+    fn of(file: &object::File) -> Relocated {
+        let mut values: Vec<(u64, u64)> = file
+            .dynamic_relocations()
+            .into_iter()
+            .flatten()
+            .filter(|(_, r)| {
+                r.flags()
+                    == object::RelocationFlags::Elf {
+                        r_type: object::elf::R_X86_64_RELATIVE,
+                    }
+            })
+            .take(Self::MAX)
+            .map(|(address, r)| (address, r.addend() as u64))
+            .collect();
+        values.sort_unstable();
+        Relocated { values }
+    }
+
+    /// The word at `address`: the file's, or the relocation's where the file has 0.
+    fn word(&self, file: &object::File, address: u64) -> Option<u64> {
+        let stored = bytes_at(file, address).and_then(|b| read_u64(b, 0));
+        match stored {
+            Some(value) if value != 0 => Some(value),
+            _ => self
+                .values
+                .binary_search_by_key(&address, |&(a, _)| a)
+                .ok()
+                .map(|i| self.values[i].1)
+                .or(stored),
+        }
+    }
+
+    /// The first address in `range` a relocation sets to `value`.
+    fn address_of(&self, value: u64, range: &std::ops::Range<u64>) -> Option<u64> {
+        self.values
+            .iter()
+            .find(|&&(address, v)| v == value && range.contains(&address))
+            .map(|&(address, _)| address)
+    }
 }
 
 /// The file's bytes from virtual address `address` to its segment's end.
 fn bytes_at<'data>(file: &object::File<'data>, address: u64) -> Option<&'data [u8]> {
     file.segments().find_map(|segment| {
         let start = segment.address();
-        if !(start..start + segment.size()).contains(&address) {
+        if !(start..start.saturating_add(segment.size())).contains(&address) {
             return None;
         }
         segment.data().ok()?.get((address - start) as usize..)

@@ -79,9 +79,14 @@ impl IntervalInputs {
 
     /// Accounts for `count` samples alike (a runtime's counted samples).
     pub fn add_repeated(&mut self, size: u64, offset: u64, rate: u64, count: u64) {
-        self.counted_samples += count;
-        self.untried_bytes += size.saturating_sub(offset) * count;
-        self.sampled_bytes += size * count;
+        // Saturating: the counts come from another process's memory.
+        self.counted_samples = self.counted_samples.saturating_add(count);
+        self.untried_bytes = self
+            .untried_bytes
+            .saturating_add(size.saturating_sub(offset).saturating_mul(count));
+        self.sampled_bytes = self
+            .sampled_bytes
+            .saturating_add(size.saturating_mul(count));
         self.rate_sum += rate as f64 * count as f64;
         self.rate_square_sum += (rate as f64).powi(2) * count as f64;
     }
