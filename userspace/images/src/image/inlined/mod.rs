@@ -45,7 +45,7 @@ use super::{
 mod free;
 mod size;
 
-use size::{constant_request, in_class, size_of_path, MAX_PATH_BYTES};
+use size::{constant_request, in_class, size_of_path};
 
 /// Most inlined sites probed in one image: a hostile file could repeat the pattern
 /// without end, and each site is a uprobe.
@@ -467,9 +467,7 @@ fn site(
         Mnemonic::Jne => jump.next_ip(),
         _ => jump.near_branch_target(),
     };
-    let start = path.checked_sub(base)? as usize;
-    let code = data.get(start..(start + MAX_PATH_BYTES).min(data.len()))?;
-    let (register, mut multiplier) = size_of_path(code, path, markers.usedpools)?;
+    let (register, mut multiplier) = size_of_path(data, base, path, markers.usedpools)?;
     if register == Reg::One {
         // A constant size: the class's bytes, or the request itself where the hooked
         // path passes it.

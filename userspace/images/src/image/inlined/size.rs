@@ -10,25 +10,43 @@ use iced_x86::{
 
 use super::{load_offset, point, Usedpools, SIZE_CLASS_BYTES, USEDPOOLS_BYTES};
 
-/// Instructions of an inlined path read at most for its size.
-const MAX_PATH_INSTRUCTIONS: usize = 8;
+/// Instructions of an inlined path read at most for its size (3.13 loads its
+/// allocator state first, and may set up constants for a shared tail).
+const MAX_PATH_INSTRUCTIONS: usize = 12;
 
-/// Bytes of an inlined path decoded at most.
+/// Bytes of an inlined path decoded at most from one place.
 pub(super) const MAX_PATH_BYTES: usize = MAX_PATH_INSTRUCTIONS * 15;
 
-/// Where the inlined path `code` (at `ip`) has its size at its start: a register
-/// (times 1), or a constant size class (`Reg::One` times its bytes). Read from its
-/// first instructions up to a branch: the size-class computation `lea -1(%R)` or the
-/// small-request check `cmp $0x200, %R` (`R` untouched until then, so it held the size
-/// at the branch; a check against 0x1ff is of the size less one, computed earlier, and
-/// tells nothing here
-/// ), or a load of one `usedpools` entry (a constant size).
-pub(super) fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option<(Reg, u64)> {
-    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+/// Unconditional jumps followed at most on a path (a path moved out of line, a tail
+/// shared by several sites).
+const MAX_PATH_JUMPS: usize = 2;
+
+/// Where the inlined path at `ip` (in the text section `data` at `base`) has its size
+/// at its start: a register (times 1), or a constant size class (`Reg::One` times its
+/// bytes). Read from its first instructions, through unconditional jumps, up to any
+/// other branch: the size-class computation `lea -1(%R)` or the small-request check
+/// `cmp $0x200, %R` (`R` untouched until then, so it held the size at the branch; a
+/// check against 0x1ff is of the size less one, computed earlier, and tells nothing
+/// here), or a load of one `usedpools` entry: at a constant place, or indexed by a
+/// register the path set to a constant (a constant size).
+pub(super) fn size_of_path(
+    data: &[u8],
+    base: u64,
+    ip: u64,
+    usedpools: Usedpools,
+) -> Option<(Reg, u64)> {
+    let code_at = |ip: u64| {
+        let start = ip.checked_sub(base)? as usize;
+        data.get(start..(start + MAX_PATH_BYTES).min(data.len()))
+    };
+    let mut decoder = Decoder::with_ip(64, code_at(ip)?, ip, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut written: Vec<Register> = Vec::new();
     // Registers holding the allocator state's address (3.13).
     let mut states: Vec<Register> = Vec::new();
+    // Registers the path set to a constant.
+    let mut constants: Vec<(Register, u64)> = Vec::new();
+    let mut jumps = 0;
     for _ in 0..MAX_PATH_INSTRUCTIONS {
         if !decoder.can_decode() {
             return None;
@@ -40,14 +58,40 @@ pub(super) fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option
         let untouched = |register: Register| {
             register.is_gpr64() && register != Register::RSP && !written.contains(&register)
         };
+        let constant = |register: Register| {
+            constants
+                .iter()
+                .find(|(r, _)| *r == register.full_register())
+                .map(|(_, v)| *v)
+                .filter(|v| (1..=allocbpf_common::PYMALLOC_SMALL_MAX).contains(v))
+        };
         match instruction.mnemonic() {
-            // lea -1(%R), ...: the size class computation.
+            // lea -1(%R), ...: the size class computation, of the size in R, or of a
+            // constant the path put in R (the request itself).
             Mnemonic::Lea
                 if instruction.memory_index() == Register::None
-                    && untouched(instruction.memory_base())
                     && instruction.memory_displacement64() as i64 == -1 =>
             {
-                return Some((point::register_code(instruction.memory_base())?, 1));
+                let register = instruction.memory_base();
+                if let Some(size) = constant(register) {
+                    return Some((Reg::One, size));
+                }
+                if untouched(register) {
+                    return Some((point::register_code(register)?, 1));
+                }
+            }
+            // sub $1, %R of a constant the path put in R: the same computation.
+            Mnemonic::Sub
+                if instruction.op0_kind() == OpKind::Register
+                    && matches!(
+                        instruction.op1_kind(),
+                        OpKind::Immediate8to32 | OpKind::Immediate8to64 | OpKind::Immediate32
+                    )
+                    && instruction.immediate(1) == 1 =>
+            {
+                if let Some(size) = constant(instruction.op0_register()) {
+                    return Some((Reg::One, size));
+                }
             }
             // cmp $0x200, %R: the small-request check.
             Mnemonic::Cmp
@@ -62,7 +106,7 @@ pub(super) fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option
                 return Some((point::register_code(instruction.op0_register())?, 1));
             }
             Mnemonic::Mov if instruction.code() == Code::Mov_r64_rm64 => {
-                if let Some(bytes) = constant_class(&instruction, usedpools, &states) {
+                if let Some(bytes) = constant_class(&instruction, usedpools, &states, &constants) {
                     return Some((Reg::One, bytes));
                 }
             }
@@ -74,15 +118,41 @@ pub(super) fn size_of_path(code: &[u8], ip: u64, usedpools: Usedpools) -> Option
             }
             _ => None,
         };
-        if instruction.flow_control() != FlowControl::Next {
-            return None;
+        match instruction.flow_control() {
+            FlowControl::Next => {}
+            FlowControl::UnconditionalBranch
+                if instruction.is_jmp_short_or_near() && jumps < MAX_PATH_JUMPS =>
+            {
+                jumps += 1;
+                let target = instruction.near_branch_target();
+                decoder = Decoder::with_ip(64, code_at(target)?, target, DecoderOptions::NONE);
+                continue;
+            }
+            _ => return None,
         }
         let now_written = point::written_registers(&mut info, &instruction);
         states.retain(|r| !now_written.contains(r));
+        constants.retain(|(r, _)| !now_written.contains(r));
         written.extend(now_written);
         states.extend(loaded_state);
+        if let Some(value) = immediate_move(&instruction) {
+            constants.push((instruction.op0_register().full_register(), value));
+        }
     }
     None
+}
+
+/// For `mov $imm, %reg` (32 or 64 bits, zero- or sign-extended into the full
+/// register): the value the full register holds.
+fn immediate_move(instruction: &Instruction) -> Option<u64> {
+    match instruction.code() {
+        Code::Mov_r32_imm32 => Some(u64::from(instruction.immediate32())),
+        Code::Mov_r64_imm64 => Some(instruction.immediate64()),
+        Code::Mov_rm64_imm32 if instruction.op0_kind() == OpKind::Register => {
+            Some(instruction.immediate32to64() as u64)
+        }
+        _ => None,
+    }
 }
 
 /// True if a request of `bytes` is served from the size class of `class_bytes`.
@@ -145,14 +215,28 @@ pub(super) fn constant_request(code: &[u8], ip: u64, data: &[u8], base: u64) -> 
 }
 
 /// The bytes of the size class whose `usedpools` entry `load` reads, if it reads one at
-/// a constant place: a fixed address, or an offset of a register holding the state.
-fn constant_class(load: &Instruction, usedpools: Usedpools, states: &[Register]) -> Option<u64> {
+/// a constant place: a fixed address, or an offset of a register holding the state,
+/// plus an index register the path set to a constant (`constants`), times 8.
+fn constant_class(
+    load: &Instruction,
+    usedpools: Usedpools,
+    states: &[Register],
+    constants: &[(Register, u64)],
+) -> Option<u64> {
+    let index = match load.memory_index() {
+        Register::None => 0,
+        index if load.memory_index_scale() == 8 => constants
+            .iter()
+            .find(|(r, _)| *r == index.full_register())?
+            .1
+            .checked_mul(8)?,
+        _ => return None,
+    };
     let offset = match usedpools {
         Usedpools::At(address) => {
             let at = if load.is_ip_rel_memory_operand() {
                 load.ip_rel_memory_address()
-            } else if load.memory_base() == Register::None && load.memory_index() == Register::None
-            {
+            } else if load.memory_base() == Register::None {
                 load.memory_displacement64()
             } else {
                 return None;
@@ -160,14 +244,13 @@ fn constant_class(load: &Instruction, usedpools: Usedpools, states: &[Register])
             at.checked_sub(address)?
         }
         Usedpools::InState { usedpools, .. } => {
-            if load.memory_index() != Register::None
-                || !states.contains(&load.memory_base().full_register())
-            {
+            if !states.contains(&load.memory_base().full_register()) {
                 return None;
             }
             load.memory_displacement64().checked_sub(usedpools)?
         }
-    };
+    }
+    .checked_add(index)?;
     let bytes = SIZE_CLASS_BYTES * (offset / SIZE_CLASS_BYTES + 1);
     (offset < USEDPOOLS_BYTES
         && offset % SIZE_CLASS_BYTES == 0

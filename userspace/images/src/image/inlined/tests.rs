@@ -57,7 +57,7 @@ fn no_markers_without_the_inlined_comparison() {
 
 /// The size of the inlined path `code` at 0x4fb000 (3.11's markers).
 fn size(code: &[u8]) -> Option<(Reg, u64)> {
-    size_of_path(code, 0x4fb000, Usedpools::At(0x959d20))
+    size_of_path(code, 0x4fb000, 0x4fb000, Usedpools::At(0x959d20))
 }
 
 /// `mov` of the word at `address` (rip-relative) into %rax, at 0x4fb000.
@@ -107,15 +107,77 @@ fn sizes_of_inlined_paths_with_the_state_in_a_register() {
     let mut constant = state_load.to_vec();
     constant.extend_from_slice(&[0x49, 0x8b, 0x44, 0x24, 0x10]);
     assert_eq!(
-        size_of_path(&constant, 0x1000, usedpools),
+        size_of_path(&constant, 0x1000, 0x1000, usedpools),
         Some((Reg::One, 32))
     );
     // then lea -0x1(%rdi),%rax: the size in %rdi.
     let mut sized = state_load.to_vec();
     sized.extend_from_slice(&[0x48, 0x8d, 0x47, 0xff]);
-    assert_eq!(size_of_path(&sized, 0x1000, usedpools), Some((Reg::Rdi, 1)));
+    assert_eq!(
+        size_of_path(&sized, 0x1000, 0x1000, usedpools),
+        Some((Reg::Rdi, 1))
+    );
     // mov 0x10(%rax),%rax alone is no state load: nothing.
-    assert_eq!(size_of_path(&state_load[..4], 0x1000, usedpools), None);
+    assert_eq!(
+        size_of_path(&state_load[..4], 0x1000, 0x1000, usedpools),
+        None
+    );
+}
+
+/// 3.13's constant sites that set their class's index first, for a tail several sites
+/// share (`_PyLong_Add`): `mov $0x2,%eax; ...; mov (%rdx,%rax,8),%r10` is class 1, 32
+/// bytes; and a path that jumps to its state load.
+#[test]
+fn constant_indices_and_jumps_on_inlined_paths() {
+    let usedpools = Usedpools::InState {
+        state: 0x2a30,
+        usedpools: 0,
+    };
+    let indexed = [
+        0xb8, 0x02, 0x00, 0x00, 0x00, // mov $0x2,%eax
+        0xbe, 0x20, 0x00, 0x00, 0x00, // mov $0x20,%esi
+        0x64, 0x48, 0x8b, 0x14, 0x25, 0xe8, 0xff, 0xff,
+        0xff, // mov %fs:0xffffffffffffffe8,%rdx
+        0x48, 0x8b, 0x52, 0x10, // mov 0x10(%rdx),%rdx
+        0x48, 0x8b, 0x92, 0x30, 0x2a, 0x00, 0x00, // mov 0x2a30(%rdx),%rdx
+        0x4c, 0x8b, 0x14, 0xc2, // mov (%rdx,%rax,8),%r10
+    ];
+    assert_eq!(
+        size_of_path(&indexed, 0x1000, 0x1000, usedpools),
+        Some((Reg::One, 32))
+    );
+    // jmp +2 over a ud2, then the state load and class 0's entry.
+    let jumped = [
+        0xeb, 0x02, // jmp +2
+        0x0f, 0x0b, // ud2
+        0x48, 0x8b, 0x40, 0x10, // mov 0x10(%rax),%rax
+        0x48, 0x8b, 0xa8, 0x30, 0x2a, 0x00, 0x00, // mov 0x2a30(%rax),%rbp
+        0x48, 0x8b, 0x45, 0x00, // mov 0x0(%rbp),%rax
+    ];
+    assert_eq!(
+        size_of_path(&jumped, 0x1000, 0x1000, usedpools),
+        Some((Reg::One, 16))
+    );
+    // mov $0x1c,%r15d, then lea -0x1(%r15),%esi: the request is 28 bytes.
+    let constant = [
+        0x41, 0xbf, 0x1c, 0x00, 0x00, 0x00, // mov $0x1c,%r15d
+        0x41, 0x8d, 0x77, 0xff, // lea -0x1(%r15),%esi
+    ];
+    assert_eq!(
+        size_of_path(&constant, 0x1000, 0x1000, usedpools),
+        Some((Reg::One, 28))
+    );
+    // mov $0x2a,%esi, then sub $0x1,%esi: 42 bytes.
+    let subtracted = [
+        0xbe, 0x2a, 0x00, 0x00, 0x00, // mov $0x2a,%esi
+        0x83, 0xee, 0x01, // sub $0x1,%esi
+    ];
+    assert_eq!(
+        size_of_path(&subtracted, 0x1000, 0x1000, usedpools),
+        Some((Reg::One, 42))
+    );
+    // An index the path did not set: nothing.
+    assert_eq!(size_of_path(&indexed[5..], 0x1000, 0x1000, usedpools), None);
 }
 
 /// Debian's python3.11, when this machine has it: well over a hundred sites, all
