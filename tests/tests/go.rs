@@ -39,28 +39,33 @@ fn go() -> &'static str {
 
 /// Builds the workload with Go `version`, stripped (`-s -w`) or not, once per run.
 fn build(version: &str, stripped: bool) -> Result<PathBuf> {
-    let dir = scratch_dir(&format!(
-        "go-build-{version}-{}",
-        if stripped { "s" } else { "g" }
-    ));
+    build_with(version, if stripped { &["-ldflags=-s -w"] } else { &[] })
+}
+
+/// Builds the workload with Go `version` and extra `go build` flags, once per run.
+fn build_with(version: &str, flags: &[&str]) -> Result<PathBuf> {
+    let label: String = flags
+        .concat()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    let dir = scratch_dir(&format!("go-build-{version}-{label}"));
     let binary = dir.join("go_allocs");
-    let mut command = Command::new(go());
-    command
+    let output = Command::new(go())
         .arg("build")
+        .args(flags)
         .arg("-o")
         .arg(&binary)
+        .arg(".")
         .current_dir(workspace_root().join("tests/workloads/go_allocs"))
         .env("GOTOOLCHAIN", version)
         .env("GOFLAGS", "-mod=mod")
-        .env("GOCACHE", workspace_root().join("target/e2e/gocache"));
-    if stripped {
-        command.arg("-ldflags=-s -w");
-    }
-    command.arg(".");
-    let output = command.output().context("go build")?;
+        .env("GOCACHE", workspace_root().join("target/e2e/gocache"))
+        .output()
+        .context("go build")?;
     ensure!(
         output.status.success(),
-        "go build ({version}): {}",
+        "go build ({version} {flags:?}): {}",
         String::from_utf8_lossy(&output.stderr)
     );
     Ok(binary)
@@ -189,7 +194,7 @@ fn check(binary: &Path, label: &str) -> Result<()> {
 }
 
 /// Go 1.19, 1.22 and the machine's own, each stripped; the machine's own with its
-/// symbol table too.
+/// symbol table too; 1.22 and the machine's own position-independent.
 #[test]
 fn go_heap_profiles_agree_with_the_programs_own() -> Result<()> {
     require_root();
@@ -197,6 +202,12 @@ fn go_heap_profiles_agree_with_the_programs_own() -> Result<()> {
     check(&build("local", false)?, "local")?;
     for version in VERSIONS {
         check(&build(version, true)?, &format!("{version}-stripped"))?;
+    }
+    // Position-independent: its table in `.data.rel.ro.gopclntab` before 1.26, its
+    // module data's pointers set by relocations.
+    for version in ["local", "go1.22.12"] {
+        let binary = build_with(version, &["-buildmode=pie", "-ldflags=-s -w"])?;
+        check(&binary, &format!("{version}-pie"))?;
     }
     Ok(())
 }

@@ -10,6 +10,7 @@
 use std::{collections::HashMap, path::PathBuf};
 
 use allocbpf_images::{
+    image::GO_PCLNTAB_SECTIONS,
     memory::ProcessMemory,
     procfs::{self, MapsEntry},
 };
@@ -88,7 +89,10 @@ impl GoFile {
         let data = procfs::read_mapped(&file, PathBuf::from(&path).as_path())
             .map_err(|e| unreadable(e.to_string()))?;
         let elf = object::File::parse(&*data).map_err(|e| unreadable(e.to_string()))?;
-        if elf.section_by_name(".gopclntab").is_none() {
+        if GO_PCLNTAB_SECTIONS
+            .iter()
+            .all(|name| elf.section_by_name(name).is_none())
+        {
             return Ok(None);
         }
         let version = buildinfo::version(&elf).unwrap_or(GoVersion {

@@ -8,6 +8,7 @@
 //! every string and table walk bounded; a malformed table gives errors or `None`,
 //! never a panic.
 
+use allocbpf_images::image::GO_PCLNTAB_SECTIONS;
 use object::{Object, ObjectSection, ObjectSegment};
 
 mod pcvalue;
@@ -100,8 +101,9 @@ pub struct Pclntab {
 impl Pclntab {
     /// The table of `file`.
     pub fn parse(file: &object::File) -> Result<Self, PclntabError> {
-        let section = file
-            .section_by_name(".gopclntab")
+        let section = GO_PCLNTAB_SECTIONS
+            .iter()
+            .find_map(|name| file.section_by_name(name))
             .ok_or(PclntabError::Missing)?;
         let data = section
             .data()

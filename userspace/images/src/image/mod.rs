@@ -226,6 +226,10 @@ pub struct Lookup {
     pub unwind_tables: bool,
 }
 
+/// The names of a Go executable's function table section: `.gopclntab`, or in a
+/// position-independent build before Go 1.26 `.data.rel.ro.gopclntab`.
+pub const GO_PCLNTAB_SECTIONS: [&str; 2] = [".gopclntab", ".data.rel.ro.gopclntab"];
+
 /// What examining one mapped file found: whether it is an allocator image, and the
 /// facts that tell why a process made no probed call.
 #[derive(Clone, Debug)]
@@ -275,7 +279,9 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
                 .is_ok_and(|name| allocators::is_allocation_symbol(name, prefixes))
     });
     // Every Go executable keeps its function table, stripped or not.
-    let go_runtime = file.section_by_name(".gopclntab").is_some()
+    let go_runtime = GO_PCLNTAB_SECTIONS
+        .iter()
+        .any(|name| file.section_by_name(name).is_some())
         || file
             .symbols()
             .any(|symbol| symbol.name() == Ok("runtime.mallocgc"));
