@@ -15,10 +15,7 @@ use iced_x86::{
 };
 use object::{Object, ObjectSymbol};
 
-use super::{
-    code_at, compared_default, exported_code, file_offset_of, point, point::Input, ProbedEntry,
-    Site,
-};
+use super::{code_at, compared_default, exported_code, point, point::Input, ProbedEntry, Site};
 
 /// Instructions of an inlined deallocation path read at most for its block's register
 /// (3.13 loads its allocator state before it computes the pool).
@@ -104,22 +101,19 @@ pub(super) fn default_free_entry(
     if !point.emulated {
         return None;
     }
-    Some(ProbedEntry {
-        symbol: format!("_PyObject_Free ({default:#x})"),
+    let site = Site {
+        symbol: "_PyObject_Free",
         function: AllocFn::Free,
         shape: Shape::Free,
-        file_offset: file_offset_of(file, default)?,
-        address: default,
+        register: Reg::One,
         size: 0,
+    };
+    site.entry(
+        file,
+        format!("_PyObject_Free ({default:#x})"),
+        default,
         point,
-        wrapper: false,
-        nests: false,
-        nest_span: 0,
-        nests_checked: false,
-        forward_call_depth: None,
-        tail_forward: false,
-        tail_only_if_null: false,
-    })
+    )
 }
 
 /// Jumps followed at most in one path (a path moved out of line, a null check that
@@ -169,9 +163,7 @@ fn freed_register_in(data: &[u8], base: u64, ip: u64) -> Option<Path> {
         if instruction.is_invalid() {
             return None;
         }
-        let untouched = |register: Register| {
-            register.is_gpr64() && register != Register::RSP && !written.contains(&register)
-        };
+        let untouched = |register: Register| super::untouched(register, &written);
         if let Some(register) = loaded {
             if instruction.flow_control() == FlowControl::ConditionalBranch {
                 return Some(Path::Block(

@@ -514,20 +514,33 @@ impl Site {
     ) -> Option<ProbedEntry> {
         let at = (jump.ip() - base) as usize;
         let bytes = data.get(at..at + jump.len())?;
+        let point = ProbePoint {
+            offset: 0,
+            registers: [self.register, Reg::One, Reg::One],
+            overflow_check: false,
+            instruction: jump.to_string(),
+            emulated: point::is_emulated(jump, bytes),
+        };
+        let symbol = format!("{} (inlined, {:#x})", self.symbol, jump.ip());
+        self.entry(file, symbol, jump.ip(), point)
+    }
+
+    /// The probed entry named `symbol` at `address`, probed at `point`.
+    fn entry(
+        self,
+        file: &object::File,
+        symbol: String,
+        address: u64,
+        point: ProbePoint,
+    ) -> Option<ProbedEntry> {
         Some(ProbedEntry {
-            symbol: format!("{} (inlined, {:#x})", self.symbol, jump.ip()),
+            symbol,
             function: self.function,
             shape: self.shape,
-            file_offset: file_offset_of(file, jump.ip())?,
-            address: jump.ip(),
+            file_offset: file_offset_of(file, address)?,
+            address,
             size: self.size,
-            point: ProbePoint {
-                offset: 0,
-                registers: [self.register, Reg::One, Reg::One],
-                overflow_check: false,
-                instruction: jump.to_string(),
-                emulated: point::is_emulated(jump, bytes),
-            },
+            point,
             wrapper: false,
             nests: false,
             nest_span: 0,
@@ -537,6 +550,13 @@ impl Site {
             tail_only_if_null: false,
         })
     }
+}
+
+/// True if `register` is a general-purpose register other than `rsp` that no
+/// instruction read so far (`written`) wrote: it still holds its value at the path's
+/// start.
+fn untouched(register: Register, written: &[Register]) -> bool {
+    register.is_gpr64() && register != Register::RSP && !written.contains(&register)
 }
 
 #[cfg(test)]

@@ -55,9 +55,7 @@ pub(super) fn size_of_path(
         if instruction.is_invalid() {
             return None;
         }
-        let untouched = |register: Register| {
-            register.is_gpr64() && register != Register::RSP && !written.contains(&register)
-        };
+        let untouched = |register: Register| super::untouched(register, &written);
         let constant = |register: Register| {
             constants
                 .iter()
