@@ -264,3 +264,48 @@ fn an_agent_whose_metrics_address_is_taken_refuses_to_start() {
         &format!("binding the metrics endpoint {address}"),
     );
 }
+
+/// A target that exits while allocbpf loads and attaches (it lives ~30 ms; loading
+/// alone takes longer) is told apart from every other failure: the documented exit
+/// status 3 and one clear line, and a profile written with whatever the probes in by
+/// then saw (none of it lost). Repeated: the exit lands in different phases (examining
+/// its maps, loading, attaching).
+#[test]
+fn a_target_that_exits_during_attach_is_said_so_with_status_3() {
+    require_root();
+    let busy = compile_workload("busy", &["-O1"]).unwrap();
+    let dir = scratch_dir("exit-during-attach");
+    for round in 0..3 {
+        let mut child = Command::new(&busy)
+            .args(["30000", "64", "1000"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id().to_string();
+        let out = dir.join(format!("p{round}.json"));
+        let finished = run_allocbpf(
+            &[
+                "--pid",
+                &pid,
+                "--format",
+                "json",
+                "--output",
+                out.to_str().unwrap(),
+            ],
+            QUICK,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        assert_eq!(finished.code, Some(3), "{}", finished.stderr);
+        let line = format!("pid {pid} exited before its probes were live");
+        assert!(finished.stderr.contains(&line), "{}", finished.stderr);
+        assert!(!finished.stderr.contains("error"), "{}", finished.stderr);
+        // Written when any probe was in; a valid, empty or partial, profile.
+        if let Ok(bytes) = std::fs::read(&out) {
+            if !bytes.is_empty() {
+                let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                assert!(json["totals"]["exact_calls"].is_u64(), "{json}");
+            }
+        }
+    }
+}

@@ -155,6 +155,10 @@ pub enum Part {
     /// of buckets, and a Go program's throughput with and without allocbpf reading it
     /// every second (tests/src/bin/go_cost.rs).
     Go,
+    /// How fast `allocbpf --pid` goes in and out: probes live after start, and exit
+    /// after the duration, on a native target and Debian's python3 (medians;
+    /// bench_latency.rs).
+    Latency,
     /// Pushing: profiles per second delivered to a real OpenTelemetry Collector (and a
     /// real Pyroscope when `$ALLOCBPF_PYROSCOPE` names one) and the agent's CPU per
     /// delivered profile, at 1 and 100 processes (tests/src/bin/push_bench.rs).
@@ -200,6 +204,9 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
         let mut command = crate::setup::e2e_bin("go_cost")?;
         command.args(["--rounds", &rounds.min(5).to_string()]);
         crate::util::run(&mut command)?;
+    }
+    if parts.contains(&Part::Latency) {
+        crate::bench_latency::latency(&allocbpf, rounds.max(5))?;
     }
     if parts.contains(&Part::Push) {
         let mut command = crate::setup::e2e_bin("push_bench")?;

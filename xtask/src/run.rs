@@ -12,7 +12,7 @@ use crate::{
 
 /// Builds allocbpf and runs it with `args`, or on the bundled demo workload.
 pub fn run(args: &[String]) -> Result<()> {
-    setup::ensure()?;
+    setup::ensure_run()?;
     let allocbpf = build_allocbpf()?;
     if !args.is_empty() {
         // allocbpf explains its own failures; pass its exit code through unchanged.

@@ -31,18 +31,26 @@ const UNIT_TEST_PACKAGES: &[&str] = &[
     "libpython3.11-dev",
 ];
 
-/// Debian packages beyond [`UNIT_TEST_PACKAGES`]: the eBPF toolchain, LLVM for
-/// bpf-linker, and the end-to-end tests' tools (g++ for workloads, gdb to compare
-/// stacks with, Go for `go tool pprof`, setpriv), the programs and allocators they
-/// profile (redis, jemalloc, mimalloc), a FUSE file system for the hostile-file tests
-/// (bindfs) and the font the statistics figures are drawn with.
-const APT_PACKAGES: &[&str] = &[
+/// Debian packages that building and running allocbpf need (`cargo xtask run`): the
+/// eBPF toolchain, LLVM and the libraries bpf-linker links, and a C compiler for the
+/// demo workload.
+const RUN_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
     "libstd-rust-web-dev-bpf",
     "llvm-22-dev",
     "libzstd-dev",
     "zlib1g-dev",
+    "gcc",
+    "libc6-dev",
+];
+
+/// Debian packages beyond [`RUN_PACKAGES`] and [`UNIT_TEST_PACKAGES`] that only the
+/// end-to-end tests and benchmarks use: their tools (g++ for workloads, gdb to compare
+/// stacks with, Go for `go tool pprof`, setpriv), the programs and allocators they
+/// profile (redis, jemalloc, mimalloc), a FUSE file system for the hostile-file tests
+/// (bindfs) and the font the statistics figures are drawn with.
+const TEST_PACKAGES: &[&str] = &[
     "g++",
     "make",
     "gdb",
@@ -94,12 +102,23 @@ pub fn ensure_unit_test_packages() -> Result<()> {
     install_missing(UNIT_TEST_PACKAGES)
 }
 
-/// Installs whatever is missing; does nothing (quickly) when all is there. Also builds
-/// the tests' OpenTelemetry Collector when missing and exports its path to the commands
-/// xtask starts afterwards as `ALLOCBPF_OTELCOL` ([`servers::ensure_otelcol`]).
+/// Installs whatever the tests and benchmarks need that is missing; does nothing
+/// (quickly) when all is there. Also builds the tests' OpenTelemetry Collector when
+/// missing and exports its path to the commands xtask starts afterwards as
+/// `ALLOCBPF_OTELCOL` ([`servers::ensure_otelcol`]).
 pub fn ensure() -> Result<()> {
+    ensure_run()?;
     install_missing(UNIT_TEST_PACKAGES)?;
-    install_missing(APT_PACKAGES)?;
+    install_missing(TEST_PACKAGES)?;
+    // Last: it needs no root, and Go from Debian's list above is not new enough for it.
+    servers::ensure_otelcol()?;
+    Ok(())
+}
+
+/// Installs only what building and running allocbpf need ([`RUN_PACKAGES`] and
+/// bpf-linker): `cargo xtask run` on a fresh machine builds no test server.
+pub fn ensure_run() -> Result<()> {
+    install_missing(RUN_PACKAGES)?;
     if !bpf_linker_ok() {
         eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (~2 minutes)");
         run(
@@ -114,8 +133,6 @@ pub fn ensure() -> Result<()> {
             bail!("bpf-linker was installed but is not on PATH: add ~/.cargo/bin to PATH");
         }
     }
-    // Last: it needs no root, and Go from Debian's list above is not new enough for it.
-    servers::ensure_otelcol()?;
     Ok(())
 }
 

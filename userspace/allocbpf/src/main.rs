@@ -17,10 +17,11 @@ use std::process::ExitCode;
 use crate::cli::{Cli, Command, ReportArgs};
 use allocbpf_collect::{
     budget::{self, BudgetOptions},
+    error::CollectError,
     filter::ProcessFilter,
     kernel::EbpfObject,
     options::{CollectOptions, LiveOptions, Scope},
-    run::{self, Started},
+    run::{self, Started, StopReason},
 };
 use allocbpf_common::LiveMode;
 use allocbpf_probe::preflight::{self, Sink};
@@ -86,15 +87,19 @@ fn collect_options(cli: &Cli) -> CollectOptions {
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// Exit status when the target exited before its probes were live (docs/operations.md,
+/// "Exit status"): what was collected is still written.
+const EXIT_TARGET_GONE: u8 = 3;
+
+fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.command {
         Some(Command::Calibrate { step }) => {
             let ns = budget::calibration_child(*step).context("calibration loop")?;
             // The parent reads the figure from our stdout.
             println!("{ns}");
-            return Ok(());
+            return Ok(ExitCode::SUCCESS);
         }
-        Some(Command::Report(args)) => return run_report(args),
+        Some(Command::Report(args)) => return run_report(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Agent(args)) => {
             let stopped = allocbpf_agent::run(
                 &EBPF,
@@ -108,7 +113,7 @@ fn run(cli: Cli) -> Result<()> {
             );
             return match stopped.read_error {
                 Some(error) => Err(anyhow::Error::new(error).context("reading the ring buffer")),
-                None => Ok(()),
+                None => Ok(ExitCode::SUCCESS),
             };
         }
         None => {}
@@ -116,27 +121,41 @@ fn run(cli: Cli) -> Result<()> {
     // Output first: an unwritable path must fail before anything is attached.
     let sink = Sink::open(cli.output.as_deref())?;
     let Some(pid) = cli.pid else {
-        return run_system_wide(&cli, sink);
+        return run_system_wide(&cli, sink).map(|()| ExitCode::SUCCESS);
     };
     preflight::check_privileges()?;
     preflight::check_kernel()?;
     preflight::raise_descriptor_limit();
     let options = collect_options(&cli);
-    let run::Finished { report, stop, .. } = runtime()?.block_on(run::run(
+    let finished = runtime()?.block_on(run::run(
         &EBPF,
         options,
         Scope::Process(pid),
         cli.duration,
         announce,
-    ))?;
-    eprintln!(
-        "allocbpf: stopped ({stop}) after {:.1}s: {} samples, {} dropped",
-        report.duration.as_secs_f64(),
-        report.totals.samples,
-        report.totals.drops
-    );
+    ));
+    let run::Finished { report, stop, .. } = match finished {
+        Err(CollectError::TargetExited { pid }) => {
+            eprintln!("allocbpf: pid {pid} exited before its probes were live");
+            return Ok(ExitCode::from(EXIT_TARGET_GONE));
+        }
+        finished => finished?,
+    };
+    let (samples, drops) = (report.totals.samples, report.totals.drops);
+    let code = if stop == StopReason::ExitedDuringAttach {
+        eprintln!(
+            "allocbpf: pid {pid} exited before its probes were live: {samples} samples, {drops} dropped"
+        );
+        ExitCode::from(EXIT_TARGET_GONE)
+    } else {
+        eprintln!(
+            "allocbpf: stopped ({stop}) after {:.1}s: {samples} samples, {drops} dropped",
+            report.duration.as_secs_f64(),
+        );
+        ExitCode::SUCCESS
+    };
     sink.write_with(|out| allocbpf_export::write(&report, cli.format.into(), out))?;
-    Ok(())
+    Ok(code)
 }
 
 /// `allocbpf report`: the agent's stored profiles merged into one report.
@@ -245,7 +264,7 @@ fn main() -> ExitCode {
     };
     init_logging(verbose);
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("allocbpf: error: {error:#}");
             ExitCode::FAILURE

@@ -12,6 +12,13 @@ pub enum CollectError {
     /// The process to profile cannot be (it does not exist, has no allocator...).
     #[error(transparent)]
     Target(#[from] TargetError),
+    /// The target exited before any of its probes were live (while it was examined).
+    /// The binary exits with status 3 for it, as for an exit during attach.
+    #[error("pid {pid} exited before its probes were live")]
+    TargetExited {
+        /// The target pid.
+        pid: u32,
+    },
     /// The sampler could not be loaded, or a probe attached.
     #[error(transparent)]
     Probe(#[from] ProbeError),

@@ -13,6 +13,7 @@ use std::{
 };
 
 use allocbpf_common::LiveMode;
+use allocbpf_images::procfs;
 use allocbpf_profile::report::Report;
 use tokio::{
     io::{unix::AsyncFd, Interest},
@@ -37,6 +38,9 @@ pub enum StopReason {
     Signal,
     /// The ring buffer could not be read (logged); what was collected is kept.
     ReadError,
+    /// The target exited while its probes were being attached: what the probes in
+    /// by then collected is reported, and the binary says so (exit status 3).
+    ExitedDuringAttach,
 }
 
 impl std::fmt::Display for StopReason {
@@ -46,6 +50,7 @@ impl std::fmt::Display for StopReason {
             StopReason::TargetExited => "target exited",
             StopReason::Signal => "interrupted",
             StopReason::ReadError => "ring buffer read failed",
+            StopReason::ExitedDuringAttach => "target exited before its probes were live",
         })
     }
 }
@@ -138,11 +143,21 @@ pub async fn run(
         .transpose()
         .map_err(wait_error("pidfd"))?;
     let mut collector = Collector::start(loader, options, scope)?;
-    announce(&collector, rate, &mut tell);
+    // A target gone by the time every probe is in (an attach may have failed for it):
+    // stop at once, keeping what the probes in by then saw.
+    let exited_during_attach = collector
+        .target()
+        .is_some_and(|target| procfs::has_exited(target.pid));
+    if !exited_during_attach {
+        announce(&collector, rate, &mut tell);
+    }
     let mut sigterm = signal(SignalKind::terminate()).map_err(wait_error("SIGTERM handler"))?;
     let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
     let stop = loop {
+        if exited_during_attach {
+            break StopReason::ExitedDuringAttach;
+        }
         let window_at = collector.next_window_change();
         tokio::select! {
             read = collector.read() => {

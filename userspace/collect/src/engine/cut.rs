@@ -378,9 +378,18 @@ impl Collector {
         let end = self.cutter.end_now();
         let links = self.images.take_links();
         if let Some(kernel) = self.kernel.as_mut() {
-            for image in links {
-                kernel.detach(image);
-            }
+            // Each link's close waits for a grace period once its breakpoints are out:
+            // closed on a thread each, they all go at once, and stopping takes one
+            // wait rather than one per link.
+            let parts: Vec<_> = links
+                .into_iter()
+                .flat_map(|image| kernel.detach_later(image))
+                .collect();
+            std::thread::scope(|scope| {
+                for part in parts {
+                    scope.spawn(move || drop(part));
+                }
+            });
         }
         // Windows closed just before may still be closing on other threads.
         self.images

@@ -4,7 +4,10 @@
 use std::time::Instant;
 
 use allocbpf_common::GateState;
-use allocbpf_images::{procfs, target::Target};
+use allocbpf_images::{
+    procfs,
+    target::{Target, TargetError},
+};
 use allocbpf_probe::sampler::SamplerConfig;
 use allocbpf_stacks::resolve::StackResolver;
 
@@ -37,7 +40,18 @@ impl Collector {
         // The target first: an unknown pid or a process without an allocator fails
         // before anything is loaded.
         let target = match scope {
-            Scope::Process(pid) => Some(Target::resolve(pid, &options.lookup())?),
+            Scope::Process(pid) => match Target::resolve(pid, &options.lookup()) {
+                Ok(target) => Some(target),
+                // It existed when resolving began (else `NoSuchProcess`): an unreadable
+                // map or no allocator in an emptied one is its exit.
+                Err(error)
+                    if !matches!(error, TargetError::NoSuchProcess(_))
+                        && procfs::has_exited(pid) =>
+                {
+                    return Err(CollectError::TargetExited { pid })
+                }
+                Err(error) => return Err(error.into()),
+            },
             Scope::Host { .. } => None,
         };
         Self::start_resolved(loader, options, scope, target)
@@ -80,7 +94,7 @@ impl Collector {
             live: options.live.map(|l| l.mechanism),
             stack_copy_bytes: options.unwind.stack_copy_bytes(options.stack_bytes),
             count_hits: options.budget.is_some(),
-            multi_links: options.budget.is_some(),
+            multi_links: true,
         })?;
         let mut options = options;
         if options.budget.is_some() && !kernel.windows_supported() {
@@ -140,7 +154,13 @@ impl Collector {
         // files mapped since (dlopen).
         self.images.cache = target.cache;
         for image in target.images {
-            let links = self.kernel().attach(&image)?;
+            let links = match self.kernel().attach(&image) {
+                Ok(links) => links,
+                // Gone meanwhile: what the images attached so far saw is kept, and the
+                // run stops at once (`StopReason::ExitedDuringAttach`).
+                Err(_) if procfs::has_exited(attached.pid) => break,
+                Err(error) => return Err(error.into()),
+            };
             attached.probes += links.links.len();
             attached.frees += links.frees;
             if self.options.live.is_some() {

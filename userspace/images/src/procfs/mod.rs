@@ -129,6 +129,24 @@ pub fn is_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Whether process `pid` has exited: it is gone, or a zombie its parent has not
+/// reaped yet (`/proc/PID/stat` state `Z` or `X`), whose memory is already gone.
+pub fn has_exited(pid: u32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(stat) => parse_state(&stat).is_none_or(|state| matches!(state, b'Z' | b'X')),
+        Err(_) => true,
+    }
+}
+
+/// The state letter of a `/proc/PID/stat` line (field 3, the first after the name).
+fn parse_state(stat: &[u8]) -> Option<u8> {
+    let after_name = stat.iter().rposition(|&b| b == b')')? + 1;
+    stat[after_name..]
+        .iter()
+        .copied()
+        .find(|b| !b.is_ascii_whitespace())
+}
+
 /// `pid`'s number of threads (`/proc/PID/stat` field 20), `None` if it is gone. The
 /// command name in that line is the process's own choice and may hold spaces and
 /// parentheses: the fields are counted after the last `)`.

@@ -168,6 +168,7 @@ impl Sampler {
             }
         };
         let live = self.config.live.is_some();
+        self.preload(image, &program);
         // The exported deallocation entries first: a block predicted at an inlined site
         // from the moment those sites are in may die through them.
         if live {
@@ -213,6 +214,28 @@ impl Sampler {
             }
         }
         self.attach_entries(image, &image.entries, program, &mut attached.links)
+    }
+
+    /// Verifies, in parallel, every program [`Sampler::attach_all`] will link on
+    /// `image`. Best effort: a program that fails to load here fails again, with its
+    /// error, at the attach that needs it.
+    fn preload(&mut self, image: &AllocatorImage, program: &impl Fn(&ProbedEntry) -> &'static str) {
+        let live = self.config.live.is_some();
+        let sessions = live && self.session_programs.is_some();
+        if let Some(multi) = self.multi_programs.as_mut() {
+            let mut names: Vec<&str> = image.inlined.iter().map(program).collect();
+            if live {
+                names.extend(image.frees.iter().chain(&image.inlined_frees).map(program));
+            }
+            if !sessions {
+                names.extend(image.entries.iter().map(program));
+            }
+            let _ = multi.preload(&names);
+        }
+        if let (true, Some(programs)) = (sessions, self.session_programs.as_mut()) {
+            let names: Vec<&str> = image.entries.iter().map(|e| e.shape.program()).collect();
+            let _ = programs.preload(&names);
+        }
     }
 
     /// Attaches `program(entry)` at every entry of `entries` with its cookie: one

@@ -232,6 +232,59 @@ fn map_fd(map: &Map) -> RawFd {
     data.fd().as_fd().as_raw_fd()
 }
 
+/// Loads program `name` of the relocated `object` with `kind`'s expected attach type;
+/// on failure, loads it again with the verifier's log for the message.
+fn load_program(
+    object: &aya_obj::Object,
+    kind: LinkKind,
+    name: &str,
+) -> Result<OwnedFd, SessionError> {
+    let program = object
+        .programs
+        .get(name)
+        .ok_or_else(|| SessionError::Relocate {
+            program: name.into(),
+            reason: "no such program in the object".into(),
+        })?;
+    let function = &object.functions[&program.function_key()];
+    let license = c"GPL";
+    let mut prog_name = [0u8; 16];
+    for (dst, src) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+        *dst = src;
+    }
+    let load = |log: Option<&mut Vec<u8>>| {
+        let (log_level, log_size, log_buf) = match log {
+            Some(log) => (1, log.len() as u32, log.as_mut_ptr() as u64),
+            None => (0, 0, 0),
+        };
+        let mut attr = ProgLoadAttr {
+            prog_type: BPF_PROG_TYPE_KPROBE,
+            insn_cnt: function.instructions.len() as u32,
+            insns: function.instructions.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level,
+            log_size,
+            log_buf,
+            prog_name,
+            expected_attach_type: kind.attach_type(),
+            ..Default::default()
+        };
+        bpf(BPF_PROG_LOAD, &mut attr)
+    };
+    load(None).map_err(|source| {
+        let mut log = vec![0u8; 1 << 20];
+        let _ = load(Some(&mut log));
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        let text = String::from_utf8_lossy(&log[..end]);
+        let tail: String = text.lines().rev().take(8).collect::<Vec<_>>().join(" | ");
+        SessionError::Load {
+            program: name.into(),
+            source,
+            log: tail,
+        }
+    })
+}
+
 /// Programs relocated from the embedded object against `ebpf`'s maps, loaded for one
 /// [`LinkKind`].
 pub struct SessionPrograms {
@@ -285,61 +338,49 @@ impl SessionPrograms {
 
     /// Loads `name` for this kind of link (once) and returns its fd.
     fn load(&mut self, name: &str) -> Result<RawFd, SessionError> {
-        if let Some(fd) = self.loaded.get(name) {
-            return Ok(fd.as_raw_fd());
-        }
-        let program = self
-            .object
-            .programs
-            .get(name)
-            .ok_or_else(|| SessionError::Relocate {
-                program: name.into(),
-                reason: "no such program in the object".into(),
-            })?;
-        let function = &self.object.functions[&program.function_key()];
-        let license = CString::new("GPL").expect("no NUL");
-        let mut log = vec![0u8; 1 << 20];
-        let mut prog_name = [0u8; 16];
-        for (dst, src) in prog_name.iter_mut().zip(name.bytes().take(15)) {
-            *dst = src;
-        }
-        let load = |log_level: u32, log: &mut Vec<u8>| {
-            let mut attr = ProgLoadAttr {
-                prog_type: BPF_PROG_TYPE_KPROBE,
-                insn_cnt: function.instructions.len() as u32,
-                insns: function.instructions.as_ptr() as u64,
-                license: license.as_ptr() as u64,
-                log_level,
-                log_size: if log_level > 0 { log.len() as u32 } else { 0 },
-                log_buf: if log_level > 0 {
-                    log.as_mut_ptr() as u64
-                } else {
-                    0
-                },
-                prog_name,
-                expected_attach_type: self.kind.attach_type(),
-                ..Default::default()
-            };
-            bpf(BPF_PROG_LOAD, &mut attr)
+        self.preload(&[name])?;
+        Ok(self.loaded[name].as_raw_fd())
+    }
+
+    /// Loads every program of `names` not loaded yet, each on a thread of its own: the
+    /// verifier takes tens of milliseconds per program and works on one CPU, so a
+    /// target's programs verified together are live sooner (docs/design.md,
+    /// "Attaching and detaching").
+    pub fn preload(&mut self, names: &[&str]) -> Result<(), SessionError> {
+        let mut missing: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|name| !self.loaded.contains_key(*name))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let (object, kind) = (&self.object, self.kind);
+        let results: Vec<(&str, Result<OwnedFd, SessionError>)> = match missing.as_slice() {
+            [] => return Ok(()),
+            [name] => vec![(name, load_program(object, kind, name))],
+            _ => std::thread::scope(|scope| {
+                let handles: Vec<_> = missing
+                    .iter()
+                    .map(|&name| (name, scope.spawn(move || load_program(object, kind, name))))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|(name, handle)| {
+                        let result = handle.join().unwrap_or_else(|_| {
+                            Err(SessionError::Relocate {
+                                program: name.into(),
+                                reason: "its loading thread panicked".into(),
+                            })
+                        });
+                        (name, result)
+                    })
+                    .collect()
+            }),
         };
-        let fd = match load(0, &mut log) {
-            Ok(fd) => fd,
-            Err(source) => {
-                // Load again with the verifier log for the message.
-                let _ = load(1, &mut log);
-                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-                let text = String::from_utf8_lossy(&log[..end]);
-                let tail: String = text.lines().rev().take(8).collect::<Vec<_>>().join(" | ");
-                return Err(SessionError::Load {
-                    program: name.into(),
-                    source,
-                    log: tail,
-                });
-            }
-        };
-        let raw = fd.as_raw_fd();
-        self.loaded.insert(name.to_string(), fd);
-        Ok(raw)
+        for (name, result) in results {
+            self.loaded.insert(name.to_string(), result?);
+        }
+        Ok(())
     }
 
     /// Attaches program `name` at `offset` of the ELF file `path` as one link, for
