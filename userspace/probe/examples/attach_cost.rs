@@ -39,9 +39,12 @@ const ROUNDS: usize = 7;
 
 fn main() -> Result<(), Box<dyn Error>> {
     let multi = std::env::args().any(|a| a == "--multi");
+    // `--own`: the links filter on this process (the per-process links a light process
+    // gets beside a heavy one on a shared image), so breakpoints go into one mapping.
+    let own = std::env::args().any(|a| a == "--own");
     let counts: Vec<usize> = std::env::args()
         .skip(1)
-        .filter(|a| a != "--multi")
+        .filter(|a| a != "--multi" && a != "--own")
         .map(|a| a.parse())
         .collect::<Result<_, _>>()?;
     let counts = if counts.is_empty() {
@@ -66,7 +69,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut sampler = Sampler::load(
         &object,
         SamplerConfig {
-            pid: None,
+            pid: own.then(std::process::id),
             rate: 512 << 10,
             empty_probes: true,
             thread_tables: ThreadTables::default(),
@@ -80,7 +83,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         "attach/detach of {} ({} entries), empty program, {}, median of {ROUNDS}:",
         image.path_in_target.display(),
         image.entries.len(),
-        if multi {
+        if multi && own {
+            "uprobe_multi links of this process only, closed in parallel"
+        } else if multi {
             "uprobe_multi links closed in parallel"
         } else {
             "one perf-event uprobe per entry"
