@@ -3,7 +3,8 @@
 //! The agent's: a malloc-heavy program nobody here wrote (gcc's cc1 on a generated
 //! 5,000-function file, ~3 s per compile) runs again and again beside a light, steady
 //! allocator with a known byte rate (`workloads/steady.c`); both share the host's libc,
-//! so the budget's windows on libc observe the light one only part of the time. The
+//! which the budget probes part time for cc1's sake, and the light one is probed full
+//! time all the same, through its own links (the budget is per process). The
 //! agent is the default one (budget on; only the store, interval and metrics address
 //! set). And `--pid --budget` on one heavy process. The tests take the agent tests'
 //! lock: they measure speed, and must not run beside each other.
@@ -98,6 +99,10 @@ fn read_stored(path: &Path) -> Stored {
 ///   the wall ratios.
 /// - Every cc1 (each lives ~3 s, over the ~2 s that one window per 1 s period
 ///   guarantees to catch) has a stored profile with samples.
+/// - The light allocator is probed full time, cc1's windows on the libc they share
+///   notwithstanding: every profile of it says it was observed at least 99% of its
+///   interval (its own links go in at the budget check that lowers libc's duty, tens
+///   of milliseconds of an interval of 10 s observed through the windows only).
 /// - The light allocator's estimate, summed over its profiles, is within 4 standard
 ///   deviations of the truth it printed. The deviation is derived, not measured: each
 ///   of its `n` calls of `S` bytes is in a window with probability `d`, at least 1%
@@ -129,8 +134,9 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
         &[],
     )
     .unwrap();
-    // 30 s of 256 KiB every millisecond: 7.5 GiB requested in 30,000 calls.
-    let mut light = Workload::start(&steady, &["30", "262144", "1000"]).unwrap();
+    // 30 s of 64 KiB every millisecond: 1.9 GiB requested in 30,000 calls. Light: its
+    // traps and the recording of its ~120 samples a second cost it ~0.3% of a CPU.
+    let mut light = Workload::start(&steady, &["30", "65536", "1000"]).unwrap();
     let started = Instant::now();
     let mut profiled = Vec::new();
     while started.elapsed() < Duration::from_secs(26) {
@@ -202,8 +208,8 @@ fn the_default_budget_keeps_compiles_fast_and_sees_every_process() {
         mine.len()
     );
     assert!(
-        d < 0.5,
-        "the light allocator shares libc with cc1: windowed ({d})"
+        d >= 0.99,
+        "the light allocator shares libc with cc1 but is light: probed full time ({d})"
     );
     assert!(
         (estimate - truth).abs() <= 4.0 * sd,

@@ -43,7 +43,7 @@ pub const MAX_CODE_SIZE: u64 = (1 << 20) - 1;
 pub const NEST_SPAN_UNIT: u64 = 16;
 
 /// Largest [`ProbeCookie::window_shift`] a cookie can carry.
-pub const MAX_WINDOW_SHIFT: u8 = 15;
+pub const MAX_WINDOW_SHIFT: u8 = 7;
 
 /// A general-purpose register, or the constant 1, as a 4-bit cookie code. The order is
 /// the program's `match`, not the hardware encoding.
@@ -136,6 +136,11 @@ pub struct ProbeCookie {
     /// Under time sampling, how much denser the probe samples than the configured rate:
     /// its countdowns have mean `rate >> window_shift` (0 when probed full time).
     pub window_shift: u8,
+    /// The probe belongs to one process's own links (a light process probed full time
+    /// on an image the overhead budget probes part time for everyone else): its runs
+    /// count only for a process whose gate says so (`GateState::OwnLinks`), and the
+    /// shared links' runs of the same trap then do not.
+    pub own_link: bool,
 }
 
 /// Largest [`ProbeCookie::forward_call_slots`].
@@ -154,6 +159,7 @@ pub const fn forward_call_slots(depth: u32) -> u8 {
 
 const OFFSET_SHIFT: u32 = 24;
 const WINDOW_SHIFT: u32 = 20;
+const OWN_LINK_BIT: u32 = 23;
 const INPUT_SHIFT: u32 = 38;
 const ABI_BIT: u32 = 32;
 const TAIL_BIT: u32 = 33;
@@ -180,6 +186,7 @@ impl ProbeCookie {
             self.window_shift
         };
         size | (window as u64) << WINDOW_SHIFT
+            | (self.own_link as u64) << OWN_LINK_BIT
             | (self.probe_offset as u64) << OFFSET_SHIFT
             | ((self.inputs[0] & 0xf) as u64) << INPUT_SHIFT
             | ((self.inputs[1] & 0xf) as u64) << (INPUT_SHIFT + 4)
@@ -217,7 +224,8 @@ impl ProbeCookie {
             nests_checked: (cookie >> NESTS_CHECKED_BIT) & 1 == 1,
             function: ((cookie >> FUNCTION_SHIFT) & 0x3f) as u8,
             forward_call_slots: ((cookie >> FORWARD_CALL_SHIFT) & 0x3f) as u8,
-            window_shift: ((cookie >> WINDOW_SHIFT) & 0xf) as u8,
+            window_shift: ((cookie >> WINDOW_SHIFT) & 0x7) as u8,
+            own_link: (cookie >> OWN_LINK_BIT) & 1 == 1,
         }
     }
 }
@@ -242,7 +250,8 @@ mod tests {
             forward_call_slots: 63,
             nests: true,
             nests_checked: true,
-            window_shift: 9,
+            window_shift: 7,
+            own_link: true,
         };
         assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
         let plain = ProbeCookie {
@@ -260,6 +269,7 @@ mod tests {
             nests: false,
             nests_checked: false,
             window_shift: 0,
+            own_link: false,
         };
         assert_eq!(plain.encode(), 10);
         assert_eq!(ProbeCookie::decode(plain.encode()), plain);
@@ -282,6 +292,7 @@ mod tests {
             nests: false,
             nests_checked: false,
             window_shift: 0,
+            own_link: false,
         };
         let back = ProbeCookie::decode(cookie.encode());
         assert_eq!(back.code_size, MAX_CODE_SIZE);

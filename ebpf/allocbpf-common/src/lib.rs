@@ -292,6 +292,11 @@ pub enum GateState {
     Open = 0,
     /// Never sampled: allocbpf itself, or filtered out by command name or cgroup.
     Excluded = 1,
+    /// Sampled through its own links only (probes filtered on this process, attached
+    /// full time on images the overhead budget probes part time for the others): the
+    /// shared links' runs of the same trap do nothing, and before this state the own
+    /// links' runs do nothing, so every call is counted once.
+    OwnLinks = 2,
 }
 
 /// Processes whose gates are kept (an LRU map: the least recently active go first).

@@ -235,7 +235,7 @@ fn on_alloc(
     if target != 0 && pid != target {
         return skip_return();
     }
-    if !process::admit(pid, cookie.stepped) {
+    if !process::admit(pid, cookie.stepped, cookie.own_link) {
         return skip_return();
     }
     let now = now_of(ctx);
@@ -442,7 +442,7 @@ pub fn probe_free(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let cookie = cookie_of(&ctx);
-    if !process::admit(pid, cookie.stepped) {
+    if !process::admit(pid, cookie.stepped, cookie.own_link) {
         return 0;
     }
     let [address, _, _] = inputs(&ctx, &cookie);
@@ -463,8 +463,9 @@ pub fn probe_return(ctx: RetProbeContext) -> u32 {
     if target != 0 && pid != target {
         return 0;
     }
-    // Counted for the overhead budget: this is a second trap per call.
-    process::admit(pid, false);
+    // Counted for the overhead budget: this is a second trap per call. (Never on own
+    // links: those need session links, as the budget's windows do.)
+    process::admit(pid, false, false);
     let Some(state) = existing_thread_state(pid_tgid as u32) else {
         return 0;
     };

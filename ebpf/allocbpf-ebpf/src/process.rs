@@ -45,8 +45,13 @@ fn count_hits() -> bool {
 /// whether the hit may be sampled. In single-process mode without a budget the
 /// verifier drops this whole path (`TARGET_PID` and `COUNT_HITS` are constant); with
 /// one, the hit is counted and always sampled (the kernel filters on the pid).
+///
+/// `own_link`: the run comes from one of the process's own links. A trap at an offset
+/// both a shared link and an own link probe runs both programs, one after the other:
+/// only the run of the links the gate names counts (`GateState::OwnLinks`: the own
+/// ones; else the shared ones), so that every call is counted and sampled once.
 #[inline(always)]
-pub(crate) fn admit(pid: u32, stepped: bool) -> bool {
+pub(crate) fn admit(pid: u32, stepped: bool, own_link: bool) -> bool {
     let wide = system_wide();
     if !wide && !count_hits() {
         return true;
@@ -61,9 +66,15 @@ pub(crate) fn admit(pid: u32, stepped: bool) -> bool {
     };
     // SAFETY: this CPU's copy of a live map value; programs do not migrate while running.
     let open = unsafe {
+        let state = (*gate).state;
+        if (state == GateState::OwnLinks as u32) != own_link {
+            // The other links' run of this very trap (or an own link not switched to
+            // yet): counted and sampled by that run.
+            return false;
+        }
         (*gate).hits += 1;
         (*gate).stepped_hits += stepped as u64;
-        !wide || (*gate).state == GateState::Open as u32
+        !wide || state != GateState::Excluded as u32
     };
     // allocbpf itself, whatever the LRU map did to its gate.
     // SAFETY: reading a `.rodata` global the loader set.

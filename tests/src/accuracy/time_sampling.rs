@@ -55,6 +55,15 @@ pub enum Pattern {
     /// pace while probed is `work / (work + trap)`; the estimate is corrected by the
     /// pace its CPU ticks show (`PaceTally`, as the collector measures it), with the
     /// traps counted at their calibrated cost: `trap · 100 / in_place_percent`.
+    /// A short job: it lives `life` ticks from a start drawn uniformly in the
+    /// interval, and allocates `size` bytes every tick of three bursts, the first,
+    /// middle and last fifths of its life; nothing outside it.
+    Short {
+        /// Bytes per allocation.
+        size: u64,
+        /// Ticks it lives.
+        life: u64,
+    },
     CpuBound {
         /// Bytes per allocation.
         size: u64,
@@ -122,6 +131,14 @@ pub fn run(
         // wall ticks and trap ticks.
         let (mut work_left, mut trap_left) = (1u64, 0u64);
         let mut spans = [(0u64, 0u64); 2];
+        // A short job's life, in ticks since the interval's start.
+        let life = match pattern {
+            Pattern::Short { life, .. } => {
+                let start = rng.random_range(0..PERIODS * PERIOD - life);
+                start..start + life
+            }
+            _ => 0..PERIODS * PERIOD,
+        };
         for period in 0..PERIODS {
             let phase = rng.random_range(0..PERIOD);
             for tick in 0..PERIOD {
@@ -139,6 +156,18 @@ pub fn run(
                             on = !on;
                         }
                         if !on {
+                            continue;
+                        }
+                        size
+                    }
+                    Pattern::Short { size, life: length } => {
+                        let t = period * PERIOD + tick;
+                        if !life.contains(&t) {
+                            continue;
+                        }
+                        // Bursts in fifths 0, 2 and 4 of its life.
+                        let fifth = (t - life.start) * 5 / length;
+                        if fifth % 2 == 1 {
                             continue;
                         }
                         size
@@ -218,32 +247,40 @@ pub fn run(
         let estimate = aggregate.totals.estimated_bytes * factor;
         let mut totals = aggregate.periods.clone();
         totals.scale(factor);
+        // The periods it lived in (the engine's first and last period of a process).
+        let periods = life.start / PERIOD..=(life.end - 1) / PERIOD;
         let mut time = TimeSampling {
             observed_fraction: duty,
-            periods: 0..=PERIODS - 1,
+            periods,
             totals,
             probe_share: None,
             pace,
             paced_processes: u32::from(pace.is_some()),
             pace_slack: Default::default(),
         };
-        let sampling_only = time
-            .interval(estimate, level)
-            .expect("more than one period");
+        let bytes = aggregate.totals.bytes_interval(rate, level);
+        // Nothing sampled in its windows: the byte interval on nothing, scaled up by
+        // the share of time observed (as the report does).
+        let unseen = match aggregate.totals.observed_bytes <= 0.0 {
+            true => 1.0 / duty,
+            false => 1.0,
+        };
+        let bytes = allocbpf_profile::estimate::Interval {
+            lo: bytes.lo * factor * unseen,
+            hi: bytes.hi * factor * unseen,
+        };
+        // As `Report::total_interval`: time sampling's interval where a process lived
+        // two periods or more, else byte sampling's.
+        let sampling_only = time.interval(estimate, level).unwrap_or(bytes);
         sampling_covered += usize::from(sampling_only.contains(truth));
         if let Some(pace) = pace {
             time.pace_slack = pace.slack(estimate);
         }
-        let interval = time.interval(estimate, level).unwrap();
+        let interval = time
+            .interval(estimate, level)
+            .unwrap_or_else(|| time.widen(bytes));
         covered += usize::from(interval.contains(truth));
-        let bytes = aggregate.totals.bytes_interval(rate, level);
-        byte_covered += usize::from(
-            allocbpf_profile::estimate::Interval {
-                lo: bytes.lo * factor,
-                hi: bytes.hi * factor,
-            }
-            .contains(truth),
-        );
+        byte_covered += usize::from(bytes.contains(truth));
         errors.push(estimate - truth);
         truths.push(truth);
     }

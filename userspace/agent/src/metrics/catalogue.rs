@@ -138,6 +138,21 @@ pub(super) const COUNTERS: &[Metric] = &[
         reading: Reading::Engine(|s| s.window_blind_spots),
     },
     Metric {
+        name: "own_link_attaches",
+        help: "Light processes given their own full-time probes beside a heavier one on a shared image (overhead budget)",
+        reading: Reading::Engine(|s| s.own_link_attaches),
+    },
+    Metric {
+        name: "own_link_removals",
+        help: "Processes whose own probes were taken away when they went over their budget",
+        reading: Reading::Engine(|s| s.own_link_removals),
+    },
+    Metric {
+        name: "own_link_failures",
+        help: "Own probes of a light process that could not be attached (it stays in the shared windows)",
+        reading: Reading::Engine(|s| s.own_link_failures),
+    },
+    Metric {
         name: "unplaced_samples",
         help: "Samples dropped outside their process's observation window",
         reading: Reading::Engine(|s| s.unplaced_samples),

@@ -20,6 +20,7 @@
 mod calibration;
 pub(crate) mod early;
 pub mod pace;
+pub mod programs;
 pub mod windows;
 
 use std::{collections::HashMap, hash::Hash, time::Duration};
@@ -82,9 +83,18 @@ impl HitCost {
     /// one process): each hit at its calibrated cost, the single-step extra for the
     /// stepped ones, and the recording time of its samples as measured in the kernel.
     pub fn seconds(&self, before: &Hits, after: &Hits) -> f64 {
+        self.seconds_at_shift(before, after, 0)
+    }
+
+    /// [`HitCost::seconds`] had the samples been drawn `2^shift` times sparser: what
+    /// hits taken inside windows of shift `shift` (samples drawn that much denser,
+    /// `windows::window_shift`) would have cost probed full time. Exact while the
+    /// denser sampling probability stays under 1; above, it errs low.
+    pub fn seconds_at_shift(&self, before: &Hits, after: &Hits, shift: u8) -> f64 {
         let hits = after.all.saturating_sub(before.all) as f64;
         let stepped = after.stepped.saturating_sub(before.stepped) as f64;
         let recording = after.sample_ns.saturating_sub(before.sample_ns) as f64;
+        let recording = recording / f64::from(1u32 << shift.min(31));
         (hits * self.hit_ns + stepped * self.stepped_extra_ns + recording) * 1e-9
     }
 }

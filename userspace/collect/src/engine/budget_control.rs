@@ -8,12 +8,13 @@ use std::collections::HashMap;
 use allocbpf_images::{image::ImageKey, procfs};
 use allocbpf_probe::sampler::monotonic_now_ns;
 
-use super::{CollectorStats, ImageSet, ProcessTable, Tracked};
+use super::{own_links::program_of, CollectorStats, ImageSet, ProcessTable, Tracked};
 use crate::{
     budget::{
         early::EarlyChecks,
         pace::{process_cpu_ns, PaceReading},
         plan_duties,
+        programs::ProgramCosts,
         windows::{window_shift, Unplaced, WindowSchedule},
         BudgetOptions, HitCost, Hits, ProcessCost,
     },
@@ -38,6 +39,9 @@ pub struct ProcessCostFigures {
     /// Its pace while probed relative to unprobed over the current interval, when
     /// measured and large enough to correct for (docs/statistics.md, "Pace").
     pub pace: Option<f64>,
+    /// `full_time_cpu` was measured (over at least `MIN_EXPOSURE_NS` probed): a
+    /// process is given its own links only once it is known to be light.
+    pub measured: bool,
 }
 
 /// The budget with its clocks, cost estimates and window schedule.
@@ -59,6 +63,8 @@ pub(crate) struct BudgetController {
     last_attached: HashMap<ImageKey, u64>,
     /// Per process, its cost figures.
     pub costs: HashMap<u32, ProcessCostFigures>,
+    /// Per program, the last cost measured of one of its processes.
+    pub(super) programs: ProgramCosts,
     /// Per image, the fraction of the last check it was probed and the cost of its
     /// heaviest process (full time), for metrics and logs.
     pub image_figures: HashMap<ImageKey, ImageFigures>,
@@ -96,6 +102,7 @@ impl BudgetController {
             last_hits: HashMap::new(),
             last_attached: HashMap::new(),
             costs: HashMap::new(),
+            programs: ProgramCosts::default(),
             image_figures: HashMap::new(),
         }
     }
@@ -105,14 +112,22 @@ impl BudgetController {
         self.host_cpu
     }
 
-    /// Places a sample of a process mapping `images` taken at `t_ns`: in its window,
-    /// with every image it maps that can be probed really probed then.
+    /// Places a sample of `tracked` taken at `t_ns`: taken full time through its own
+    /// links, or in its window, with every image it maps that can be probed really
+    /// probed then.
     pub fn place(
         &self,
-        images: &[ImageKey],
+        tracked: &Tracked,
         set: &ImageSet,
         t_ns: u64,
     ) -> Result<SampleWindow, Unplaced> {
+        if tracked.own.covers(t_ns) {
+            return Ok(SampleWindow {
+                period: self.schedule.period_of(t_ns),
+                inclusion: 1.0,
+            });
+        }
+        let images = &tracked.images;
         let window = self.schedule.place(images, t_ns)?;
         if images.iter().all(|key| set.covered(key, t_ns)) {
             Ok(window)
@@ -197,11 +212,13 @@ impl BudgetController {
                 }
             }
             // Time accounting: what share of this check it was observed (expected).
-            tracked.observed.add(
-                self.schedule.inclusion_at(&tracked.images, now_ns),
-                elapsed_ns,
-                self.schedule.period_of(now_ns),
-            );
+            let inclusion = match tracked.own.since_ns {
+                Some(_) => 1.0,
+                None => self.schedule.inclusion_at(&tracked.images, now_ns),
+            };
+            tracked
+                .observed
+                .add(inclusion, elapsed_ns, self.schedule.period_of(now_ns));
             // A process new since the last check is measured from its first hit,
             // over the whole check, or since its exec if that came in the check at
             // least 25 ms ago (`early.rs`): its cost is underestimated at worst, and a
@@ -209,14 +226,25 @@ impl BudgetController {
             let before = self.last_hits.get(&pid).copied().unwrap_or_default();
             let spent = self.cost.seconds(&before, &total);
             let lived_ns = self.early.lived_ns(pid, now_ns, elapsed_ns);
-            let exposure_ns = tracked
-                .images
-                .iter()
-                .filter_map(|key| attached.get(key))
-                .copied()
-                .max()
-                .unwrap_or(elapsed_ns)
-                .min(lived_ns);
+            // Probed full time through its own links; else while its images were.
+            let exposure_ns = match tracked.own.attached() {
+                true => elapsed_ns,
+                false => tracked
+                    .images
+                    .iter()
+                    .filter_map(|key| attached.get(key))
+                    .copied()
+                    .max()
+                    .unwrap_or(elapsed_ns),
+            }
+            .min(lived_ns);
+            // Inside windows its samples were drawn denser than they would be full
+            // time: their recording counts at the full-time density.
+            let shift = match tracked.own.attached() {
+                true => 0,
+                false => window_shift(self.schedule.inclusion_at(&tracked.images, now_ns)),
+            };
+            let spent_full_time = self.cost.seconds_at_shift(&before, &total, shift);
             tracing::trace!(
                 "pid {pid}: {} hits in {} us, probed {} us",
                 total.all.saturating_sub(before.all),
@@ -226,13 +254,16 @@ impl BudgetController {
             let figures = self.costs.entry(pid).or_default();
             figures.overhead_cpu = spent / elapsed;
             if exposure_ns >= MIN_EXPOSURE_NS {
-                let full = spent / (exposure_ns as f64 * 1e-9);
+                figures.measured = true;
+                let full = spent_full_time / (exposure_ns as f64 * 1e-9);
                 // Up at once (a new heavy phase must be caught), down gently.
                 figures.full_time_cpu = if full >= figures.full_time_cpu {
                     full
                 } else {
                     0.5 * (figures.full_time_cpu + full)
                 };
+                self.programs
+                    .measured(program_of(tracked), figures.full_time_cpu, now_ns);
             }
         }
         self.last_hits = new_hits;
@@ -240,6 +271,7 @@ impl BudgetController {
         self.plan(processes, images, &attached, elapsed_ns, now_ns);
         stats.budget_windowed_images =
             self.image_figures.values().filter(|f| f.duty < 1.0).count() as u64;
+        self.assign_own_links(kernel, processes, images, stats, now_ns);
         true
     }
 
@@ -360,7 +392,11 @@ impl BudgetController {
     ) {
         for (&pid, tracked) in processes.tracked.iter_mut() {
             // Profiled processes only: the others' estimates are never made.
-            if !tracked.admitted || tracked.exited || !tracked.images.contains(key) {
+            if !tracked.admitted
+                || tracked.exited
+                || tracked.own.attached()
+                || !tracked.images.contains(key)
+            {
                 continue;
             }
             if let Some(gate) = kernel.gate_hits_of(pid) {
@@ -429,7 +465,8 @@ impl BudgetController {
                 // Frees are not seen until the next window: the live blocks of every
                 // process mapping it leave the in-use set.
                 for tracked in processes.tracked.values_mut() {
-                    if tracked.images.contains(&key) {
+                    // Its own links still see its frees.
+                    if tracked.images.contains(&key) && !tracked.own.attached() {
                         let expired = tracked.aggregate.expire_live(now_ns);
                         stats.window_expired_blocks += expired.len() as u64;
                         tracked.expired_blocks.extend(expired);
@@ -453,6 +490,11 @@ fn read_pace(
     images: &ImageSet,
     state: Option<ProbeState>,
 ) {
+    // Its own links are in whatever the shared ones do.
+    let state = match tracked.own.attached() {
+        true => Some(ProbeState::Probed),
+        false => state,
+    };
     let state = state.unwrap_or_else(|| {
         let probeable: Vec<_> = tracked
             .images

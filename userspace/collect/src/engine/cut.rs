@@ -146,6 +146,11 @@ impl Collector {
                 // samples until now are in this profile.
                 tracked.exited = true;
             }
+            if tracked.exited {
+                if let Some(kernel) = self.kernel.as_deref_mut() {
+                    super::own_links::take_own_links(kernel, &self.images, pid, tracked);
+                }
+            }
             // The window's own totals (one epoch), not a running sum; a reused pid's
             // once ([`totals_rank`]).
             let exact = match totals_owners.get(&pid) == Some(&totals_rank(tracked, position)) {
@@ -381,8 +386,15 @@ impl Collector {
             // Each link's close waits for a grace period once its breakpoints are out:
             // closed on a thread each, they all go at once, and stopping takes one
             // wait rather than one per link.
+            // The processes' own links too (a light process beside a heavy one).
+            let own = self
+                .processes
+                .tracked
+                .values_mut()
+                .flat_map(|tracked| std::mem::take(&mut tracked.own.links));
             let parts: Vec<_> = links
                 .into_iter()
+                .chain(own)
                 .flat_map(|image| kernel.detach_later(image))
                 .collect();
             std::thread::scope(|scope| {

@@ -241,6 +241,33 @@ impl ImageSet {
         }
     }
 
+    /// Detaches one process's own links ([`OwnLinks`]) without waiting: closed on other
+    /// threads, or here once [`MAX_BACKGROUND_DETACHES`] are closing.
+    ///
+    /// [`OwnLinks`]: super::process_table::OwnLinks
+    pub fn detach_own_in_background(&self, kernel: &mut dyn Kernel, links: Vec<LinkSet>) {
+        for set in links {
+            if self.detaching.load(Ordering::Relaxed) >= MAX_BACKGROUND_DETACHES {
+                kernel.detach(set);
+                continue;
+            }
+            for link in kernel.detach_later(set) {
+                let running = Arc::clone(&self.detaching);
+                running.fetch_add(1, Ordering::Relaxed);
+                let spawned = std::thread::Builder::new()
+                    .name("allocbpf-detach".into())
+                    .spawn(move || {
+                        drop(link);
+                        running.fetch_sub(1, Ordering::Relaxed);
+                    });
+                if spawned.is_err() {
+                    // The closure (and the link) were dropped: detached here.
+                    self.detaching.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// Detaches `key`'s probes (a window closes) without waiting: their breakpoints are
     /// gone when this returns, the kernel's grace period is waited for on another thread.
     pub fn detach_in_background(

@@ -46,6 +46,7 @@ mod hit_cost;
 mod images;
 mod interval;
 mod maps_rescan;
+mod own_links;
 mod process_table;
 mod python;
 mod release;
@@ -242,11 +243,14 @@ impl Collector {
         }
     }
 
-    /// Opens or closes `pid`'s gate for the scope's verdict.
+    /// Opens or closes `pid`'s gate for the scope's verdict (an admitted process with
+    /// its own links keeps them as the ones that count).
     fn set_gate(&mut self, pid: u32, admitted: bool) {
-        let gate = match admitted {
-            false => GateState::Excluded,
-            true => GateState::Open,
+        let own = (self.processes.tracked.get(&pid)).is_some_and(|t| t.own.attached());
+        let gate = match (admitted, own) {
+            (false, _) => GateState::Excluded,
+            (true, true) => GateState::OwnLinks,
+            (true, false) => GateState::Open,
         };
         if let Err(error) = self.kernel().set_gate(pid, gate) {
             tracing::warn!("pid {pid}: cannot set its gate: {error}");
@@ -349,8 +353,7 @@ impl Collector {
                     let mut allocation = sample.allocation();
                     if let Some(budget) = &self.budget {
                         let tracked = self.processes.entry(pid, owner).expect("checked above");
-                        let images = &tracked.images;
-                        match budget.place(images, &self.images, sample.timestamp_ns) {
+                        match budget.place(tracked, &self.images, sample.timestamp_ns) {
                             Ok(window) => allocation.window = Some(window),
                             Err(_) => {
                                 self.stats.unplaced_samples += 1;
@@ -397,6 +400,11 @@ impl Collector {
                     self.go.forget(pid);
                     if let Some(kernel) = self.kernel.as_deref_mut() {
                         kernel.forget_python(pid);
+                        // Its own links were for the images of the program it was: the
+                        // new one is measured afresh, through the shared windows.
+                        if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+                            own_links::take_own_links(kernel, &self.images, pid, tracked);
+                        }
                     }
                     self.processes.set_readable(pid, true);
                     let host = matches!(self.scope, Scope::Host { .. });
@@ -419,6 +427,13 @@ impl Collector {
                 }
                 Event::Exit { pid } => {
                     self.stats.exit_events += 1;
+                    if let (Some(kernel), Some(tracked)) = (
+                        self.kernel.as_deref_mut(),
+                        self.processes.tracked.get_mut(&pid),
+                    ) {
+                        tracked.exited = true;
+                        own_links::take_own_links(kernel, &self.images, pid, tracked);
+                    }
                     // Its entry departs: a later process with its pid is followed
                     // apart, and resolves its stacks with nothing cached for this one.
                     if self.processes.exited(pid) {

@@ -12,6 +12,7 @@ use allocbpf_profile::aggregate::Aggregate;
 use crate::{
     budget::pace::PaceMeter,
     identity::{BuildIdCache, ProcessInfo},
+    kernel::LinkSet,
 };
 
 /// One followed process.
@@ -38,6 +39,40 @@ pub(crate) struct Tracked {
     /// Sample ids of live blocks no longer followed (their window closed), whose
     /// kernel entries go at the next cut.
     pub expired_blocks: Vec<u64>,
+    /// Under an overhead budget: its own full-time links, while it is light and shares
+    /// an image probed part time for a heavier process.
+    pub own: OwnLinks,
+}
+
+/// A light process's own links: probes filtered on it, attached full time on the
+/// images it maps while the overhead budget probes them part time for a heavier
+/// process (docs/design.md, "Overhead budget"). Its gate (`GateState::OwnLinks`) makes
+/// them the links that count for it.
+#[derive(Debug, Default)]
+pub(crate) struct OwnLinks {
+    /// The links, one set per image (none: observed through the shared windows).
+    pub links: Vec<LinkSet>,
+    /// Since when its gate counts them (CLOCK_MONOTONIC ns): its samples from then
+    /// on were taken full time.
+    pub since_ns: Option<u64>,
+    /// The last span it was observed through them, once they went: for its samples
+    /// of that span read after.
+    pub last_span: Option<(u64, u64)>,
+}
+
+impl OwnLinks {
+    /// True if its own links counted for it at `t_ns`.
+    pub fn covers(&self, t_ns: u64) -> bool {
+        self.since_ns.is_some_and(|since| since <= t_ns)
+            || self
+                .last_span
+                .is_some_and(|(from, to)| from <= t_ns && t_ns < to)
+    }
+
+    /// True if it has own links now.
+    pub fn attached(&self) -> bool {
+        !self.links.is_empty()
+    }
 }
 
 /// Under an overhead budget: the expected share of the current interval a process was
@@ -180,6 +215,7 @@ impl ProcessTable {
                 observed: ObservedTime::default(),
                 pace: PaceMeter::default(),
                 expired_blocks: Vec::new(),
+                own: OwnLinks::default(),
             },
         );
         match reused {

@@ -34,6 +34,12 @@ pub struct CollectorStats {
     /// Windows that opened before their probes were in (the engine was late): their
     /// samples are dropped (total).
     pub window_blind_spots: u64,
+    /// Light processes given their own full-time links beside a heavier one (total).
+    pub own_link_attaches: u64,
+    /// Processes whose own links were taken away, over their budget (total).
+    pub own_link_removals: u64,
+    /// Own links that could not be attached or switched to (total).
+    pub own_link_failures: u64,
     /// Samples dropped outside their process's window, or unplaceable (total).
     pub unplaced_samples: u64,
     /// Live blocks that left the in-use set when their window closed (total).

@@ -360,13 +360,10 @@ fn housekeeping_refreshes_the_table_and_reads_the_rings_pressure() {
     );
 }
 
-/// A process whose probe hits would cost far more than its budget gets its image
-/// probed part time: its full-time links go, and windows attach them again with a
-/// window shift (samples drawn denser inside the windows).
-#[test]
-fn a_costly_process_has_its_image_probed_in_windows() {
-    let fake = FakeLoader::new(true);
-    let mut collector = host(&fake, None);
+/// A host scope under the default budget, checked every millisecond, a hit costing
+/// a microsecond.
+fn budgeted_host(fake: &FakeLoader) -> Collector {
+    let mut collector = host(fake, None);
     let options = BudgetOptions {
         check_every: Duration::from_millis(1),
         ..BudgetOptions::default()
@@ -376,6 +373,16 @@ fn a_costly_process_has_its_image_probed_in_windows() {
         stepped_extra_ns: 0.0,
     };
     collector.start_budget(options, cost);
+    collector
+}
+
+/// A process whose probe hits would cost far more than its budget gets its image
+/// probed part time: its full-time links go, and windows attach them again with a
+/// window shift (samples drawn denser inside the windows).
+#[test]
+fn a_costly_process_has_its_image_probed_in_windows() {
+    let fake = FakeLoader::new(true);
+    let mut collector = budgeted_host(&fake);
     let child = Sleeper::start();
     let pid = child.pid();
     let key = ImageKey {
@@ -414,4 +421,61 @@ fn a_costly_process_has_its_image_probed_in_windows() {
     // Any attach since is a window's, sampling denser than the configured rate.
     let windows = state.attaches.iter().filter(|(k, _)| *k == key).skip(1);
     assert!(windows.clone().all(|&(_, shift)| shift > 0), "{state:?}");
+}
+
+/// The budget is per process: beside a process whose hits hold a shared image part
+/// time, a light process mapping it gets links of its own, full time, and its gate says
+/// they are the ones that count (`GateState::OwnLinks`); the heavy one gets none. Once
+/// the light one costs more than its budget too, its links go and its gate counts the
+/// shared links again.
+#[test]
+fn a_light_process_beside_a_heavy_one_gets_links_of_its_own() {
+    let fake = FakeLoader::new(true);
+    let mut collector = budgeted_host(&fake);
+    let (heavy, light) = (Sleeper::start(), Sleeper::start());
+    let key = ImageKey {
+        device: u64::MAX,
+        inode: 12,
+    };
+    let attached = collector.kernel().attach(&image(key)).unwrap();
+    collector.images.insert(image(key), Some(attached.links));
+    collector.stats.images_attached += 1;
+    fake.send([
+        sample(heavy.pid(), 1, 100, 0),
+        sample(light.pid(), 2, 100, 0),
+    ]);
+    collector.drain_ring();
+    for pid in [heavy.pid(), light.pid()] {
+        collector.processes.tracked.get_mut(&pid).unwrap().images = vec![key];
+    }
+    let hits = |fake: &FakeLoader, pid: u32, hits: u64| {
+        let mut state = fake.state.borrow_mut();
+        state.gates.entry(pid).or_default().hits = hits;
+    };
+    std::thread::sleep(Duration::from_millis(5));
+    collector.housekeeping();
+    // A second of CPU in probes for one, ten microseconds for the other.
+    hits(&fake, heavy.pid(), 1_000_000);
+    hits(&fake, light.pid(), 10);
+    std::thread::sleep(Duration::from_millis(20));
+    collector.housekeeping();
+    assert!(collector.budget.as_ref().unwrap().image_figures[&key].duty < 1.0);
+    let gate = |fake: &FakeLoader, pid: u32| fake.state.borrow().gates[&pid].state;
+    assert_eq!(gate(&fake, light.pid()), GateState::OwnLinks as u32);
+    assert_eq!(gate(&fake, heavy.pid()), GateState::Open as u32);
+    let own: Vec<(ImageKey, u32, u64)> = fake.state.borrow().own_attaches.clone();
+    assert_eq!(own.len(), 1, "{own:?}");
+    assert_eq!((own[0].0, own[0].1), (key, light.pid()));
+    let tracked = &collector.processes.tracked[&light.pid()];
+    assert!(tracked.own.attached() && tracked.own.covers(monotonic_now_ns()));
+    assert_eq!(collector.stats.own_link_attaches, 1);
+    // Now it costs a second of CPU a second too: its links go.
+    hits(&fake, light.pid(), 2_000_000);
+    std::thread::sleep(Duration::from_millis(20));
+    collector.housekeeping();
+    assert_eq!(gate(&fake, light.pid()), GateState::Open as u32);
+    assert!(fake.state.borrow().detached.contains(&own[0].2));
+    let tracked = &collector.processes.tracked[&light.pid()];
+    assert!(!tracked.own.attached() && tracked.own.last_span.is_some());
+    assert_eq!(collector.stats.own_link_removals, 1);
 }

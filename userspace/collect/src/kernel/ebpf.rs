@@ -106,6 +106,11 @@ impl Kernel for EbpfKernel {
         Ok(self.held(attached))
     }
 
+    fn attach_own(&mut self, image: &AllocatorImage, pid: u32) -> Result<Attached, ProbeError> {
+        let attached = self.sampler.attach_own(image, pid)?;
+        Ok(self.held(attached))
+    }
+
     fn attach_empty_at(
         &mut self,
         path: &Path,

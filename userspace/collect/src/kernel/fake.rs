@@ -38,6 +38,8 @@ pub(crate) struct FakeState {
     pub attached: HashMap<u64, (Option<ImageKey>, u8)>,
     /// Every attach, in order: (image, window shift).
     pub attaches: Vec<(ImageKey, u8)>,
+    /// Every attach of one process's own links, in order: (image, pid, link set id).
+    pub own_attaches: Vec<(ImageKey, u32, u64)>,
     /// Link sets detached, in order (at once or later).
     pub detached: Vec<u64>,
     /// The current epoch.
@@ -175,6 +177,13 @@ impl Kernel for FakeKernel {
         window_shift: u8,
     ) -> Result<Attached, ProbeError> {
         self.attach_as(image, window_shift)
+    }
+
+    fn attach_own(&mut self, image: &AllocatorImage, pid: u32) -> Result<Attached, ProbeError> {
+        let attached = self.attach_as(image, 0)?;
+        let id = attached.links.id();
+        self.0.borrow_mut().own_attaches.push((image.key, pid, id));
+        Ok(attached)
     }
 
     fn attach_empty_at(&mut self, _: &Path, _: u64, _: u32) -> Result<LinkSet, ProbeError> {

@@ -103,6 +103,9 @@ pub trait Kernel {
         image: &AllocatorImage,
         window_shift: u8,
     ) -> Result<Attached, ProbeError>;
+    /// Attaches the probes of `image` for `pid` only, full time, as its own links
+    /// (`GateState::OwnLinks` then makes them the ones that count for it).
+    fn attach_own(&mut self, image: &AllocatorImage, pid: u32) -> Result<Attached, ProbeError>;
     /// Attaches the empty program at `offset` in `path` for `pid` (the calibration of a
     /// probe hit's cost).
     fn attach_empty_at(

@@ -148,6 +148,13 @@ impl ProbedEntry {
     /// The attach cookie for a probe that samples `2^window_shift` times denser than the
     /// configured rate (inside observation windows).
     pub fn cookie_in_windows(&self, window_shift: u8) -> u64 {
+        self.cookie_for(window_shift, false)
+    }
+
+    /// The attach cookie of a probe in observation windows (`window_shift`, see
+    /// [`ProbedEntry::cookie_in_windows`]) or, with `own_link`, of one process's own
+    /// full-time links (`allocbpf_common::cookie::ProbeCookie::own_link`).
+    pub fn cookie_for(&self, window_shift: u8, own_link: bool) -> u64 {
         ProbeCookie {
             code_size: if self.nests {
                 self.nest_span
@@ -170,6 +177,7 @@ impl ProbedEntry {
             stepped: !self.point.emulated,
             function: self.function as u8,
             window_shift,
+            own_link,
         }
         .encode()
     }

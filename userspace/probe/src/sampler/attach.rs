@@ -60,8 +60,7 @@ fn link_grouped(
     image: &AllocatorImage,
     entries: &[ProbedEntry],
     program: impl Fn(&ProbedEntry) -> &'static str,
-    pid: Option<u32>,
-    window_shift: u8,
+    scope: LinkScope,
     links: &mut ImageLinks,
 ) -> Result<(), ProbeError> {
     let mut groups: std::collections::BTreeMap<&'static str, (Vec<u64>, Vec<u64>)> =
@@ -69,11 +68,11 @@ fn link_grouped(
     for entry in entries {
         let (offsets, cookies) = groups.entry(program(entry)).or_default();
         offsets.push(entry.probe_file_offset());
-        cookies.push(entry.cookie_in_windows(window_shift));
+        cookies.push(entry.cookie_for(scope.window_shift, scope.own_link));
     }
     for (name, (offsets, cookies)) in groups {
         let link = programs
-            .attach_many(name, &image.attach_path(), &offsets, &cookies, pid)
+            .attach_many(name, &image.attach_path(), &offsets, &cookies, scope.pid)
             .map_err(|source| ProbeError::Attach {
                 symbol: name.to_string(),
                 path: image.path_in_target.display().to_string(),
@@ -83,6 +82,17 @@ fn link_grouped(
         links.fd_probes += offsets.len();
     }
     Ok(())
+}
+
+/// Which processes a link probes and how its cookies say so.
+#[derive(Clone, Copy, Debug)]
+struct LinkScope {
+    /// One process (`None`: every process).
+    pid: Option<u32>,
+    /// The window shift of its cookies.
+    window_shift: u8,
+    /// One process's own links ([`Sampler::attach_own`]).
+    own_link: bool,
 }
 
 /// Probes of one image taken out of the sampler ([`Sampler::take_links`]): dropping
@@ -134,6 +144,34 @@ impl Sampler {
         let attached = self.attach(image);
         self.window_shift = 0;
         attached
+    }
+
+    /// [`Sampler::attach`] for process `pid` only, full time, as its own links: on an
+    /// image the overhead budget probes part time for the others, a light process is
+    /// probed full time through these, and its gate (`GateState::OwnLinks`, set by the
+    /// caller once this returns) makes the shared links' runs of its traps do nothing.
+    /// Needs uprobe_multi links.
+    pub fn attach_own(&mut self, image: &AllocatorImage, pid: u32) -> Result<Attached, ProbeError> {
+        if self.multi_programs.is_none() {
+            return Err(ProbeError::Attach {
+                symbol: "(own links)".into(),
+                path: image.path_in_target.display().to_string(),
+                source: "this kernel has no uprobe_multi links".into(),
+            });
+        }
+        self.own_pid = Some(pid);
+        let attached = self.attach(image);
+        self.own_pid = None;
+        attached
+    }
+
+    /// The scope of the links the attach under way makes.
+    fn link_scope(&self) -> LinkScope {
+        LinkScope {
+            pid: self.own_pid.or(self.config.pid),
+            window_shift: self.window_shift,
+            own_link: self.own_pid.is_some(),
+        }
     }
 
     /// Attaches one probe per allocation entry of `image`, and with live tracking the
@@ -247,6 +285,7 @@ impl Sampler {
         program: impl Fn(&ProbedEntry) -> &'static str,
         links: &mut ImageLinks,
     ) -> Result<(), ProbeError> {
+        let scope = self.link_scope();
         let Some(multi) = self.multi_programs.as_mut() else {
             for entry in entries {
                 let cookie = entry.cookie_in_windows(self.window_shift);
@@ -255,9 +294,7 @@ impl Sampler {
             }
             return Ok(());
         };
-        let pid = self.config.pid;
-        let window_shift = self.window_shift;
-        link_grouped(multi, image, entries, program, pid, window_shift, links)
+        link_grouped(multi, image, entries, program, scope, links)
     }
 
     /// Attaches every allocation entry of `image` through session links, one per
@@ -267,18 +304,16 @@ impl Sampler {
         image: &AllocatorImage,
         links: &mut ImageLinks,
     ) -> Result<(), ProbeError> {
+        let scope = self.link_scope();
         let Some(programs) = self.session_programs.as_mut() else {
             return Ok(());
         };
-        let pid = self.config.pid;
-        let window_shift = self.window_shift;
         link_grouped(
             programs,
             image,
             &image.entries,
             |e| e.shape.program(),
-            pid,
-            window_shift,
+            scope,
             links,
         )
     }

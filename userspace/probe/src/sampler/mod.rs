@@ -206,6 +206,8 @@ pub struct Sampler {
     book: totals::EpochBook,
     /// The window shift of the attach under way ([`Sampler::attach_in_windows`]).
     window_shift: u8,
+    /// The process whose own links the attach under way makes ([`Sampler::attach_own`]).
+    own_pid: Option<u32>,
 }
 
 impl Sampler {
@@ -275,6 +277,7 @@ impl Sampler {
             multi_programs,
             book,
             window_shift: 0,
+            own_pid: None,
         };
         sampler.refresh_intervals()?;
         if !config.empty_probes {

@@ -1,0 +1,153 @@
+//! Own links: a light process sharing an image with a heavy one is probed full time
+//! through probes of its own, filtered on its pid (docs/design.md, "Own links").
+
+use allocbpf_common::GateState;
+use allocbpf_probe::sampler::monotonic_now_ns;
+
+use super::{budget_control::BudgetController, CollectorStats, ImageSet, ProcessTable, Tracked};
+use crate::{budget::programs::ProgramKey, kernel::Kernel};
+
+/// Processes given their own links at one budget check at most: each costs the loop a
+/// link per program and image (~10 ms each here, docs/design.md); the others wait for
+/// the next check, observed through the shared windows meanwhile.
+const OWN_ATTACHES_PER_CHECK: usize = 2;
+
+impl BudgetController {
+    /// Gives each light process that maps an image probed part time its own full-time
+    /// links, and takes them from a process over its budget (or no longer profiled),
+    /// which goes back to the shared windows. At most [`OWN_ATTACHES_PER_CHECK`]
+    /// processes get links at a check (each costs a link per program and image, a few
+    /// milliseconds of the kernel's each): new processes first (a short job must not
+    /// wait), then the busiest; the others are observed through the windows meanwhile.
+    pub(super) fn assign_own_links(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        processes: &mut ProcessTable,
+        images: &ImageSet,
+        stats: &mut CollectorStats,
+        now_ns: u64,
+    ) {
+        let budget = self.options.process_cpu;
+        for (&pid, tracked) in processes.tracked.iter_mut() {
+            if !tracked.own.attached() {
+                continue;
+            }
+            let heavy = self
+                .costs
+                .get(&pid)
+                .is_some_and(|cost| cost.full_time_cpu > budget);
+            if heavy || !tracked.admitted || tracked.exited {
+                tracing::debug!(
+                    "pid {pid} ({:?}): own links out (over its budget: {heavy})",
+                    tracked.info.comm
+                );
+                take_own_links(kernel, images, pid, tracked);
+                stats.own_link_removals += 1;
+            }
+        }
+        let next_ns = self.schedule.next_undrawn_ns(now_ns);
+        // (not measured yet, CPU in probes over the last check): new ones first.
+        let mut candidates: Vec<(bool, f64, u32)> = processes
+            .tracked
+            .iter()
+            .filter(|(_, t)| !t.own.attached() && !t.exited && t.admitted && !t.images.is_empty())
+            .filter(|(_, t)| {
+                t.images.iter().any(|key| {
+                    self.schedule.duty_at(key, now_ns) < 1.0
+                        || self.schedule.duty_at(key, next_ns) < 1.0
+                })
+            })
+            .filter_map(|(&pid, t)| {
+                // Not known to be over its budget: measured light, or not measured yet
+                // and of a program not known heavy (a build's next cc1 is measured
+                // through the windows first).
+                match self.costs.get(&pid).filter(|cost| cost.measured) {
+                    Some(cost) if cost.full_time_cpu <= budget => {
+                        Some((false, cost.overhead_cpu, pid))
+                    }
+                    Some(_) => None,
+                    None if self.programs.known_heavy(&program_of(t), budget) => None,
+                    None => Some((true, 0.0, pid)),
+                }
+            })
+            .collect();
+        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
+        for (_, _, pid) in candidates.into_iter().take(OWN_ATTACHES_PER_CHECK) {
+            let Some(tracked) = processes.tracked.get_mut(&pid) else {
+                continue;
+            };
+            let started = monotonic_now_ns();
+            let mut links = Vec::new();
+            let mut failed = None;
+            for key in &tracked.images {
+                let Some(state) = images.images.get(key).filter(|state| !state.failed) else {
+                    continue;
+                };
+                match kernel.attach_own(&state.image, pid) {
+                    Ok(attached) => links.push(attached.links),
+                    Err(error) => {
+                        failed = Some(error);
+                        break;
+                    }
+                }
+            }
+            let switched = match failed {
+                None if !links.is_empty() => kernel.set_gate(pid, GateState::OwnLinks),
+                None => continue,
+                Some(error) => Err(error),
+            };
+            match switched {
+                Ok(()) => {
+                    tracing::debug!(
+                        "pid {pid} ({:?}): own links in, in {} us",
+                        tracked.info.comm,
+                        (monotonic_now_ns() - started) / 1000
+                    );
+                    tracked.own.links = links;
+                    tracked.own.since_ns = Some(monotonic_now_ns());
+                    stats.own_link_attaches += 1;
+                }
+                Err(error) => {
+                    // It may have exited meanwhile: observed through the windows still.
+                    tracing::debug!("pid {pid}: no own links: {error}");
+                    images.detach_own_in_background(kernel, links);
+                    stats.own_link_failures += 1;
+                }
+            }
+        }
+    }
+}
+
+/// The program `tracked` runs, as the budget remembers programs.
+pub(super) fn program_of(tracked: &Tracked) -> ProgramKey {
+    ProgramKey {
+        exe: tracked.info.exe.clone().into_os_string(),
+        build_id: tracked.info.exe_build_id.clone(),
+    }
+}
+
+/// Takes `pid`'s own links away (over its budget, or exited): its gate back to the
+/// shared links first, then the links out in the background; its samples of the span
+/// it had them are still placed as full time.
+pub(super) fn take_own_links(
+    kernel: &mut dyn Kernel,
+    images: &ImageSet,
+    pid: u32,
+    tracked: &mut Tracked,
+) {
+    if tracked.own.links.is_empty() {
+        return;
+    }
+    if !tracked.exited {
+        let state = match tracked.admitted {
+            true => GateState::Open,
+            false => GateState::Excluded,
+        };
+        let _ = kernel.set_gate(pid, state);
+    }
+    let now_ns = monotonic_now_ns();
+    if let Some(since) = tracked.own.since_ns.take() {
+        tracked.own.last_span = Some((since, now_ns));
+    }
+    images.detach_own_in_background(kernel, std::mem::take(&mut tracked.own.links));
+}
