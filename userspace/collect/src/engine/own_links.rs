@@ -138,13 +138,13 @@ pub(super) fn take_own_links(
     if tracked.own.links.is_empty() {
         return;
     }
-    if !tracked.exited {
-        let state = match tracked.admitted {
-            true => GateState::Open,
-            false => GateState::Excluded,
-        };
-        let _ = kernel.set_gate(pid, state);
-    }
+    // Even for a process gone: a later one with its pid must not find its gate
+    // counting links that were never its own (it would be blind).
+    let state = match tracked.admitted {
+        true => GateState::Open,
+        false => GateState::Excluded,
+    };
+    let _ = kernel.set_gate(pid, state);
     let now_ns = monotonic_now_ns();
     if let Some(since) = tracked.own.since_ns.take() {
         tracked.own.last_span = Some((since, now_ns));
