@@ -8,16 +8,15 @@ use super::{budget_control::BudgetController, CollectorStats, ImageSet, ProcessT
 use crate::{budget::programs::ProgramKey, kernel::Kernel};
 
 /// Processes given their own links at one budget check at most: each costs the loop a
-/// link per program and image (~10 ms each here, docs/design.md); the others wait for
-/// the next check, observed through the shared windows meanwhile.
+/// link per program and image (docs/design.md, "Own links", has what one costs); the
+/// others wait for the next check, observed through the shared windows meanwhile.
 const OWN_ATTACHES_PER_CHECK: usize = 2;
 
 impl BudgetController {
     /// Gives each light process that maps an image probed part time its own full-time
     /// links, and takes them from a process over its budget (or no longer profiled),
     /// which goes back to the shared windows. At most [`OWN_ATTACHES_PER_CHECK`]
-    /// processes get links at a check (each costs a link per program and image, a few
-    /// milliseconds of the kernel's each): new processes first (a short job must not
+    /// processes get links at a check: new processes first (a short job must not
     /// wait), then the busiest; the others are observed through the windows meanwhile.
     pub(super) fn assign_own_links(
         &mut self,
@@ -46,7 +45,8 @@ impl BudgetController {
             }
         }
         let next_ns = self.schedule.next_undrawn_ns(now_ns);
-        // (not measured yet, CPU in probes over the last check): new ones first.
+        // Candidates as (not measured yet, CPU in probes over the last check, pid):
+        // new ones first, then the busiest.
         let mut candidates: Vec<(bool, f64, u32)> = processes
             .tracked
             .iter()
