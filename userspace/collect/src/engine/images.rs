@@ -97,6 +97,43 @@ impl ImageSet {
     }
 }
 
+/// Detaches `links` without waiting: each link is closed on a thread of its own, and
+/// counted in `running` (every link closing) and `closing` (its image's, if given)
+/// until its close returns; in place once [`MAX_BACKGROUND_DETACHES`] are closing.
+fn close_in_background(
+    kernel: &mut dyn Kernel,
+    links: LinkSet,
+    running: &Arc<AtomicUsize>,
+    closing: Option<&Arc<AtomicUsize>>,
+) {
+    if running.load(Ordering::Relaxed) >= MAX_BACKGROUND_DETACHES {
+        kernel.detach(links);
+        return;
+    }
+    let counters: Vec<&Arc<AtomicUsize>> = std::iter::once(running).chain(closing).collect();
+    for link in kernel.detach_later(links) {
+        let held: Vec<Arc<AtomicUsize>> = counters.iter().map(|&c| Arc::clone(c)).collect();
+        for counter in &held {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let spawned = std::thread::Builder::new()
+            .name("allocbpf-detach".into())
+            .spawn(move || {
+                drop(link);
+                for counter in &held {
+                    counter.fetch_sub(1, Ordering::Relaxed);
+                }
+            });
+        if let Err(error) = spawned {
+            // The closure (and the link) were dropped: detached here, after all.
+            for counter in &counters {
+                counter.fetch_sub(1, Ordering::Relaxed);
+            }
+            tracing::warn!("detached in place (no thread: {error})");
+        }
+    }
+}
+
 /// Links closing at once on other threads; beyond this, detaching waits in place.
 const MAX_BACKGROUND_DETACHES: usize = 64;
 
@@ -247,24 +284,7 @@ impl ImageSet {
     /// [`OwnLinks`]: super::process_table::OwnLinks
     pub fn detach_own_in_background(&self, kernel: &mut dyn Kernel, links: Vec<LinkSet>) {
         for set in links {
-            if self.detaching.load(Ordering::Relaxed) >= MAX_BACKGROUND_DETACHES {
-                kernel.detach(set);
-                continue;
-            }
-            for link in kernel.detach_later(set) {
-                let running = Arc::clone(&self.detaching);
-                running.fetch_add(1, Ordering::Relaxed);
-                let spawned = std::thread::Builder::new()
-                    .name("allocbpf-detach".into())
-                    .spawn(move || {
-                        drop(link);
-                        running.fetch_sub(1, Ordering::Relaxed);
-                    });
-                if spawned.is_err() {
-                    // The closure (and the link) were dropped: detached here.
-                    self.detaching.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
+            close_in_background(kernel, set, &self.detaching, None);
         }
     }
 
@@ -291,29 +311,7 @@ impl ImageSet {
             }
         }
         stats.images_attached -= 1;
-        if self.detaching.load(Ordering::Relaxed) >= MAX_BACKGROUND_DETACHES {
-            kernel.detach(links);
-            return;
-        }
-        for link in kernel.detach_later(links) {
-            let running = Arc::clone(&self.detaching);
-            let closing = Arc::clone(&state.closing);
-            running.fetch_add(1, Ordering::Relaxed);
-            closing.fetch_add(1, Ordering::Relaxed);
-            let spawned = std::thread::Builder::new()
-                .name("allocbpf-detach".into())
-                .spawn(move || {
-                    drop(link);
-                    closing.fetch_sub(1, Ordering::Relaxed);
-                    running.fetch_sub(1, Ordering::Relaxed);
-                });
-            if let Err(error) = spawned {
-                // The closure (and the link) were dropped: detached here, after all.
-                self.detaching.fetch_sub(1, Ordering::Relaxed);
-                state.closing.fetch_sub(1, Ordering::Relaxed);
-                tracing::warn!("detached in place (no thread: {error})");
-            }
-        }
+        close_in_background(kernel, links, &self.detaching, Some(&state.closing));
     }
 
     /// Takes every image's probes (to detach them at stop).
