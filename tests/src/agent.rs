@@ -98,6 +98,23 @@ impl AgentProcess {
         Ok(AgentProcess { child, stderr })
     }
 
+    /// Starts `allocbpf agent` storing into `store`, cutting every `interval` and
+    /// serving its metrics on `metrics`, with no other flag.
+    pub fn start_storing(store: &Path, interval: &str, metrics: &str) -> Result<AgentProcess> {
+        let store = store.to_str().context("a store path in UTF-8")?;
+        Self::start(
+            &[
+                "--store",
+                store,
+                "--interval",
+                interval,
+                "--metrics-address",
+                metrics,
+            ],
+            &[],
+        )
+    }
+
     /// Sends SIGHUP and returns the agent's verdict: its next `SIGHUP: config ...` line.
     pub fn reload(&mut self, timeout: Duration) -> Result<String> {
         // SAFETY: plain kill(2) on our child.

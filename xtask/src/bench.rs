@@ -144,7 +144,8 @@ pub enum Part {
     Redis,
     /// The agent's cost to real programs: gcc -O2 compiles and redis-benchmark, bare
     /// and under the agent at its default budget, raised (5%) and lowered (0.25%)
-    /// (tests/src/bin/agent_cost.rs).
+    /// (tests/src/bin/agent_cost.rs). Also named `budget`.
+    #[value(alias = "budget")]
     Agent,
     /// A Python program's runtime (Debian's python3.11, objects through pymalloc and
     /// malloc) bare, under `--pid`, `--pid --budget 1%` and the default agent

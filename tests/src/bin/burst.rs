@@ -33,17 +33,7 @@ fn round(number: usize) -> Result<()> {
     write_malloc_heavy_source(&scratch, 3000)?;
     let address = "127.0.0.1:19498";
     let store = scratch.join("store");
-    let agent = AgentProcess::start(
-        &[
-            "--store",
-            store.to_str().unwrap(),
-            "--interval",
-            "5s",
-            "--metrics-address",
-            address,
-        ],
-        &[],
-    )?;
+    let agent = AgentProcess::start_storing(&store, "5s", address)?;
     let agent_pid = agent.child.id();
     std::thread::sleep(Duration::from_secs(2));
     let python = "import time\nt = time.time()\nwhile time.time() - t < 15:\n    l = [bytearray(70000) for _ in range(100)]\n";

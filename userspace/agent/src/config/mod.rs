@@ -75,6 +75,7 @@ struct BudgetFile {
     min_window: Option<String>,
     check_interval: Option<String>,
     recovery: Option<String>,
+    allowance: Option<String>,
 }
 
 /// Retention of the local store.
@@ -170,6 +171,15 @@ fn duration(key: &'static str, text: Option<&str>, default: Duration) -> Result<
         Some(t) => {
             parse_duration(t, MAX_DURATION).map_err(|source| ConfigError::Value { key, source })
         }
+    }
+}
+
+/// [`duration`], where a zero (`0`, `0s`, `0ms`) turns the setting off.
+fn duration_or_zero(key: &'static str, text: Option<&str>, default: Duration) -> Result<Duration> {
+    let number = text.map(|t| t.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()));
+    match number.map(|n| n.trim().parse::<f64>()) {
+        Some(Ok(0.0)) => Ok(Duration::ZERO),
+        _ => duration(key, text, default),
     }
 }
 
@@ -320,6 +330,11 @@ fn budget_options(file: BudgetFile) -> Result<Option<BudgetOptions>> {
             file.recovery.as_deref(),
             defaults.recovery,
         )?,
+        allowance: duration_or_zero(
+            "budget.allowance",
+            file.allowance.as_deref(),
+            defaults.allowance,
+        )?,
     };
     if options.min_window > options.period || options.min_window.is_zero() {
         return Err(ConfigError::Invalid(format!(
@@ -363,6 +378,7 @@ max_bytes = "10MiB"
 url = "http://pyroscope:4040/"
 [budget]
 cpu_percent = 2.5
+allowance = "0s"
 "#,
         )
         .unwrap();
@@ -380,7 +396,9 @@ cpu_percent = 2.5
         assert_eq!(push.targets.len(), 1);
         assert_eq!(push.targets[0].url, "http://pyroscope:4040");
         assert_eq!(push.targets[0].destination, Destination::PyroscopePush);
-        assert_eq!(config.budget.unwrap().process_cpu, 0.025);
+        let budget = config.budget.unwrap();
+        assert_eq!(budget.process_cpu, 0.025);
+        assert_eq!(budget.allowance, Duration::ZERO);
         assert_eq!(config.filter.comm.as_deref(), Some("^nginx"));
         assert!(config.live);
 

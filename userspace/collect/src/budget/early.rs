@@ -45,6 +45,12 @@ impl EarlyChecks {
         self.due_ns = Some(self.due_ns.map_or(at, |due| due.min(at)));
     }
 
+    /// A check is wanted as soon as the spacing allows: a process that held an image's
+    /// duty down exited at `now_ns`, and the others mapping it go back to full time.
+    pub fn check_soon(&mut self, now_ns: u64) {
+        self.due_ns = Some(self.due_ns.map_or(now_ns, |due| due.min(now_ns)));
+    }
+
     /// When the early check asked for may run, the last check having run at
     /// `last_ns`: when due, but no sooner than [`MIN_CHECK_SPACING_NS`] after the last.
     pub fn next_ns(&self, last_ns: u64) -> Option<u64> {
@@ -61,9 +67,11 @@ impl EarlyChecks {
             || (self.due_ns.is_some_and(|due| due <= now_ns) && since >= MIN_CHECK_SPACING_NS)
     }
 
-    /// A check ran at `now_ns`: it serves any early check asked for so far.
+    /// A check ran at `now_ns`: it serves the early checks due by then. One due later
+    /// stands: a regular check between an exec and its early check comes before the
+    /// new program is examined, and cannot tell what it is.
     pub fn checked(&mut self, now_ns: u64) {
-        self.due_ns = None;
+        self.due_ns = self.due_ns.filter(|&due| due > now_ns);
         self.exec_ns
             .retain(|_, exec_ns| now_ns.saturating_sub(*exec_ns) < NEWCOMER_TTL_NS);
     }
@@ -106,6 +114,9 @@ mod tests {
         // A check 10 ms before: the early one waits for the spacing.
         assert!(!early.check_due(125 * MS, 115 * MS, EVERY));
         assert!(early.check_due(140 * MS, 115 * MS, EVERY));
+        // A check before it is due does not serve it.
+        early.checked(115 * MS);
+        assert_eq!(early.next_ns(115 * MS), Some(140 * MS));
         early.checked(140 * MS);
         assert_eq!(early.next_ns(140 * MS), None);
         assert!(!early.check_due(170 * MS, 140 * MS, EVERY));

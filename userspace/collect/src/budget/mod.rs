@@ -15,8 +15,12 @@
 //! per-process filter can select processes but not exclude one, and attaching every
 //! other process by pid costs ~1 ms per probe per process. So the duty of a shared
 //! image (libc) is the smallest its heaviest process needs, and every process mapping
-//! it is observed that fraction of the time, which the estimates account for.
+//! it is observed that fraction of the time, which the estimates account for, unless it
+//! is light (it gets probes of its own, filtered on its pid) or new (a process exec'd
+//! under the agent is probed full time until it has spent its start-up allowance:
+//! [`allowance`]).
 
+pub mod allowance;
 mod calibration;
 pub(crate) mod early;
 pub mod pace;
@@ -43,9 +47,13 @@ pub struct BudgetOptions {
     pub min_window: Duration,
     /// How often hits are read and duties planned.
     pub check_every: Duration,
-    /// Time for a duty to double back up once the cost that lowered it is gone (slow,
-    /// so the next compile of a build does not start at full cost).
+    /// Time for a lowered duty to double back up towards a higher one its processes
+    /// allow. An image none of whose processes is over its budget any more (the heavy
+    /// one exited) is probed full time again at once.
     pub recovery: Duration,
+    /// Probe CPU time a process that exec'd while the agent runs may spend before the
+    /// budget acts on it ([`allowance`]); zero: none.
+    pub allowance: Duration,
 }
 
 impl Default for BudgetOptions {
@@ -57,6 +65,7 @@ impl Default for BudgetOptions {
             min_window: Duration::from_millis(10),
             check_every: Duration::from_millis(200),
             recovery: Duration::from_secs(10),
+            allowance: Duration::from_millis(500),
         }
     }
 }

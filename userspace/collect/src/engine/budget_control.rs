@@ -1,18 +1,20 @@
 //! The engine's part that applies the overhead budget ([`crate::budget`], the policy):
-//! reads the kernel's probe hits, turns them into each process's cost, plans every
-//! image's duty ([`plan_duties`]) and moves probes in and out as the windows open and
-//! close ([`WindowSchedule`]).
+//! reads the kernel's probe hits, turns them into each process's cost, and plans every
+//! image's duty ([`plan_duties`]) in its [`WindowSchedule`]; `window_moves.rs` moves
+//! the probes in and out as the windows open and close.
 
 use std::collections::HashMap;
 
 use allocbpf_images::{image::ImageKey, procfs};
 use allocbpf_probe::sampler::monotonic_now_ns;
 
-use super::{own_links::program_of, CollectorStats, ImageSet, ProcessTable, Tracked};
+use super::{
+    own_links::program_of, window_moves::read_pace, CollectorStats, ImageSet, ProcessTable, Tracked,
+};
 use crate::{
     budget::{
+        allowance::Allowances,
         early::EarlyChecks,
-        pace::{process_cpu_ns, PaceReading},
         plan_duties,
         programs::ProgramCosts,
         windows::{window_shift, Unplaced, WindowSchedule},
@@ -20,11 +22,16 @@ use crate::{
     },
     kernel::Kernel,
 };
-use allocbpf_profile::estimate::pace::ProbeState;
 use allocbpf_profile::estimate::windows::SampleWindow;
 
 /// Exposure below this over a check says too little of a process's cost to update it.
 const MIN_EXPOSURE_NS: u64 = 1_000_000;
+
+/// An image is probed full time again at once when no process over its budget has
+/// mapped it for this long: a build's next heavy step (`as` after `cc1`, the next
+/// `cc1`) comes within it and finds the image still part time, while a job that comes
+/// later is probed full time from its first call.
+const QUIET_BEFORE_FULL_TIME_NS: u64 = 2_000_000_000;
 
 /// A duty change smaller than this factor is not logged.
 const LOGGED_CHANGE: f64 = 2.0;
@@ -61,10 +68,14 @@ pub(crate) struct BudgetController {
     early: EarlyChecks,
     last_hits: HashMap<u32, Hits>,
     last_attached: HashMap<ImageKey, u64>,
+    /// Per image, when a process over its budget last mapped it.
+    last_heavy_ns: HashMap<ImageKey, u64>,
     /// Per process, its cost figures.
     pub costs: HashMap<u32, ProcessCostFigures>,
     /// Per program, the last cost measured of one of its processes.
     pub(super) programs: ProgramCosts,
+    /// New processes' start-up allowances (`budget/allowance.rs`).
+    pub(super) allowances: Allowances,
     /// Per image, the fraction of the last check it was probed and the cost of its
     /// heaviest process (full time), for metrics and logs.
     pub image_figures: HashMap<ImageKey, ImageFigures>,
@@ -88,19 +99,22 @@ impl BudgetController {
     pub fn new(options: BudgetOptions, cost: HitCost, one_process: bool) -> Self {
         let now_ns = monotonic_now_ns();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let host_cpu = match one_process {
+            true => options.process_cpu,
+            false => options.host_share * cpus as f64,
+        };
         Self {
             schedule: WindowSchedule::new(now_ns, options.period.as_nanos() as u64),
             cpus: cpus as f64,
-            host_cpu: match one_process {
-                true => options.process_cpu,
-                false => options.host_share * cpus as f64,
-            },
+            host_cpu,
+            allowances: Allowances::new(&options, host_cpu, now_ns),
             options,
             cost,
             last_check_ns: now_ns,
             early: EarlyChecks::default(),
             last_hits: HashMap::new(),
             last_attached: HashMap::new(),
+            last_heavy_ns: HashMap::new(),
             costs: HashMap::new(),
             programs: ProgramCosts::default(),
             image_figures: HashMap::new(),
@@ -140,6 +154,26 @@ impl BudgetController {
     /// (`early.rs`).
     pub fn exec_seen(&mut self, pid: u32) {
         self.early.exec_seen(pid, monotonic_now_ns());
+        self.allowances.exec_seen(pid);
+    }
+
+    /// `pid` exited now: if it held an image's duty down, a check comes early, so that
+    /// the processes still mapping the image are probed full time again.
+    pub fn exit_seen(&mut self, pid: u32) {
+        if self.over_budget(pid) {
+            self.early.check_soon(monotonic_now_ns());
+        }
+        self.allowances.exited(pid);
+    }
+
+    /// True if the budget acts on `pid`: measured over its budget full time, and out of
+    /// its start-up allowance, if it had one.
+    pub(super) fn over_budget(&self, pid: u32) -> bool {
+        !self.allowances.covers(pid)
+            && self
+                .costs
+                .get(&pid)
+                .is_some_and(|cost| cost.full_time_cpu > self.options.process_cpu)
     }
 
     /// When an early check may run (then call [`BudgetController::check`]), if one is
@@ -251,6 +285,15 @@ impl BudgetController {
                 elapsed_ns / 1000,
                 exposure_ns / 1000
             );
+            if !tracked.exited && self.allowances.covers(pid) {
+                self.allowances.charge(pid, spent, now_ns);
+                if !self.allowances.covers(pid) {
+                    tracing::debug!(
+                        "pid {pid} ({:?}): out of its start-up allowance",
+                        tracked.info.comm
+                    );
+                }
+            }
             let figures = self.costs.entry(pid).or_default();
             figures.overhead_cpu = spent / elapsed;
             if exposure_ns >= MIN_EXPOSURE_NS {
@@ -268,6 +311,18 @@ impl BudgetController {
         }
         self.last_hits = new_hits;
         self.costs.retain(|pid, _| self.last_hits.contains_key(pid));
+        // Programs are known once their images are (the exec queue's look), hit or not.
+        for (&pid, tracked) in &processes.tracked {
+            if self.allowances.covers(pid) && !tracked.images.is_empty() {
+                self.allowances.resolve(pid, &program_of(tracked), now_ns);
+                if !self.allowances.covers(pid) {
+                    tracing::debug!(
+                        "pid {pid} ({:?}): no start-up allowance (its program had one lately)",
+                        tracked.info.comm
+                    );
+                }
+            }
+        }
         self.plan(processes, images, &attached, elapsed_ns, now_ns);
         stats.budget_windowed_images =
             self.image_figures.values().filter(|f| f.duty < 1.0).count() as u64;
@@ -275,10 +330,13 @@ impl BudgetController {
         true
     }
 
-    /// Plans every image's duty from the processes' costs and records it in the
-    /// schedule: a decrease from full time at once, anything else from the first
-    /// period whose phase is not drawn yet; an increase by at most a doubling per
-    /// `recovery`.
+    /// Plans every image's duty from the costs of the processes the budget acts on (not
+    /// exited, out of their allowance) and records it in the schedule: a decrease from
+    /// full time at once, anything else from the first period whose phase is not drawn
+    /// yet; an increase by at most a doubling per `recovery`, but back to full time at
+    /// once when no process over its budget has mapped it for
+    /// [`QUIET_BEFORE_FULL_TIME_NS`] (the heavy one exited: the next job on the host's
+    /// libc must not be probed part time for its sake).
     fn plan(
         &mut self,
         processes: &ProcessTable,
@@ -290,6 +348,7 @@ impl BudgetController {
         let costs: Vec<ProcessCost<'_, ImageKey>> = processes
             .tracked
             .iter()
+            .filter(|(pid, tracked)| !tracked.exited && !self.allowances.covers(**pid))
             .filter_map(|(pid, tracked)| {
                 let figures = self.costs.get(pid)?;
                 Some(ProcessCost {
@@ -305,6 +364,16 @@ impl BudgetController {
             .filter(|(_, state)| !state.failed)
             .map(|(key, _)| (*key, self.schedule.lead() as f64 / period_ns));
         let targets = plan_duties(&self.options, self.host_cpu, &costs, keys);
+        for cost in costs
+            .iter()
+            .filter(|c| c.full_time_cpu > self.options.process_cpu)
+        {
+            for key in cost.images {
+                self.last_heavy_ns.insert(*key, now_ns);
+            }
+        }
+        self.last_heavy_ns
+            .retain(|key, _| targets.contains_key(key));
         let growth = 2f64.powf(elapsed_ns as f64 / self.options.recovery.as_nanos() as f64);
         let next_period_ns = self.schedule.next_undrawn_ns(now_ns);
         let mut figures = HashMap::new();
@@ -319,6 +388,15 @@ impl BudgetController {
                 };
                 self.schedule.set_duty(key, from, target);
                 target
+            } else if target >= 1.0
+                && planned < 1.0
+                && self
+                    .last_heavy_ns
+                    .get(&key)
+                    .is_none_or(|&at| now_ns.saturating_sub(at) >= QUIET_BEFORE_FULL_TIME_NS)
+            {
+                self.schedule.set_duty(key, now_ns, 1.0);
+                1.0
             } else if target > planned {
                 let raised = (planned * growth).min(target);
                 self.schedule.set_duty(key, next_period_ns, raised);
@@ -379,143 +457,4 @@ impl BudgetController {
             ),
         }
     }
-
-    /// Reads the pace meter of every process mapping `key`, whose probes just went in
-    /// or out (`attaching`: are about to go in).
-    fn read_pace_of_image(
-        &self,
-        kernel: &dyn Kernel,
-        processes: &mut ProcessTable,
-        images: &ImageSet,
-        key: &ImageKey,
-        attaching: bool,
-    ) {
-        for (&pid, tracked) in processes.tracked.iter_mut() {
-            // Profiled processes only: the others' estimates are never made.
-            if !tracked.admitted
-                || tracked.exited
-                || tracked.own.attached()
-                || !tracked.images.contains(key)
-            {
-                continue;
-            }
-            if let Some(gate) = kernel.gate_hits_of(pid) {
-                let changing = attaching.then_some(ProbeState::Changing);
-                read_pace(&self.cost, pid, tracked, Hits::from(gate), images, changing);
-            }
-        }
-    }
-
-    /// Moves probes in and out as windows open and close; returns when to look again
-    /// (CLOCK_MONOTONIC ns).
-    pub fn windows_tick(
-        &mut self,
-        kernel: &mut dyn Kernel,
-        processes: &mut ProcessTable,
-        images: &mut ImageSet,
-        stats: &mut CollectorStats,
-    ) -> u64 {
-        let now_ns = monotonic_now_ns();
-        self.schedule.draw_phases(now_ns);
-        let keys: Vec<ImageKey> = images
-            .images
-            .iter()
-            .filter(|(_, state)| !state.failed)
-            .map(|(key, _)| *key)
-            .collect();
-        let mut next = u64::MAX;
-        for key in keys {
-            let plan = self.schedule.attach_plan(&key, now_ns);
-            next = next.min(plan.next_change_ns);
-            let shift = window_shift(self.schedule.duty_at(&key, now_ns));
-            let mut attached = images.images.get(&key).is_some_and(|s| s.links.is_some());
-            let attached_shift = images.images.get(&key).map(|s| s.window_shift);
-            if plan.attached && attached && attached_shift != Some(shift) {
-                // Its duty moved its window shift (full time again, or a new fraction):
-                // out, and in again below with the new one. Rare: duties change at
-                // budget checks, and only a change across a power of two moves it.
-                images.detach_in_background(kernel, stats, &key);
-                attached = false;
-            }
-            if plan.attached && !attached {
-                let before = monotonic_now_ns();
-                // The attach takes 10-30 ms, its breakpoints going in along the way.
-                self.read_pace_of_image(kernel, processes, images, &key, true);
-                if images.reattach(kernel, stats, &key, shift) {
-                    stats.window_attaches += 1;
-                    let done = monotonic_now_ns();
-                    self.schedule.attached_in(key, done - before);
-                    self.read_pace_of_image(kernel, processes, images, &key, false);
-                    tracing::debug!("{key}: probes in, in {} us", (done - before) / 1000);
-                    // A window that opened before the probes were in (its samples until
-                    // then are not placed: `ImageSet::covered`).
-                    let opened_before = [before, done]
-                        .into_iter()
-                        .find_map(|t| self.schedule.open_piece(&key, t))
-                        .is_some_and(|(open, _)| open < done);
-                    if opened_before {
-                        stats.window_blind_spots += 1;
-                    }
-                }
-            } else if !plan.attached && attached {
-                images.detach_in_background(kernel, stats, &key);
-                self.read_pace_of_image(kernel, processes, images, &key, false);
-                tracing::debug!("{key}: probes out");
-                stats.window_detaches += 1;
-                // Frees are not seen until the next window: the live blocks of every
-                // process mapping it leave the in-use set.
-                for tracked in processes.tracked.values_mut() {
-                    // Its own links still see its frees.
-                    if tracked.images.contains(&key) && !tracked.own.attached() {
-                        let expired = tracked.aggregate.expire_live(now_ns);
-                        stats.window_expired_blocks += expired.len() as u64;
-                        tracked.expired_blocks.extend(expired);
-                    }
-                }
-            }
-        }
-        next
-    }
-}
-
-/// One reading of `pid`'s pace meter: its CPU clock now and its `hits`, in `state` from
-/// now on if given, else probed if every image it maps that can be probed has its
-/// probes in (as in its observation windows), unprobed if none has and none is closing
-/// its links in the background, changing otherwise.
-fn read_pace(
-    cost: &HitCost,
-    pid: u32,
-    tracked: &mut Tracked,
-    hits: Hits,
-    images: &ImageSet,
-    state: Option<ProbeState>,
-) {
-    // Its own links are in whatever the shared ones do.
-    let state = match tracked.own.attached() {
-        true => Some(ProbeState::Probed),
-        false => state,
-    };
-    let state = state.unwrap_or_else(|| {
-        let probeable: Vec<_> = tracked
-            .images
-            .iter()
-            .filter_map(|key| Some((key, images.images.get(key).filter(|s| !s.failed)?)))
-            .collect();
-        let probed = probeable.iter().filter(|(_, s)| s.links.is_some()).count();
-        let closing = probeable.iter().any(|(key, _)| images.detaching(key));
-        match (probed, closing) {
-            // No image known (just exec'd): its probes may be in or out.
-            _ if probeable.is_empty() => ProbeState::Changing,
-            (0, false) => ProbeState::Unprobed,
-            (n, false) if n == probeable.len() => ProbeState::Probed,
-            _ => ProbeState::Changing,
-        }
-    });
-    let reading = process_cpu_ns(pid).map(|cpu_ns| PaceReading {
-        at_ns: monotonic_now_ns(),
-        cpu_ns,
-        hits,
-        state,
-    });
-    tracked.pace.read(reading, cost);
 }

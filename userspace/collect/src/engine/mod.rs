@@ -54,6 +54,7 @@ mod start;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod window_moves;
 
 use self::budget_control::BudgetController;
 pub use self::budget_control::{ImageFigures, ProcessCostFigures};
@@ -441,6 +442,10 @@ impl Collector {
                     }
                     // Its memory is gone: what its last poll read is what it has.
                     self.go.forget(pid);
+                    if let Some(budget) = self.budget.as_mut() {
+                        budget.exit_seen(pid);
+                        self.wake_for_early_check();
+                    }
                 }
             }
         }

@@ -31,10 +31,7 @@ impl BudgetController {
             if !tracked.own.attached() {
                 continue;
             }
-            let heavy = self
-                .costs
-                .get(&pid)
-                .is_some_and(|cost| cost.full_time_cpu > budget);
+            let heavy = self.over_budget(pid);
             if heavy || !tracked.admitted || tracked.exited {
                 tracing::debug!(
                     "pid {pid} ({:?}): own links out (over its budget: {heavy})",
@@ -58,15 +55,16 @@ impl BudgetController {
                 })
             })
             .filter_map(|(&pid, t)| {
-                // Not known to be over its budget: measured light, or not measured yet
-                // and of a program not known heavy (a build's next cc1 is measured
-                // through the windows first).
+                // Not known to be over its budget: in its start-up allowance, measured
+                // light, or not measured yet and of a program not known heavy (a
+                // build's next cc1 is measured through the windows first).
+                let allowed = self.allowances.covers(pid);
                 match self.costs.get(&pid).filter(|cost| cost.measured) {
-                    Some(cost) if cost.full_time_cpu <= budget => {
+                    Some(cost) if cost.full_time_cpu <= budget || allowed => {
                         Some((false, cost.overhead_cpu, pid))
                     }
                     Some(_) => None,
-                    None if self.programs.known_heavy(&program_of(t), budget) => None,
+                    None if !allowed && self.programs.known_heavy(&program_of(t), budget) => None,
                     None => Some((true, 0.0, pid)),
                 }
             })

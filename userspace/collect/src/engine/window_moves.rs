@@ -1,0 +1,158 @@
+//! The budget's windows in the engine: moving an image's probes in and out as its
+//! windows open and close ([`BudgetController::windows_tick`]), and the pace readings
+//! taken at each move (docs/statistics.md, "Pace").
+
+use allocbpf_images::image::ImageKey;
+use allocbpf_probe::sampler::monotonic_now_ns;
+use allocbpf_profile::estimate::pace::ProbeState;
+
+use super::{budget_control::BudgetController, CollectorStats, ImageSet, ProcessTable, Tracked};
+use crate::{
+    budget::{
+        pace::{process_cpu_ns, PaceReading},
+        windows::window_shift,
+        HitCost, Hits,
+    },
+    kernel::Kernel,
+};
+
+impl BudgetController {
+    /// Reads the pace meter of every process mapping `key`, whose probes just went in
+    /// or out (`attaching`: are about to go in).
+    fn read_pace_of_image(
+        &self,
+        kernel: &dyn Kernel,
+        processes: &mut ProcessTable,
+        images: &ImageSet,
+        key: &ImageKey,
+        attaching: bool,
+    ) {
+        for (&pid, tracked) in processes.tracked.iter_mut() {
+            // Profiled processes only: the others' estimates are never made.
+            if !tracked.admitted
+                || tracked.exited
+                || tracked.own.attached()
+                || !tracked.images.contains(key)
+            {
+                continue;
+            }
+            if let Some(gate) = kernel.gate_hits_of(pid) {
+                let changing = attaching.then_some(ProbeState::Changing);
+                read_pace(&self.cost, pid, tracked, Hits::from(gate), images, changing);
+            }
+        }
+    }
+
+    /// Moves probes in and out as windows open and close; returns when to look again
+    /// (CLOCK_MONOTONIC ns).
+    pub fn windows_tick(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        processes: &mut ProcessTable,
+        images: &mut ImageSet,
+        stats: &mut CollectorStats,
+    ) -> u64 {
+        let now_ns = monotonic_now_ns();
+        self.schedule.draw_phases(now_ns);
+        let keys: Vec<ImageKey> = images
+            .images
+            .iter()
+            .filter(|(_, state)| !state.failed)
+            .map(|(key, _)| *key)
+            .collect();
+        let mut next = u64::MAX;
+        for key in keys {
+            let plan = self.schedule.attach_plan(&key, now_ns);
+            next = next.min(plan.next_change_ns);
+            let shift = window_shift(self.schedule.duty_at(&key, now_ns));
+            let mut attached = images.images.get(&key).is_some_and(|s| s.links.is_some());
+            let attached_shift = images.images.get(&key).map(|s| s.window_shift);
+            if plan.attached && attached && attached_shift != Some(shift) {
+                // Its duty moved its window shift (full time again, or a new fraction):
+                // out, and in again below with the new one. Rare: duties change at
+                // budget checks, and only a change across a power of two moves it.
+                images.detach_in_background(kernel, stats, &key);
+                attached = false;
+            }
+            if plan.attached && !attached {
+                let before = monotonic_now_ns();
+                // The attach takes 10-30 ms, its breakpoints going in along the way.
+                self.read_pace_of_image(kernel, processes, images, &key, true);
+                if images.reattach(kernel, stats, &key, shift) {
+                    stats.window_attaches += 1;
+                    let done = monotonic_now_ns();
+                    self.schedule.attached_in(key, done - before);
+                    self.read_pace_of_image(kernel, processes, images, &key, false);
+                    tracing::debug!("{key}: probes in, in {} us", (done - before) / 1000);
+                    // A window that opened before the probes were in (its samples until
+                    // then are not placed: `ImageSet::covered`).
+                    let opened_before = [before, done]
+                        .into_iter()
+                        .find_map(|t| self.schedule.open_piece(&key, t))
+                        .is_some_and(|(open, _)| open < done);
+                    if opened_before {
+                        stats.window_blind_spots += 1;
+                    }
+                }
+            } else if !plan.attached && attached {
+                images.detach_in_background(kernel, stats, &key);
+                self.read_pace_of_image(kernel, processes, images, &key, false);
+                tracing::debug!("{key}: probes out");
+                stats.window_detaches += 1;
+                // Frees are not seen until the next window: the live blocks of every
+                // process mapping it leave the in-use set.
+                for tracked in processes.tracked.values_mut() {
+                    // Its own links still see its frees.
+                    if tracked.images.contains(&key) && !tracked.own.attached() {
+                        let expired = tracked.aggregate.expire_live(now_ns);
+                        stats.window_expired_blocks += expired.len() as u64;
+                        tracked.expired_blocks.extend(expired);
+                    }
+                }
+            }
+        }
+        next
+    }
+}
+
+/// One reading of `pid`'s pace meter: its CPU clock now and its `hits`, in `state` from
+/// now on if given, else probed if every image it maps that can be probed has its
+/// probes in (as in its observation windows), unprobed if none has and none is closing
+/// its links in the background, changing otherwise.
+pub(super) fn read_pace(
+    cost: &HitCost,
+    pid: u32,
+    tracked: &mut Tracked,
+    hits: Hits,
+    images: &ImageSet,
+    state: Option<ProbeState>,
+) {
+    // Its own links are in whatever the shared ones do.
+    let state = match tracked.own.attached() {
+        true => Some(ProbeState::Probed),
+        false => state,
+    };
+    let state = state.unwrap_or_else(|| {
+        let probeable: Vec<_> = tracked
+            .images
+            .iter()
+            .filter_map(|key| Some((key, images.images.get(key).filter(|s| !s.failed)?)))
+            .collect();
+        let probed = probeable.iter().filter(|(_, s)| s.links.is_some()).count();
+        let closing = probeable.iter().any(|(key, _)| images.detaching(key));
+        match (probed, closing) {
+            // No image known (just exec'd): its probes may be in or out.
+            _ if probeable.is_empty() => ProbeState::Changing,
+            (0, false) => ProbeState::Unprobed,
+            (n, false) if n == probeable.len() => ProbeState::Probed,
+            _ => ProbeState::Changing,
+        }
+    });
+    let reading = process_cpu_ns(pid).map(|cpu_ns| PaceReading {
+        at_ns: monotonic_now_ns(),
+        cpu_ns,
+        hits,
+        state,
+    });
+    tracked.pace.read(reading, cost);
+}
