@@ -171,24 +171,140 @@ impl Counts {
 }
 
 /// The crate graph's rules (docs/design.md, "Crates, in the order data flows"): crates
-/// each library must not link, directly or through another crate.
+/// each library must not link, directly or through another crate. Every workspace
+/// library has a rule, and the rules cover the edges between them: a crate links only
+/// those before it in the data flow, and the runtimes (`allocbpf-python`,
+/// `allocbpf-go`) not each other.
 const LAYERING: &[(&str, &[&str])] = &[
     (
-        "allocbpf-profile",
-        &["aya", "tokio", "blazesym", "framehop", "clap"],
-    ),
-    (
-        "allocbpf-export",
-        &["aya", "tokio", "blazesym", "framehop", "clap"],
+        "allocbpf-common",
+        &[
+            "aya",
+            "tokio",
+            "blazesym",
+            "framehop",
+            "clap",
+            "allocbpf-images",
+            "allocbpf-profile",
+            "allocbpf-probe",
+        ],
     ),
     (
         "allocbpf-images",
-        &["aya", "tokio", "blazesym", "framehop", "clap"],
+        &[
+            "aya",
+            "tokio",
+            "blazesym",
+            "framehop",
+            "clap",
+            "allocbpf-python",
+            "allocbpf-go",
+            "allocbpf-probe",
+            "allocbpf-stacks",
+            "allocbpf-profile",
+            "allocbpf-export",
+            "allocbpf-collect",
+            "allocbpf-agent",
+        ],
     ),
-    ("allocbpf-probe", &["clap", "framehop", "blazesym"]),
-    ("allocbpf-stacks", &["clap"]),
-    ("allocbpf-collect", &["clap", "anyhow"]),
-    ("allocbpf-agent", &["clap"]),
+    (
+        "allocbpf-profile",
+        &[
+            "aya",
+            "tokio",
+            "blazesym",
+            "framehop",
+            "clap",
+            "allocbpf-images",
+            "allocbpf-python",
+            "allocbpf-go",
+            "allocbpf-probe",
+            "allocbpf-stacks",
+            "allocbpf-export",
+            "allocbpf-collect",
+            "allocbpf-agent",
+        ],
+    ),
+    (
+        "allocbpf-python",
+        &[
+            "aya",
+            "tokio",
+            "blazesym",
+            "framehop",
+            "clap",
+            "allocbpf-go",
+            "allocbpf-probe",
+            "allocbpf-stacks",
+            "allocbpf-profile",
+            "allocbpf-export",
+            "allocbpf-collect",
+            "allocbpf-agent",
+        ],
+    ),
+    (
+        "allocbpf-go",
+        &[
+            "aya",
+            "tokio",
+            "blazesym",
+            "framehop",
+            "clap",
+            "allocbpf-python",
+            "allocbpf-probe",
+            "allocbpf-stacks",
+            "allocbpf-profile",
+            "allocbpf-export",
+            "allocbpf-collect",
+            "allocbpf-agent",
+        ],
+    ),
+    (
+        "allocbpf-export",
+        &[
+            "aya",
+            "tokio",
+            "blazesym",
+            "framehop",
+            "clap",
+            "allocbpf-images",
+            "allocbpf-python",
+            "allocbpf-go",
+            "allocbpf-probe",
+            "allocbpf-stacks",
+            "allocbpf-collect",
+            "allocbpf-agent",
+        ],
+    ),
+    (
+        "allocbpf-probe",
+        &[
+            "clap",
+            "framehop",
+            "blazesym",
+            "allocbpf-python",
+            "allocbpf-go",
+            "allocbpf-stacks",
+            "allocbpf-export",
+            "allocbpf-collect",
+            "allocbpf-agent",
+        ],
+    ),
+    (
+        "allocbpf-stacks",
+        &[
+            "clap",
+            "allocbpf-go",
+            "allocbpf-export",
+            "allocbpf-collect",
+            "allocbpf-agent",
+        ],
+    ),
+    (
+        "allocbpf-collect",
+        &["clap", "anyhow", "allocbpf-export", "allocbpf-agent"],
+    ),
+    ("allocbpf-agent", &["clap", "allocbpf"]),
 ];
 
 /// The one crate with a build script: the binary, which builds the eBPF program. A

@@ -136,12 +136,14 @@ impl Merger {
             ..Totals::default()
         };
         for stack in &self.stacks {
-            totals.estimated_bytes += stack.stats.estimated_bytes;
-            totals.observed_bytes += stack.stats.observed_bytes;
-            totals.samples += stack.stats.samples;
-            totals.interval_inputs.merge(&stack.stats.interval_inputs);
-            totals.inuse_bytes += stack.stats.inuse_bytes;
-            totals.inuse_objects += stack.stats.inuse_objects;
+            let stats = &stack.stats;
+            totals.add_estimates(
+                stats.estimated_bytes,
+                stats.observed_bytes,
+                stats.samples,
+                &stats.interval_inputs,
+                (stats.inuse_bytes, stats.inuse_objects),
+            );
         }
         self.stacks
             .sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));

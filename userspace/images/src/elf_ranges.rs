@@ -22,6 +22,8 @@
 
 use std::{io, ops::Range};
 
+use crate::elf_header::{u32_at, u64_at, ElfHeader, EHDR_SIZE};
+
 /// `SHT_NOBITS`: a section with no bytes in the file (`.bss`).
 const SHT_NOBITS: u64 = 8;
 
@@ -105,18 +107,6 @@ fn merge(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
     merged
 }
 
-fn u16_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
-}
-
-fn u32_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()))
-}
-
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
-}
-
 /// Whether a section named `name` is left unread.
 fn skipped(name: &[u8]) -> bool {
     (name.starts_with(b".debug") && name != b".debug_frame") || name.starts_with(b".zdebug")
@@ -134,22 +124,16 @@ fn sections_to_read(
             .ok_or(RangesError::NotElf)
     };
     let read = |at: u64, buf: &mut [u8]| read_at(at, buf).map_err(|_| RangesError::NotElf);
-    let mut header = [0u8; 64];
-    read(0, &mut header)?;
+    let mut bytes = [0u8; EHDR_SIZE];
+    read(0, &mut bytes)?;
     // 64-bit little-endian ELF only (x86-64); anything else is not read.
-    if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
-        return Err(RangesError::NotElf);
-    }
-    let (phoff, phentsize, phnum) = (
-        u64_at(&header, 0x20),
-        u16_at(&header, 0x36),
-        u16_at(&header, 0x38),
-    );
+    let header = ElfHeader::parse(&bytes).ok_or(RangesError::NotElf)?;
+    let (phoff, phentsize, phnum) = (header.phoff, header.phentsize, header.phnum);
     let (shoff, shentsize, shnum, shstrndx) = (
-        u64_at(&header, 0x28),
-        u16_at(&header, 0x3a),
-        u16_at(&header, 0x3c),
-        u16_at(&header, 0x3e),
+        header.shoff,
+        header.shentsize,
+        header.shnum,
+        header.shstrndx,
     );
     if shentsize != 64 || shnum == 0 || shstrndx >= shnum {
         return Err(RangesError::NotElf);

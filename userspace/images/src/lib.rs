@@ -16,6 +16,7 @@
 
 pub mod allocators;
 pub mod discover;
+mod elf_header;
 pub mod elf_ranges;
 pub mod image;
 pub mod memory;

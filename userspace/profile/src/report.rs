@@ -135,6 +135,27 @@ pub struct Totals {
     pub inuse_objects: f64,
 }
 
+impl Totals {
+    /// Adds estimates of one stack or one report: bytes (weighted, and before time
+    /// weighting), samples, what their interval needs, and live bytes and objects.
+    /// The exact counts and the drops are the caller's to add or not.
+    pub fn add_estimates(
+        &mut self,
+        estimated_bytes: f64,
+        observed_bytes: f64,
+        samples: u64,
+        interval_inputs: &IntervalInputs,
+        (inuse_bytes, inuse_objects): (f64, f64),
+    ) {
+        self.estimated_bytes += estimated_bytes;
+        self.observed_bytes += observed_bytes;
+        self.samples += samples;
+        self.interval_inputs.merge(interval_inputs);
+        self.inuse_bytes += inuse_bytes;
+        self.inuse_objects += inuse_objects;
+    }
+}
+
 /// What the kernel side reported at the end of a session.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KernelFigures {
@@ -354,12 +375,14 @@ impl Report {
             let totals = &mut merged.totals;
             totals.exact_bytes += report.totals.exact_bytes;
             totals.exact_calls += report.totals.exact_calls;
-            totals.estimated_bytes += report.totals.estimated_bytes;
-            totals.observed_bytes += report.totals.observed_bytes;
-            totals.samples += report.totals.samples;
-            totals.interval_inputs.merge(&report.totals.interval_inputs);
-            totals.inuse_bytes += report.totals.inuse_bytes;
-            totals.inuse_objects += report.totals.inuse_objects;
+            let other = &report.totals;
+            totals.add_estimates(
+                other.estimated_bytes,
+                other.observed_bytes,
+                other.samples,
+                &other.interval_inputs,
+                (other.inuse_bytes, other.inuse_objects),
+            );
             match (&mut merged.time_sampling, &report.time_sampling) {
                 (Some(merged), Some(other)) => merged.merge(other),
                 (None, Some(other)) => merged.time_sampling = Some(other.clone()),

@@ -132,19 +132,10 @@ mod tests {
             epoch,
             timestamp_ns: 1,
             size: 64,
-            offset: 0,
             rate: 1,
             next_interval: 1,
             certain: true,
-            inlined: false,
-            function: None,
-            stack: Vec::new(),
-            stack_error: 0,
-            regs: [0; 3],
-            python: Vec::new(),
-            python_status: 0,
-            user_stack: Vec::new(),
-            lost: false,
+            ..RawSample::default()
         })
     }
 

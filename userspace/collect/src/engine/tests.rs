@@ -83,19 +83,9 @@ fn sample(pid: u32, id: u64, size: u64, epoch: u32) -> Event {
         epoch,
         timestamp_ns: monotonic_now_ns(),
         size,
-        offset: 0,
         rate: RATE,
         next_interval: RATE,
-        certain: false,
-        inlined: false,
-        function: None,
-        stack: Vec::new(),
-        stack_error: 0,
-        regs: [0; 3],
-        python: Vec::new(),
-        python_status: 0,
-        user_stack: Vec::new(),
-        lost: false,
+        ..RawSample::default()
     })
 }
 

@@ -25,7 +25,7 @@ use object::{
 };
 
 use super::{
-    entries::{code_at, file_offset_of},
+    addresses::{code_at, file_offset_of},
     point::{self, Input},
     ProbedEntry,
 };

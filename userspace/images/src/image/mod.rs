@@ -17,6 +17,7 @@
 //! link-time optimised CPython also allocates where its `PyObject_Malloc` was inlined:
 //! those sites are found in its code and probed too ([`inlined`]).
 
+mod addresses;
 pub mod calls;
 mod cfi;
 mod entries;

@@ -33,6 +33,10 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
+#[cfg(test)]
+use self::mounts::parse_fdinfo_mount_id;
+use self::mounts::{fdinfo_mount_id, kernel_tmpfs_mount, may_stall, mount_type, MountTable};
+
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapsEntry {
@@ -397,171 +401,6 @@ fn pin(path: &str) -> Result<File, MappedFileError> {
     })
 }
 
-/// The id of the mount `file` was reached through, as `/proc/self/fdinfo/N` prints it
-/// (`mnt_id:`, Linux 3.15+; the id mountinfo lists first). The kernel prints it from
-/// the open file, asking its file system nothing, where `statx(STATX_MNT_ID)` would
-/// call its `getattr`, which `AT_STATX_DONT_SYNC` does not keep off the wire on every
-/// file system (9p without a cache, CIFS with attributes invalidated, GFS2, OCFS2).
-fn fdinfo_mount_id(file: &File) -> Result<u64, String> {
-    use std::os::fd::AsRawFd;
-    let at = format!("/proc/self/fdinfo/{}", file.as_raw_fd());
-    let mut text = Vec::new();
-    File::open(&at)
-        .and_then(|info| info.take(64 << 10).read_to_end(&mut text))
-        .map_err(|error| format!("cannot read {at}: {error}"))?;
-    parse_fdinfo_mount_id(&text).ok_or_else(|| format!("{at} has no mnt_id"))
-}
-
-/// The id of the kernel's internal tmpfs mount, which backs every memfd, System V
-/// shared memory segment and shared anonymous mapping (`/memfd:NAME (deleted)`,
-/// `/SYSV... (deleted)`, `/dev/zero (deleted)` in the maps): in no mount table, yet
-/// nothing stands behind it (a .NET process maps its JIT code from a memfd). Found
-/// once, from a memfd of ours; `None` if that fails (such files are then refused).
-fn kernel_tmpfs_mount() -> Option<u64> {
-    static MOUNT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *MOUNT.get_or_init(|| {
-        use std::os::fd::FromRawFd;
-        // SAFETY: a NUL-terminated name; the descriptor returned is ours alone.
-        let fd = unsafe { libc::memfd_create(c"allocbpf-mount".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: `fd` is open and owned by nobody else.
-        let memfd = unsafe { File::from_raw_fd(fd) };
-        fdinfo_mount_id(&memfd).ok()
-    })
-}
-
-/// The `mnt_id:` field of the text of a `/proc/PID/fdinfo/N` file.
-fn parse_fdinfo_mount_id(text: &[u8]) -> Option<u64> {
-    text.split(|&b| b == b'\n').find_map(|line| {
-        let value = line.strip_prefix(b"mnt_id:")?;
-        std::str::from_utf8(value).ok()?.trim().parse().ok()
-    })
-}
-
-/// `/proc/PID/mountinfo` read at most (a process can create many mounts in a user
-/// namespace of its own); past it, the rest is not looked at.
-const MAX_MOUNTINFO_BYTES: u64 = 16 << 20;
-
-/// File system types (as mountinfo prints them) whose opens and reads wait on someone
-/// else, who may never answer: a user-space daemon (FUSE, which any user may mount;
-/// virtiofs, whose daemon is the host's) or a server over the network (an unreachable
-/// NFS server makes every request wait, `hard` mounts for ever; the cluster file
-/// systems GFS2 and OCFS2 wait on their lock manager's peers). `fuse.*` too.
-const STALLING_TYPES: &[&str] = &[
-    "fuse",
-    "fuseblk",
-    "virtiofs",
-    "nfs",
-    "nfs4",
-    "cifs",
-    "smb3",
-    "9p",
-    "ceph",
-    "afs",
-    "lustre",
-    // Mounted through FUSE (`fuse.glusterfs`); the bare name, should a kernel client
-    // ever print it.
-    "glusterfs",
-    "orangefs",
-    "coda",
-    "gfs2",
-    "ocfs2",
-    // Out-of-tree clients of parallel network file systems.
-    "beegfs",
-    "gpfs",
-];
-
-/// Whether opens and reads on file system type `fstype` may wait for ever on a daemon
-/// or a server ([`STALLING_TYPES`], `fuse.*`).
-fn may_stall(fstype: &str) -> bool {
-    fstype.starts_with("fuse.") || STALLING_TYPES.contains(&fstype)
-}
-
-/// A mount table (`/proc/PID/mountinfo`) as read: at most [`MAX_MOUNTINFO_BYTES`] of
-/// it, cut at its last whole line past that.
-struct MountTable {
-    /// Bytes: mount points need not be UTF-8 (a process can mount on any name).
-    text: Vec<u8>,
-    /// Cut at the cap: what it does not list may be past the cut.
-    cut: bool,
-}
-
-impl MountTable {
-    /// The table at `at`; `Err` (why) if it cannot be read (the process is gone).
-    fn read(at: &str) -> Result<MountTable, String> {
-        let mut text = Vec::new();
-        File::open(at)
-            .and_then(|file| file.take(MAX_MOUNTINFO_BYTES + 1).read_to_end(&mut text))
-            .map_err(|error| format!("cannot read {at}: {error}"))?;
-        let cut = cut_to_lines(&mut text, MAX_MOUNTINFO_BYTES);
-        Ok(MountTable { text, cut })
-    }
-
-    /// The type of the file system with device `device` ([`MapsEntry::device`]'s
-    /// encoding), if a mount of it is listed: a device names one file system (a
-    /// superblock), whose type every mount of it shares.
-    fn device_type(&self, device: u64) -> Option<String> {
-        let wanted = format!("{}:{}", device >> 32, device & 0xffff_ffff);
-        mountinfo_type(&self.text, 2, wanted.as_bytes())
-    }
-
-    /// The type of the file system of mount `id`, if it is listed.
-    fn mount_type(&self, id: u64) -> Option<String> {
-        mountinfo_type(&self.text, 0, id.to_string().as_bytes())
-    }
-}
-
-/// The type of the file system of mount `id`: from `table` (the process's), else from
-/// the table `own` reads (ours: mount ids are system-wide, and a mount the process's
-/// table leaves out, outside its chroot or in the namespace it left, may be in ours).
-/// `Err` (why) if it is in neither: detached (`umount -l`), in a namespace we cannot
-/// see, or past a cut. Such a file is not opened whatever its device: the device the
-/// maps print need not be the pinned file's (the process may have mapped another file
-/// at that range since), and the pinned file's own device is known only through its
-/// file system's `getattr`.
-fn mount_type(
-    id: u64,
-    table: &MountTable,
-    own: impl FnOnce() -> Result<MountTable, String>,
-) -> Result<String, String> {
-    if let Some(fstype) = table.mount_type(id) {
-        return Ok(fstype);
-    }
-    let own = own()?;
-    if let Some(fstype) = own.mount_type(id) {
-        return Ok(fstype);
-    }
-    Err(if table.cut || own.cut {
-        format!(
-            "mount {id} is not listed before the {MAX_MOUNTINFO_BYTES}-byte cap of a mount \
-             table"
-        )
-    } else {
-        format!(
-            "mount {id} is in no mount table, the process's or ours: detached (umount -l) \
-             or in a namespace out of sight"
-        )
-    })
-}
-
-/// The file system type of the first line of the mountinfo `text` whose field `field`
-/// (0: the mount id, 2: the device as `MAJOR:MINOR`) is `wanted`. A line is `ID PARENT
-/// MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS`,
-/// numbers in decimal (spaces in paths escaped as `\040`, other bytes verbatim). The
-/// type is made text lossily (a FUSE subtype is the mounter's choice): `fuse.` stays.
-fn mountinfo_type(text: &[u8], field: usize, wanted: &[u8]) -> Option<String> {
-    text.split(|&b| b == b'\n').find_map(|line| {
-        if line.split(|&b| b == b' ').nth(field)? != wanted {
-            return None;
-        }
-        let separator = line.windows(3).position(|w| w == b" - ")?;
-        let fstype = line[separator + 3..].split(|&b| b == b' ').next()?;
-        Some(String::from_utf8_lossy(fstype).into_owned())
-    })
-}
-
 /// A path to an open file of ours (`/proc/self/fd/N`) that the kernel resolves to that
 /// very inode: how the uprobe attach reaches a file opened by [`open_mapped`], with no
 /// path lookup in another process's namespace (and how blazesym reaches a sealed copy
@@ -607,5 +446,6 @@ pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError>
     Ok(data)
 }
 
+mod mounts;
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 
-use super::headers::{elf_header, read_range, u16_at, u32_at, u64_at};
+use super::headers::{elf_header, read_range, u32_at, u64_at};
 use super::{
     MAX_BUILD_ID_BYTES, MAX_NOTES_READ, MAX_NOTE_BYTES, MAX_PROGRAM_HEADERS, MAX_SECTIONS,
     NT_GNU_BUILD_ID, PHDR, PT_NOTE, SHDR, SHF_COMPRESSED, SHT_NOTE,
@@ -16,7 +16,7 @@ use super::{
 /// identifies a file.
 pub fn read_build_id(file: &File) -> Option<Vec<u8>> {
     let size = file.metadata().ok()?.len();
-    let header = elf_header(file, size).ok()?;
+    let (_, header) = elf_header(file, size).ok()?;
     let mut budget = MAX_NOTES_READ;
     let mut notes_at = |offset: u64, len: u64, align: u64| -> Option<Vec<u8>> {
         if len > MAX_NOTE_BYTES || len > budget {
@@ -26,11 +26,7 @@ pub fn read_build_id(file: &File) -> Option<Vec<u8>> {
         let notes = read_range(file, offset, len, size).ok()?;
         gnu_build_id(&notes, if align == 8 { 8 } else { 4 })
     };
-    let (phoff, phentsize, phnum) = (
-        u64_at(&header, 0x20),
-        u16_at(&header, 0x36),
-        u16_at(&header, 0x38),
-    );
+    let (phoff, phentsize, phnum) = (header.phoff, header.phentsize, header.phnum);
     if phentsize == PHDR && phnum <= MAX_PROGRAM_HEADERS {
         if let Ok(phdrs) = read_range(file, phoff, phnum * PHDR, size) {
             for phdr in phdrs.chunks_exact(PHDR as usize) {
@@ -44,11 +40,7 @@ pub fn read_build_id(file: &File) -> Option<Vec<u8>> {
             }
         }
     }
-    let (shoff, shentsize, shnum) = (
-        u64_at(&header, 0x28),
-        u16_at(&header, 0x3a),
-        u16_at(&header, 0x3c),
-    );
+    let (shoff, shentsize, shnum) = (header.shoff, header.shentsize, header.shnum);
     if shentsize == SHDR && shnum <= MAX_SECTIONS {
         let shdrs = read_range(file, shoff, shnum * SHDR, size).ok()?;
         for shdr in shdrs.chunks_exact(SHDR as usize) {

@@ -3,6 +3,9 @@
 
 use std::{fs::File, ops::Range, os::unix::fs::FileExt};
 
+use crate::elf_header::ElfHeader;
+pub(super) use crate::elf_header::{u32_at, u64_at};
+
 use super::{
     CopyError, EHDR, ET_DYN, ET_EXEC, LINKS, MAX_PROGRAM_HEADERS, MAX_SECTIONS, MAX_SECTION_NAMES,
     PHDR, PN_XNUM, SHDR, SHF_COMPRESSED, SHT_NOBITS,
@@ -19,18 +22,6 @@ pub(super) struct Headers {
     pub(super) shdrs: Vec<u8>,
     pub(super) names_at: u64,
     pub(super) names: Vec<u8>,
-}
-
-pub(super) fn u16_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
-}
-
-pub(super) fn u32_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()))
-}
-
-pub(super) fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
 }
 
 pub(super) fn set_u64(bytes: &mut [u8], at: usize, value: u64) {
@@ -58,35 +49,30 @@ pub(super) fn name_at(names: &[u8], at: u64) -> &[u8] {
     &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())]
 }
 
-/// The ELF header of a 64-bit little-endian file, if it is one.
-pub(super) fn elf_header(file: &File, size: u64) -> Result<Vec<u8>, CopyError> {
+/// The ELF header of a 64-bit little-endian file, if it is one: its bytes and fields.
+pub(super) fn elf_header(file: &File, size: u64) -> Result<(Vec<u8>, ElfHeader), CopyError> {
     if size < EHDR {
         return Err(CopyError::Refused("shorter than an ELF header"));
     }
-    let header = read_range(file, 0, EHDR, size)?;
-    if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
-        return Err(CopyError::Refused("not a 64-bit little-endian ELF file"));
-    }
-    Ok(header)
+    let bytes = read_range(file, 0, EHDR, size)?;
+    let header = ElfHeader::parse(&bytes)
+        .ok_or(CopyError::Refused("not a 64-bit little-endian ELF file"))?;
+    Ok((bytes, header))
 }
 
 impl Headers {
     /// Reads and checks the headers of `file`, `size` bytes long.
     pub(super) fn read(file: &File, size: u64) -> Result<Headers, CopyError> {
-        let header = elf_header(file, size)?;
-        if !matches!(u16_at(&header, 0x10), ET_EXEC | ET_DYN) {
+        let (header, fields) = elf_header(file, size)?;
+        if !matches!(fields.e_type, ET_EXEC | ET_DYN) {
             return Err(CopyError::Refused("not an executable or shared object"));
         }
-        let (phoff, phentsize, phnum) = (
-            u64_at(&header, 0x20),
-            u16_at(&header, 0x36),
-            u16_at(&header, 0x38),
-        );
+        let (phoff, phentsize, phnum) = (fields.phoff, fields.phentsize, fields.phnum);
         let (shoff, shentsize, shnum, shstrndx) = (
-            u64_at(&header, 0x28),
-            u16_at(&header, 0x3a),
-            u16_at(&header, 0x3c),
-            u16_at(&header, 0x3e),
+            fields.shoff,
+            fields.shentsize,
+            fields.shnum,
+            fields.shstrndx,
         );
         // Extended numbering (phnum PN_XNUM, shnum 0) is refused with the rest.
         if phnum == PN_XNUM || phnum > MAX_PROGRAM_HEADERS || (phnum > 0 && phentsize != PHDR) {

@@ -47,8 +47,9 @@ pub enum Event {
     },
 }
 
-/// One sampled allocation, decoded from a [`SampleEvent`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One sampled allocation, decoded from a [`SampleEvent`]. The default is no sample
+/// at all (zeros, no stack, no function), to build others from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RawSample {
     /// Unique id (which live tracking's events about the block name).
     pub sample_id: u64,
@@ -230,17 +231,10 @@ fn decode_lost(bytes: &[u8]) -> Option<RawSample> {
         size: event.size,
         offset: event.offset,
         rate: event.rate,
-        next_interval: 0,
         certain: event.flags & SAMPLE_FLAG_CERTAIN != 0,
-        inlined: false,
         function: AllocFn::from_u32(event.alloc_fn),
-        stack: Vec::new(),
-        stack_error: 0,
-        regs: [0; 3],
-        python: Vec::new(),
-        python_status: 0,
-        user_stack: Vec::new(),
         lost: true,
+        ..RawSample::default()
     })
 }
 

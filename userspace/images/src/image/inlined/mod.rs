@@ -38,7 +38,7 @@ use iced_x86::{
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
 use super::{
-    entries::{code_at, file_offset_of},
+    addresses::{code_at, file_offset_of},
     point, ProbePoint, ProbedEntry,
 };
 

@@ -397,7 +397,7 @@ mod tests {
     /// Compiles tests/workloads/python_layout.c against `include` and runs it.
     fn generate(include: &Path, binary: &Path) -> String {
         let source =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/workloads/python_layout.c");
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../tests/workloads/python_layout.c");
         let status = Command::new("gcc")
             .arg("-DPy_BUILD_CORE")
             .arg("-I")

@@ -10,7 +10,7 @@ use super::*;
 /// Builds the workload into the test's scratch directory: (with symbols, stripped).
 pub(crate) fn go_binaries() -> Option<(PathBuf, PathBuf)> {
     let workload =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/workloads/go_allocs");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../tests/workloads/go_allocs");
     let out = std::env::temp_dir().join("allocbpf-go-unit");
     std::fs::create_dir_all(&out).ok()?;
     let build = |name: &str, flags: &[&str]| {
