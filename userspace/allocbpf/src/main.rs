@@ -11,10 +11,12 @@
 //! [`allocbpf_collect::kernel::EbpfObject`]. No library crate needs the BPF toolchain.
 
 mod cli;
+mod sink;
 
 use std::process::ExitCode;
 
 use crate::cli::{Cli, Command, ReportArgs};
+use crate::sink::Sink;
 use allocbpf_collect::{
     budget::{self, BudgetOptions},
     error::CollectError,
@@ -24,7 +26,7 @@ use allocbpf_collect::{
     run::{self, Started, StopReason},
 };
 use allocbpf_common::LiveMode;
-use allocbpf_probe::preflight::{self, Sink};
+use allocbpf_probe::preflight;
 use allocbpf_probe::sampler::ThreadTables;
 use anyhow::{Context, Result};
 use clap::Parser;
