@@ -31,7 +31,10 @@ use allocbpf_images::{
     image::{AllocatorImage, ImageKey},
     procfs,
 };
-use allocbpf_probe::{events::Event, sampler::COLLECT_EXITED_EVERY};
+use allocbpf_probe::{
+    events::{Event, RawSample},
+    sampler::COLLECT_EXITED_EVERY,
+};
 use allocbpf_profile::{
     aggregate::StackKey, estimate::interval_table::REFRESH_INTERVAL, frame::Frame, report::Counters,
 };
@@ -45,6 +48,7 @@ mod golang;
 mod hit_cost;
 mod images;
 mod interval;
+mod lifecycle;
 mod maps_rescan;
 mod own_links;
 mod process_table;
@@ -309,77 +313,7 @@ impl Collector {
                 continue;
             };
             match event {
-                Event::Sample(sample) => {
-                    let pid = sample.pid;
-                    if self.processes.ignored.contains(&pid) {
-                        continue;
-                    }
-                    // The followed process with its pid, the one that exited with it
-                    // (a late sample), or a new one, looked at first (a pid reused
-                    // after an exit is another process: `sample_owner`). After stop
-                    // (no kernel) only processes already known count.
-                    let mut owner = self.processes.sample_owner(pid, identity::start_time);
-                    if owner == Owner::Unknown
-                        && !self.processes.unreadable(pid)
-                        && self.kernel.is_some()
-                    {
-                        self.observe(pid);
-                        owner = Owner::Tracked;
-                        // A new program's first look (~130 ms for cc1) and its first
-                        // stack (its unwind tables, ~150 ms) hold up this loop while
-                        // it may trap on every call: an early check due meanwhile
-                        // comes between them (after the stack, the window check at
-                        // the loop's head catches it).
-                        if self.window_due() {
-                            self.windows_tick();
-                        }
-                    }
-                    match self.processes.entry(pid, owner) {
-                        Some(tracked) if tracked.admitted => {}
-                        Some(_) => {
-                            // Sampled before its gate closed (or after the LRU map
-                            // forgot it): dropped here, and the gate closed again
-                            // (not for a process that exited: its pid may be reused).
-                            self.stats.filtered_samples += 1;
-                            if let Some(kernel) =
-                                self.kernel.as_mut().filter(|_| owner == Owner::Tracked)
-                            {
-                                let _ = kernel.set_gate(pid, GateState::Excluded);
-                            }
-                            continue;
-                        }
-                        // Gone before we could read its identity.
-                        None => continue,
-                    }
-                    let mut allocation = sample.allocation();
-                    if let Some(budget) = &self.budget {
-                        let tracked = self.processes.entry(pid, owner).expect("checked above");
-                        match budget.place(tracked, &self.images, sample.timestamp_ns) {
-                            Ok(window) => allocation.window = Some(window),
-                            Err(_) => {
-                                self.stats.unplaced_samples += 1;
-                                continue;
-                            }
-                        }
-                    }
-                    if let Some(log) = self.raw_samples.as_mut() {
-                        log.write(&sample);
-                    }
-                    // A lost sample has its weight but no stack: it stands under one
-                    // frame that says so, and still counts in every total.
-                    if self.stacks.python.retry_due(pid) {
-                        self.look_for_python(pid, &procfs::read_maps(pid));
-                    }
-                    let frames = if sample.lost {
-                        self.stats.lost_samples += 1;
-                        vec![Frame::Lost]
-                    } else {
-                        self.stacks.resolve(&sample)
-                    };
-                    let tracked = self.processes.entry(pid, owner).expect("checked above");
-                    tracked.aggregate.add(StackKey { pid, frames }, &allocation);
-                    self.stats.samples += 1;
-                }
+                Event::Sample(sample) => self.on_sample(sample),
                 // Sample ids are unique: only the entry that holds it retires it.
                 Event::Freed { pid, sample_id, .. } => {
                     for tracked in self.processes.entries_of(pid) {
@@ -391,64 +325,79 @@ impl Collector {
                         tracked.aggregate.untracked(sample_id);
                     }
                 }
-                Event::Exec { pid } => {
-                    self.stats.exec_events += 1;
-                    self.stacks.forget(pid);
-                    if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
-                        tracked.info.python_version = None;
-                        tracked.info.go_version = None;
-                    }
-                    self.go.forget(pid);
-                    if let Some(kernel) = self.kernel.as_deref_mut() {
-                        kernel.forget_python(pid);
-                        // Its own links were for the images of the program it was: the
-                        // new one is measured afresh, through the shared windows.
-                        if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
-                            own_links::take_own_links(kernel, &self.images, pid, tracked);
-                        }
-                    }
-                    self.processes.set_readable(pid, true);
-                    let host = matches!(self.scope, Scope::Host { .. });
-                    // Its images are the new program's, known once it is examined:
-                    // until then its samples cannot be placed in a budget's windows.
-                    if let Some(tracked) = self.processes.tracked.get_mut(&pid).filter(|_| host) {
-                        tracked.images.clear();
-                        // Until they are known its probe state is not: no span across.
-                        tracked.pace.restart();
-                    }
-                    if host && self.kernel.is_some() && !self.exec_queue.push(pid, Instant::now()) {
-                        self.stats.exec_queue_overflows += 1;
-                    }
-                    // A new program on a fully probed image traps on every call until
-                    // a check sees its cost: have one soon.
-                    if let Some(budget) = self.budget.as_mut().filter(|_| host) {
-                        budget.exec_seen(pid);
-                        self.wake_for_early_check();
-                    }
+                Event::Exec { pid } => self.on_exec(pid),
+                Event::Exit { pid } => self.on_exit(pid),
+            }
+        }
+    }
+
+    /// One sample: its process looked at if new, placed in its window under a budget,
+    /// its stack resolved, and added to its process's aggregate.
+    fn on_sample(&mut self, sample: RawSample) {
+        let pid = sample.pid;
+        if self.processes.ignored.contains(&pid) {
+            return;
+        }
+        // The followed process with its pid, the one that exited with it
+        // (a late sample), or a new one, looked at first (a pid reused
+        // after an exit is another process: `sample_owner`). After stop
+        // (no kernel) only processes already known count.
+        let mut owner = self.processes.sample_owner(pid, identity::start_time);
+        if owner == Owner::Unknown && !self.processes.unreadable(pid) && self.kernel.is_some() {
+            self.observe(pid);
+            owner = Owner::Tracked;
+            // A new program's first look (~130 ms for cc1) and its first
+            // stack (its unwind tables, ~150 ms) hold up this loop while
+            // it may trap on every call: an early check due meanwhile
+            // comes between them (after the stack, the window check at
+            // the loop's head catches it).
+            if self.window_due() {
+                self.windows_tick();
+            }
+        }
+        match self.processes.entry(pid, owner) {
+            Some(tracked) if tracked.admitted => {}
+            Some(_) => {
+                // Sampled before its gate closed (or after the LRU map
+                // forgot it): dropped here, and the gate closed again
+                // (not for a process that exited: its pid may be reused).
+                self.stats.filtered_samples += 1;
+                if let Some(kernel) = self.kernel.as_mut().filter(|_| owner == Owner::Tracked) {
+                    let _ = kernel.set_gate(pid, GateState::Excluded);
                 }
-                Event::Exit { pid } => {
-                    self.stats.exit_events += 1;
-                    if let (Some(kernel), Some(tracked)) = (
-                        self.kernel.as_deref_mut(),
-                        self.processes.tracked.get_mut(&pid),
-                    ) {
-                        tracked.exited = true;
-                        own_links::take_own_links(kernel, &self.images, pid, tracked);
-                    }
-                    // Its entry departs: a later process with its pid is followed
-                    // apart, and resolves its stacks with nothing cached for this one.
-                    if self.processes.exited(pid) {
-                        self.stacks.forget(pid);
-                    }
-                    // Its memory is gone: what its last poll read is what it has.
-                    self.go.forget(pid);
-                    if let Some(budget) = self.budget.as_mut() {
-                        budget.exit_seen(pid);
-                        self.wake_for_early_check();
-                    }
+                return;
+            }
+            // Gone before we could read its identity.
+            None => return,
+        }
+        let mut allocation = sample.allocation();
+        if let Some(budget) = &self.budget {
+            let tracked = self.processes.entry(pid, owner).expect("checked above");
+            match budget.place(tracked, &self.images, sample.timestamp_ns) {
+                Ok(window) => allocation.window = Some(window),
+                Err(_) => {
+                    self.stats.unplaced_samples += 1;
+                    return;
                 }
             }
         }
+        if let Some(log) = self.raw_samples.as_mut() {
+            log.write(&sample);
+        }
+        // A lost sample has its weight but no stack: it stands under one
+        // frame that says so, and still counts in every total.
+        if self.stacks.python.retry_due(pid) {
+            self.look_for_python(pid, &procfs::read_maps(pid));
+        }
+        let frames = if sample.lost {
+            self.stats.lost_samples += 1;
+            vec![Frame::Lost]
+        } else {
+            self.stacks.resolve(&sample)
+        };
+        let tracked = self.processes.entry(pid, owner).expect("checked above");
+        tracked.aggregate.add(StackKey { pid, frames }, &allocation);
+        self.stats.samples += 1;
     }
 
     /// Periodic work, to call every [`HOUSEKEEPING_TICK`]: exec'd processes, rescans
