@@ -2,9 +2,9 @@
 //!
 //! An image whose processes are all light is probed full time, so a heavy program that
 //! starts on it (a compiler's cc1 on the host's libc) traps on every call until a
-//! budget check sees its cost. Regular checks come every `check_every` (200 ms, read
-//! at a 100 ms housekeeping tick): up to ~300 ms of full-time probing, which cost the
-//! first 3 s compile under a new agent ~10% (docs/design.md, "Overhead budget"). So an
+//! budget check sees its cost. Regular checks come every `check_every`, read at a
+//! housekeeping tick: up to one and a half checks of full-time probing, which cost a
+//! compile under a new agent several percent (docs/design.md, "Overhead budget"). So an
 //! exec asks for a check [`EARLY_CHECK_AFTER`] later, and a process that exec'd within
 //! a check is costed over the time since its exec, not over the whole check, which
 //! would dilute a 25 ms-old process's cost up to eightfold.

@@ -12,8 +12,7 @@
 //! so estimates stay unbiased for the whole interval.
 //!
 //! A uprobe on a shared file cannot be removed from one process only: the kernel's
-//! per-process filter can select processes but not exclude one, and attaching every
-//! other process by pid costs ~1 ms per probe per process. So the duty of a shared
+//! per-process filter can select processes but not exclude one. So the duty of a shared
 //! image (libc) is the smallest its heaviest process needs, and every process mapping
 //! it is observed that fraction of the time, which the estimates account for, unless it
 //! is light (it gets probes of its own, filtered on its pid) or new (a process exec'd

@@ -12,7 +12,10 @@ use allocbpf_images::procfs;
 use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
-use super::{interval::IntervalEnd, Collector, ProcessProfile, Tracked, LOST_FREE_MIN_AGE};
+use super::{
+    budget_control::BudgetController, interval::IntervalEnd, Collector, ProcessProfile, Tracked,
+    LOST_FREE_MIN_AGE,
+};
 use crate::identity;
 
 /// Which of the processes that had a pid in one interval (a pid reused after an exit)
@@ -117,16 +120,7 @@ impl Collector {
         // The processes that exited in the interval (their entries dropped after this
         // cut), then those followed.
         let mut departed = std::mem::take(&mut self.processes.departed);
-        let mut totals_owners: HashMap<u32, (u64, usize)> = HashMap::new();
-        for (tracked, position) in departed
-            .values()
-            .flat_map(|list| list.iter().enumerate().map(|(i, t)| (t, Some(i))))
-            .chain(self.processes.tracked.values().map(|t| (t, None)))
-        {
-            let rank = totals_rank(tracked, position);
-            let owner = totals_owners.entry(tracked.info.pid).or_insert(rank);
-            *owner = rank.max(*owner);
-        }
+        let totals_owners = totals_owners(&departed, &self.processes.tracked);
         let entries = departed
             .values_mut()
             .flat_map(|list| list.iter_mut().enumerate().map(|(i, t)| (t, Some(i))))
@@ -161,33 +155,10 @@ impl Collector {
             let target = always == Some(pid) && position.is_none();
             if tracked.admitted && (allocated || target) {
                 tracked.aggregate.finish(now_ns, leaks_min_age);
-                let observed = self.budget.as_ref().map(|budget| {
-                    let last_period = budget.schedule.period_of(now_ns);
-                    let first_period = [
-                        tracked.observed.first_period,
-                        tracked.aggregate.periods.first(),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .unwrap_or(last_period)
-                    .min(last_period);
-                    let tally = tracked.pace.tally;
-                    tracing::trace!("pid {pid}: {tally:?}");
-                    // Measured while probed where it could be; else the cost estimate.
-                    let probe_share = tally.trap_share().or_else(|| {
-                        let cost = budget.costs.get(&pid)?;
-                        Some(cost.full_time_cpu.min(1.0))
-                    });
-                    Observed {
-                        fraction: tracked.observed.fraction(),
-                        first_period,
-                        last_period,
-                        pace: tally.correction(),
-                        probe_share,
-                        tally,
-                    }
-                });
+                let observed = self
+                    .budget
+                    .as_ref()
+                    .map(|budget| observed_of(budget, tracked, now_ns));
                 // Why the one process of a process scope made no probed call, said in
                 // its profile (the first: the process followed).
                 let silence = self
@@ -227,25 +198,11 @@ impl Collector {
         // their pid is followed), their cached stacks went at their exit.
         drop(departed);
         self.log_observed(&profiles);
-        let stacks = profiles
-            .iter()
-            .map(|p| p.report.stacks.len())
-            .sum::<usize>();
-        let samples = profiles
-            .iter()
-            .map(|p| p.report.totals.samples)
-            .sum::<u64>();
-        let seconds = symbolizing.elapsed().as_secs_f64();
-        // Once per run for one process; once per interval for the agent, which logs at
-        // info: there it is a debug line.
-        match always {
-            Some(_) => {
-                tracing::info!("symbolized {stacks} stacks of {samples} samples in {seconds:.6}s")
-            }
-            None => {
-                tracing::debug!("symbolized {stacks} stacks of {samples} samples in {seconds:.6}s")
-            }
-        }
+        log_symbolized(
+            &profiles,
+            always.is_some(),
+            symbolizing.elapsed().as_secs_f64(),
+        );
         (profiles, gone)
     }
 
@@ -432,5 +389,69 @@ impl Collector {
             );
         }
         self.cut_with(figures, end)
+    }
+}
+
+/// What the budget observed of `tracked` over the interval ending at `now_ns`: its
+/// observed fraction, the periods it spans, its pace, and the share of its CPU its
+/// probes took (measured while probed where it could be; else the cost estimate).
+fn observed_of(budget: &BudgetController, tracked: &Tracked, now_ns: u64) -> Observed {
+    let pid = tracked.info.pid;
+    let last_period = budget.schedule.period_of(now_ns);
+    let first_period = [
+        tracked.observed.first_period,
+        tracked.aggregate.periods.first(),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(last_period)
+    .min(last_period);
+    let tally = tracked.pace.tally;
+    tracing::trace!("pid {pid}: {tally:?}");
+    let probe_share = tally.trap_share().or_else(|| {
+        let cost = budget.costs.get(&pid)?;
+        Some(cost.full_time_cpu.min(1.0))
+    });
+    Observed {
+        fraction: tracked.observed.fraction(),
+        first_period,
+        last_period,
+        pace: tally.correction(),
+        probe_share,
+        tally,
+    }
+}
+
+/// Per pid, the rank of the entry whose kernel totals its profile carries
+/// ([`totals_rank`]): among the entries that departed in the interval and the one
+/// followed, a reused pid's totals go to one of them only.
+fn totals_owners(
+    departed: &HashMap<u32, Vec<Tracked>>,
+    followed: &HashMap<u32, Tracked>,
+) -> HashMap<u32, (u64, usize)> {
+    let mut owners: HashMap<u32, (u64, usize)> = HashMap::new();
+    for (tracked, position) in departed
+        .values()
+        .flat_map(|list| list.iter().enumerate().map(|(i, t)| (t, Some(i))))
+        .chain(followed.values().map(|t| (t, None)))
+    {
+        let rank = totals_rank(tracked, position);
+        let owner = owners.entry(tracked.info.pid).or_insert(rank);
+        *owner = rank.max(*owner);
+    }
+    owners
+}
+
+/// Logs how many stacks of how many samples were symbolized in `seconds`: once per run
+/// for one process (info), once per interval for the agent, which logs at info (debug).
+fn log_symbolized(profiles: &[ProcessProfile], one_process: bool, seconds: f64) {
+    let stacks: usize = profiles.iter().map(|p| p.report.stacks.len()).sum();
+    let samples: u64 = profiles.iter().map(|p| p.report.totals.samples).sum();
+    match one_process {
+        true => tracing::info!("symbolized {stacks} stacks of {samples} samples in {seconds:.6}s"),
+        false => {
+            tracing::debug!("symbolized {stacks} stacks of {samples} samples in {seconds:.6}s")
+        }
     }
 }

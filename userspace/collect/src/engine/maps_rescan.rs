@@ -17,11 +17,10 @@ use super::Collector;
 /// How often each admitted process's `/proc/PID/maps` is re-read (both scopes), spread
 /// over the housekeeping ticks of the period.
 ///
-/// Reading one process's maps costs ~1 us per line, measured here (2 CPUs, loaded):
-/// 13 us for 17 lines, ~40 us for a typical small C program (44 lines), 0.4 ms for
-/// 250 lines (a compiler); parsing and comparing the executable mappings with those
-/// known add little. At 5 s, a host of 500 processes at ~50 us each costs 25 ms per
-/// period, 0.5% of one CPU, read a few processes per 100 ms tick (no pause); a library
+/// Reading one process's maps costs about a microsecond per line (docs/design.md has
+/// the figures); parsing and comparing the executable mappings with those known add
+/// little. At this period a host of hundreds of processes costs well under 1% of one
+/// CPU, read a few processes per housekeeping tick (no pause); a library
 /// `dlopen`ed after its process was examined is probed within about 5 s (within 10 s of
 /// the examination for a process admitted in the middle of a round). 30 s (the `/proc`
 /// walk's period) would lose up to half a minute of a late allocator's calls, a whole

@@ -346,8 +346,8 @@ impl Collector {
         if owner == Owner::Unknown && !self.processes.unreadable(pid) && self.kernel.is_some() {
             self.observe(pid);
             owner = Owner::Tracked;
-            // A new program's first look (~130 ms for cc1) and its first
-            // stack (its unwind tables, ~150 ms) hold up this loop while
+            // A new program's first look and its first stack (its unwind
+            // tables; both take a large program some 100 ms) hold up this loop while
             // it may trap on every call: an early check due meanwhile
             // comes between them (after the stack, the window check at
             // the loop's head catches it).

@@ -176,7 +176,7 @@ const MAX_STRAIGHT_LINE: usize = 32;
 /// probed entry the thread hits at exactly that stack pointer is the forward (a signal
 /// handler runs below a signal frame, a deeper call below the forward's own frame): the
 /// probe recognises the nested call by its stack pointer alone, without reading the
-/// return address from user memory (~100 ns a call here).
+/// return address from user memory (a read per call).
 pub fn straight_call_depth(
     code: &[u8],
     address: u64,

@@ -5,7 +5,7 @@
 //! through its first argument. Such an entry makes no allocation of its own: every
 //! block it returns came from a probed entry it called, where the allocation is
 //! counted. Probing it as well would only add a trap and, to recognise the nested
-//! call, a user-memory read (~100 ns here) to every call.
+//! call, a user-memory read to every call.
 //!
 //! An entry is proven *forward-only* by walking every instruction reachable from its
 //! first byte (jumps followed, calls analysed) and finding nothing that could update

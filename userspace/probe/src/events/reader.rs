@@ -33,7 +33,7 @@ use crate::sampler::EventRings;
 
 /// The reader looks at the ring at least this often. The kernel side wakes it at most
 /// once per [`allocbpf_common::RING_WAKEUP_INTERVAL_NS`] per CPU (a wakeup costs the
-/// traced thread ~10 us), so records written after a wakeup may wait this long.
+/// traced thread microseconds), so records written after a wakeup may wait this long.
 pub const RING_POLL_EVERY: Duration = Duration::from_millis(50);
 
 /// A chunk is sent once it holds this many bytes of records (or the ring is empty).

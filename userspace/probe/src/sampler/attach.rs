@@ -365,7 +365,8 @@ impl Sampler {
 
     /// Takes `links` out of the sampler's programs without detaching them: they detach
     /// when the result is dropped. Closing a uprobe waits for an RCU grace period
-    /// (~100 ms per probe here) after its breakpoints are gone, so the caller drops it
+    /// after its breakpoints are gone (docs/design.md, "Attaching and detaching"), so
+    /// the caller drops it
     /// on another thread and goes on.
     pub fn take_links(&mut self, links: ImageLinks) -> DetachingLinks {
         let mut uprobes = Vec::new();
@@ -385,7 +386,7 @@ impl Sampler {
 
     /// True if images can be probed part time (the overhead budget's windows): their
     /// probes are uprobe_multi links, which go at once, and returns are not observed
-    /// through uretprobes (perf events, whose detach waits ~100 ms per probe).
+    /// through uretprobes (perf events, whose detach waits a grace period per probe).
     pub fn windows_supported(&self) -> bool {
         self.multi_programs.is_some()
             && self.session_programs.is_some() == self.config.live.is_some()

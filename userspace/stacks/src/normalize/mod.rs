@@ -230,8 +230,8 @@ pub struct AddressNormalizer {
     /// normalizer, so bounded like its own cache.
     mappings: MappedFiles,
     /// Frames already normalized, by pid and address: a process's hot stacks repeat,
-    /// and each blazesym call stats every module's map_files path (~8 us of the reader's
-    /// time per sample, measured). As valid as blazesym's cached maps, so reset with
+    /// and each blazesym call stats every module's map_files path (microseconds of the
+    /// reader's time per sample). As valid as blazesym's cached maps, so reset with
     /// them, and a process's are dropped when it exits or execs; at most
     /// [`MAX_CACHED_FRAMES`] entries in all (`cached_frames`).
     resolved: HashMap<u32, HashMap<u64, Frame>>,
