@@ -176,9 +176,8 @@ fn duration(key: &'static str, text: Option<&str>, default: Duration) -> Result<
 
 /// [`duration`], where a zero (`0`, `0s`, `0ms`) turns the setting off.
 fn duration_or_zero(key: &'static str, text: Option<&str>, default: Duration) -> Result<Duration> {
-    let number = text.map(|t| t.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()));
-    match number.map(|n| n.trim().parse::<f64>()) {
-        Some(Ok(0.0)) => Ok(Duration::ZERO),
+    match text.map(str::trim) {
+        Some("0" | "0s" | "0ms") => Ok(Duration::ZERO),
         _ => duration(key, text, default),
     }
 }

@@ -11,9 +11,11 @@
 //!
 //! - each program (executable and build id) has one of one allowance, refilled at the
 //!   per-process budget, and a process gets its allowance only if its program's bucket
-//!   is full: a program is observed whole at most once per `allowance / process_cpu`
-//!   (a build's next `cc1` or `as` is budgeted from its first check), so allowances
-//!   cost a program at most its per-process budget over time;
+//!   is full and no other process of it has one: a program is observed whole one
+//!   process at a time, at most once per `allowance / process_cpu` (a build's next
+//!   `cc1` or `as` is budgeted from its first check), so allowances cost a program at
+//!   most its per-process budget over time (what a process spends is charged at each
+//!   check and at its exit);
 //! - all allowances together draw on a host bucket of `host_cpu ×`
 //!   [`HOST_HORIZON_S`] CPU seconds, refilled at `host_cpu` per second.
 
@@ -25,9 +27,14 @@ use super::{programs::ProgramKey, BudgetOptions};
 pub const HOST_HORIZON_S: f64 = 300.0;
 
 /// Processes in their allowance, and programs remembered, at most; beyond, new
-/// processes get none (they are budgeted as before) and the program refilled longest
-/// ago goes (it would be full by now).
+/// processes get none (they are budgeted as before).
 const MAX_ENTRIES: usize = 4096;
+
+/// A process in its allowance that the engine no longer follows as admitted and alive
+/// (filtered out, exited with its exit event lost) is forgotten this long after its
+/// exec; one whose program is never examined (unreadable, the exec queue full), ten
+/// times as long.
+const UNFOLLOWED_TTL_NS: u64 = 1_000_000_000;
 
 /// A bucket of probe CPU seconds, refilled at a constant rate up to its capacity.
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +60,24 @@ impl Bucket {
     }
 }
 
+/// One process in its allowance.
+#[derive(Clone, Debug)]
+struct Entry {
+    /// Probe CPU seconds it has spent.
+    spent_s: f64,
+    /// Its program, once examined (its allowance then confirmed).
+    program: Option<ProgramKey>,
+    /// When it exec'd (CLOCK_MONOTONIC ns).
+    since_ns: u64,
+}
+
+/// A program's bucket, and how many of its processes are in an allowance now.
+#[derive(Clone, Copy, Debug)]
+struct ProgramState {
+    bucket: Bucket,
+    active: u32,
+}
+
 /// The allowances of the processes that have one, the host's bucket and every
 /// program's. See the module docs.
 #[derive(Debug)]
@@ -66,10 +91,8 @@ pub struct Allowances {
     host_capacity_s: f64,
     host_refill_per_s: f64,
     host: Bucket,
-    /// Per process in its allowance: what it has spent, and its program once known.
-    processes: HashMap<u32, (f64, Option<ProgramKey>)>,
-    /// Per program that has spent allowances, its bucket.
-    programs: HashMap<ProgramKey, Bucket>,
+    processes: HashMap<u32, Entry>,
+    programs: HashMap<ProgramKey, ProgramState>,
 }
 
 impl Allowances {
@@ -88,12 +111,18 @@ impl Allowances {
         }
     }
 
-    /// `pid` exec'd: it starts in an allowance, unless allowances are off or too many
-    /// processes have one. Its program is checked once known ([`Allowances::charge`]).
-    pub fn exec_seen(&mut self, pid: u32) {
-        self.processes.remove(&pid);
+    /// `pid` exec'd at `now_ns`: it starts in an allowance, unless allowances are off
+    /// or too many processes have one. Its program is checked once known
+    /// ([`Allowances::resolve`]).
+    pub fn exec_seen(&mut self, pid: u32, now_ns: u64) {
+        self.end(pid);
         if self.per_process_s > 0.0 && self.processes.len() < MAX_ENTRIES {
-            self.processes.insert(pid, (0.0, None));
+            let entry = Entry {
+                spent_s: 0.0,
+                program: None,
+                since_ns: now_ns,
+            };
+            self.processes.insert(pid, entry);
         }
     }
 
@@ -108,37 +137,46 @@ impl Allowances {
             .refill(self.host_capacity_s, self.host_refill_per_s, now_ns)
     }
 
-    /// True if `program`'s bucket is full at `now_ns`: none of its processes has
-    /// spent an allowance for as long as refilling it takes.
-    fn program_full(&mut self, program: &ProgramKey, now_ns: u64) -> bool {
-        let (capacity, per_s) = (self.per_process_s, self.program_refill_per_s);
-        match self.programs.get_mut(program) {
-            Some(bucket) => bucket.refill(capacity, per_s, now_ns) >= capacity * (1.0 - 1e-9),
-            None => true,
-        }
-    }
-
     /// `pid`, in its allowance, is known to run `program` (its new program examined)
-    /// at `now_ns`: the allowance stands only if the program's bucket was full when the
-    /// first of its processes now in one was resolved.
+    /// at `now_ns`. The allowance stands only if the program's bucket is full and no
+    /// other process of it is in one: a program is observed whole one process at a
+    /// time, at most once per refill. What it spent so far is taken from the bucket.
     pub fn resolve(&mut self, pid: u32, program: &ProgramKey, now_ns: u64) {
-        if !matches!(self.processes.get(&pid), Some((_, None))) {
+        let Some(spent_s) = self
+            .processes
+            .get(&pid)
+            .filter(|entry| entry.program.is_none())
+            .map(|entry| entry.spent_s)
+        else {
             return;
+        };
+        let (capacity, per_s) = (self.per_process_s, self.program_refill_per_s);
+        if !self.programs.contains_key(program) && self.programs.len() >= MAX_ENTRIES {
+            // Full buckets hold nothing a new one would not: forgotten first.
+            self.programs
+                .retain(|_, state| state.bucket.refill(capacity, per_s, now_ns) < capacity);
         }
-        if !self.program_full(program, now_ns) {
+        let granted = match self.programs.get_mut(program) {
+            Some(state) => {
+                state.active == 0 && state.bucket.refill(capacity, per_s, now_ns) >= capacity
+            }
+            None => self.programs.len() < MAX_ENTRIES,
+        };
+        if !granted {
             self.processes.remove(&pid);
             return;
         }
-        if !self.programs.contains_key(program) && self.programs.len() >= MAX_ENTRIES {
-            self.forget_oldest_program();
-        }
-        // Spent from now on: a second process of the program, resolved before this one
-        // spends, finds the bucket no longer full only once it does; both then draw on it.
-        self.programs
+        let state = self
+            .programs
             .entry(program.clone())
-            .or_insert_with(|| Bucket::full(self.per_process_s, now_ns));
+            .or_insert(ProgramState {
+                bucket: Bucket::full(capacity, now_ns),
+                active: 0,
+            });
+        state.active += 1;
+        state.bucket.credit_s -= spent_s;
         if let Some(entry) = self.processes.get_mut(&pid) {
-            entry.1 = Some(program.clone());
+            entry.program = Some(program.clone());
         }
     }
 
@@ -148,33 +186,55 @@ impl Allowances {
     pub fn charge(&mut self, pid: u32, spent_s: f64, now_ns: u64) {
         let spent_s = spent_s.max(0.0);
         let host_credit = self.host_credit_s(now_ns);
-        let Some((spent, known)) = self.processes.get_mut(&pid) else {
+        let Some(entry) = self.processes.get_mut(&pid) else {
             return;
         };
-        *spent += spent_s;
-        let spent = *spent;
-        if let Some(bucket) = known.as_ref().and_then(|p| self.programs.get_mut(p)) {
-            bucket.credit_s -= spent_s;
+        entry.spent_s += spent_s;
+        let spent = entry.spent_s;
+        if let Some(state) = entry
+            .program
+            .as_ref()
+            .and_then(|p| self.programs.get_mut(p))
+        {
+            state.bucket.credit_s -= spent_s;
         }
         self.host.credit_s = host_credit - spent_s;
         if spent >= self.per_process_s || self.host.credit_s <= 0.0 {
-            self.processes.remove(&pid);
+            self.end(pid);
         }
     }
 
-    /// `pid` exited, or left the budget's sight.
-    pub fn exited(&mut self, pid: u32) {
-        self.processes.remove(&pid);
+    /// `pid` exited at `now_ns`, having spent `spent_s` since its last charge: charged,
+    /// and its allowance ends.
+    pub fn exited(&mut self, pid: u32, spent_s: f64, now_ns: u64) {
+        self.charge(pid, spent_s, now_ns);
+        self.end(pid);
     }
 
-    fn forget_oldest_program(&mut self) {
-        let oldest = self
-            .programs
+    /// Forgets at `now_ns` the processes in an allowance that `followed` says the
+    /// engine no longer follows as admitted and alive, and those never examined, after
+    /// their [`UNFOLLOWED_TTL_NS`].
+    pub fn prune(&mut self, now_ns: u64, followed: impl Fn(u32) -> bool) {
+        let stale: Vec<u32> = self
+            .processes
             .iter()
-            .min_by_key(|(_, bucket)| bucket.updated_ns)
-            .map(|(key, _)| key.clone());
-        if let Some(oldest) = oldest {
-            self.programs.remove(&oldest);
+            .filter(|(&pid, entry)| {
+                let age = now_ns.saturating_sub(entry.since_ns);
+                (age >= UNFOLLOWED_TTL_NS && !followed(pid))
+                    || (age >= 10 * UNFOLLOWED_TTL_NS && entry.program.is_none())
+            })
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in stale {
+            self.end(pid);
+        }
+    }
+
+    /// `pid`'s allowance ends (spent, exited, exec'd again or forgotten).
+    fn end(&mut self, pid: u32) {
+        let program = self.processes.remove(&pid).and_then(|entry| entry.program);
+        if let Some(state) = program.and_then(|p| self.programs.get_mut(&p)) {
+            state.active = state.active.saturating_sub(1);
         }
     }
 }
@@ -203,41 +263,68 @@ mod tests {
     }
 
     /// A program's first process gets an allowance; the next ones only once the
-    /// program's bucket is full again, refilled at the per-process budget.
+    /// program's bucket is full again, refilled at the per-process budget, and never
+    /// two at once.
     #[test]
     fn a_program_gets_allowances_at_the_budgets_rate() {
         // 500 ms each, refilled at 1% of a CPU: full again 50 s after being spent.
         let mut a = allowances(500, 0.02);
         let (job, cc1) = (program("job"), program("cc1"));
-        a.exec_seen(1);
+        a.exec_seen(1, 0);
         a.charge(1, 0.1, S);
         assert!(a.covers(1), "not examined yet: in its allowance");
         a.resolve(1, &cc1, 2 * S);
+        // A second cc1 while the first is in its allowance: none.
+        a.exec_seen(2, 2 * S);
+        a.resolve(2, &cc1, 2 * S);
+        assert!(!a.covers(2));
         a.charge(1, 0.3, 2 * S);
         assert!(a.covers(1));
         a.charge(1, 0.2, 3 * S);
         assert!(!a.covers(1), "spent");
         // Another cc1 soon after: none.
-        a.exec_seen(2);
-        a.resolve(2, &cc1, 4 * S);
-        assert!(!a.covers(2));
-        // A job of another program: its own.
-        a.exec_seen(3);
-        a.resolve(3, &job, 5 * S);
-        a.charge(3, 0.3, 5 * S);
-        a.exited(3);
-        // The same job again 3 s later: its bucket is not full, so none.
-        a.exec_seen(4);
-        a.resolve(4, &job, 8 * S);
+        a.exec_seen(3, 4 * S);
+        a.resolve(3, &cc1, 4 * S);
+        assert!(!a.covers(3));
+        // A job of another program: its own; what it spent at its exit is charged.
+        a.exec_seen(4, 5 * S);
+        a.resolve(4, &job, 5 * S);
+        a.charge(4, 0.1, 5 * S);
+        a.exited(4, 0.2, 6 * S);
         assert!(!a.covers(4));
+        // The same job again 3 s later: its bucket is not full, so none.
+        a.exec_seen(5, 9 * S);
+        a.resolve(5, &job, 9 * S);
+        assert!(!a.covers(5));
         // 30 s after the job (0.3 s back at 1%): full, an allowance again.
-        a.exec_seen(5);
-        a.resolve(5, &job, 35 * S);
-        assert!(a.covers(5));
-        // cc1 53 s after it spent its bucket: full again.
-        a.exec_seen(6);
-        a.resolve(6, &cc1, 53 * S);
+        a.exec_seen(6, 36 * S);
+        a.resolve(6, &job, 36 * S);
         assert!(a.covers(6));
+        // cc1 spent 0.6 s in all (0.1 before it was examined): full again 60 s on.
+        a.exec_seen(7, 55 * S);
+        a.resolve(7, &cc1, 55 * S);
+        assert!(!a.covers(7));
+        a.exec_seen(8, 64 * S);
+        a.resolve(8, &cc1, 64 * S);
+        assert!(a.covers(8));
+    }
+
+    /// Processes the engine no longer follows are forgotten after a second; never
+    /// examined ones after ten.
+    #[test]
+    fn unfollowed_processes_leave_their_allowance() {
+        let mut a = allowances(500, 0.02);
+        a.exec_seen(1, 0);
+        a.exec_seen(2, 0);
+        a.exec_seen(3, 0);
+        a.resolve(3, &program("x"), 0);
+        a.prune(S / 2, |_| false);
+        assert!(a.covers(1) && a.covers(2));
+        a.prune(S, |pid| pid != 1);
+        assert!(!a.covers(1) && a.covers(2) && a.covers(3));
+        a.prune(10 * S, |_| true);
+        assert!(!a.covers(2), "never examined");
+        assert!(a.covers(3));
     }
 
     /// The host bucket bounds all allowances together, and refills at the host budget.
@@ -246,7 +333,7 @@ mod tests {
         // 0.01 CPU: a bucket of 3 CPU seconds.
         let mut a = allowances(500, 0.01);
         for pid in 0..7 {
-            a.exec_seen(pid);
+            a.exec_seen(pid, 0);
             a.resolve(pid, &program(&pid.to_string()), S);
             a.charge(pid, 0.45, S);
         }
@@ -262,11 +349,11 @@ mod tests {
     #[test]
     fn allowances_can_be_off_and_are_bounded() {
         let mut off = allowances(0, 0.02);
-        off.exec_seen(1);
+        off.exec_seen(1, 0);
         assert!(!off.covers(1));
         let mut a = allowances(500, 0.02);
         for pid in 0..(MAX_ENTRIES as u32 + 10) {
-            a.exec_seen(pid);
+            a.exec_seen(pid, 0);
         }
         assert_eq!(a.processes.len(), MAX_ENTRIES);
     }

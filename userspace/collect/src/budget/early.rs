@@ -9,7 +9,7 @@
 //! a check is costed over the time since its exec, not over the whole check, which
 //! would dilute a 25 ms-old process's cost up to eightfold.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// How long after an exec its early check comes: after the exec queue's first look at
 /// the new program (20 ms), so that its images are known.
@@ -31,8 +31,9 @@ const NEWCOMER_TTL_NS: u64 = 1_000_000_000;
 pub(crate) struct EarlyChecks {
     /// When each recently exec'd process exec'd (CLOCK_MONOTONIC, ns).
     exec_ns: HashMap<u32, u64>,
-    /// When an early check is due.
-    due_ns: Option<u64>,
+    /// When early checks are due, one per recent exec (bounded as `exec_ns`), in the
+    /// order asked.
+    due_ns: VecDeque<u64>,
 }
 
 impl EarlyChecks {
@@ -41,21 +42,16 @@ impl EarlyChecks {
         if self.exec_ns.len() < MAX_NEWCOMERS || self.exec_ns.contains_key(&pid) {
             self.exec_ns.insert(pid, now_ns);
         }
-        let at = now_ns + EARLY_CHECK_AFTER_NS;
-        self.due_ns = Some(self.due_ns.map_or(at, |due| due.min(at)));
-    }
-
-    /// A check is wanted as soon as the spacing allows: a process that held an image's
-    /// duty down exited at `now_ns`, and the others mapping it go back to full time.
-    pub fn check_soon(&mut self, now_ns: u64) {
-        self.due_ns = Some(self.due_ns.map_or(now_ns, |due| due.min(now_ns)));
+        if self.due_ns.len() < MAX_NEWCOMERS {
+            self.due_ns.push_back(now_ns + EARLY_CHECK_AFTER_NS);
+        }
     }
 
     /// When the early check asked for may run, the last check having run at
     /// `last_ns`: when due, but no sooner than [`MIN_CHECK_SPACING_NS`] after the last.
     pub fn next_ns(&self, last_ns: u64) -> Option<u64> {
-        self.due_ns
-            .map(|due| due.max(last_ns.saturating_add(MIN_CHECK_SPACING_NS)))
+        let spaced = last_ns.saturating_add(MIN_CHECK_SPACING_NS);
+        self.due_ns.iter().min().map(|&due| due.max(spaced))
     }
 
     /// Whether a check should run at `now_ns`, the last one having run at `last_ns`:
@@ -64,14 +60,14 @@ impl EarlyChecks {
     pub fn check_due(&self, now_ns: u64, last_ns: u64, every_ns: u64) -> bool {
         let since = now_ns.saturating_sub(last_ns);
         since >= every_ns
-            || (self.due_ns.is_some_and(|due| due <= now_ns) && since >= MIN_CHECK_SPACING_NS)
+            || (self.due_ns.iter().any(|&due| due <= now_ns) && since >= MIN_CHECK_SPACING_NS)
     }
 
     /// A check ran at `now_ns`: it serves the early checks due by then. One due later
     /// stands: a regular check between an exec and its early check comes before the
     /// new program is examined, and cannot tell what it is.
     pub fn checked(&mut self, now_ns: u64) {
-        self.due_ns = self.due_ns.filter(|&due| due > now_ns);
+        self.due_ns.retain(|&due| due > now_ns);
         self.exec_ns
             .retain(|_, exec_ns| now_ns.saturating_sub(*exec_ns) < NEWCOMER_TTL_NS);
     }
@@ -121,6 +117,19 @@ mod tests {
         assert_eq!(early.next_ns(140 * MS), None);
         assert!(!early.check_due(170 * MS, 140 * MS, EVERY));
         assert!(early.check_due(340 * MS, 140 * MS, EVERY));
+    }
+
+    /// Two execs close together: a check at the first's due time leaves the second's.
+    #[test]
+    fn each_exec_gets_its_early_check() {
+        let mut early = EarlyChecks::default();
+        early.exec_seen(7, 100 * MS);
+        early.exec_seen(8, 120 * MS);
+        assert_eq!(early.next_ns(0), Some(125 * MS));
+        early.checked(125 * MS);
+        assert_eq!(early.next_ns(125 * MS), Some(150 * MS));
+        early.checked(150 * MS);
+        assert_eq!(early.next_ns(150 * MS), None);
     }
 
     /// A process that exec'd within the check, at least 25 ms before it, is costed

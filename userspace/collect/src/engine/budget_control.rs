@@ -153,17 +153,26 @@ impl BudgetController {
     /// `pid` exec'd now: its new program may be heavy, so a check comes early
     /// (`early.rs`).
     pub fn exec_seen(&mut self, pid: u32) {
-        self.early.exec_seen(pid, monotonic_now_ns());
-        self.allowances.exec_seen(pid);
+        let now_ns = monotonic_now_ns();
+        self.early.exec_seen(pid, now_ns);
+        self.allowances.exec_seen(pid, now_ns);
     }
 
-    /// `pid` exited now: if it held an image's duty down, a check comes early, so that
-    /// the processes still mapping the image are probed full time again.
-    pub fn exit_seen(&mut self, pid: u32) {
-        if self.over_budget(pid) {
-            self.early.check_soon(monotonic_now_ns());
+    /// `pid` exited now: what it spent in probes since the last check is charged to its
+    /// allowance (a short job may live between two checks), which ends.
+    pub fn exit_seen(&mut self, kernel: Option<&dyn Kernel>, pid: u32) {
+        if !self.allowances.covers(pid) {
+            return;
         }
-        self.allowances.exited(pid);
+        let now_ns = monotonic_now_ns();
+        let spent = kernel
+            .and_then(|kernel| kernel.gate_hits_of(pid))
+            .map_or(0.0, |gate| {
+                let total = Hits::from(gate);
+                let before = self.last_hits.insert(pid, total).unwrap_or_default();
+                self.cost.seconds(&before, &total)
+            });
+        self.allowances.exited(pid, spent, now_ns);
     }
 
     /// True if the budget acts on `pid`: measured over its budget full time, and out of
@@ -311,6 +320,9 @@ impl BudgetController {
         }
         self.last_hits = new_hits;
         self.costs.retain(|pid, _| self.last_hits.contains_key(pid));
+        self.allowances.prune(now_ns, |pid| {
+            (processes.tracked.get(&pid)).is_some_and(|t| t.admitted && !t.exited)
+        });
         // Programs are known once their images are (the exec queue's look), hit or not.
         for (&pid, tracked) in &processes.tracked {
             if self.allowances.covers(pid) && !tracked.images.is_empty() {

@@ -63,8 +63,7 @@ impl Collector {
         // Its memory is gone: what its last poll read is what it has.
         self.go.forget(pid);
         if let Some(budget) = self.budget.as_mut() {
-            budget.exit_seen(pid);
-            self.wake_for_early_check();
+            budget.exit_seen(self.kernel.as_deref(), pid);
         }
     }
 }
