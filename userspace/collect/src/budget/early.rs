@@ -47,6 +47,13 @@ impl EarlyChecks {
         }
     }
 
+    /// A check is wanted at `at_ns` (bounded as the execs' early checks).
+    pub fn ask_at(&mut self, at_ns: u64) {
+        if self.due_ns.len() < MAX_NEWCOMERS {
+            self.due_ns.push_back(at_ns);
+        }
+    }
+
     /// When the early check asked for may run, the last check having run at
     /// `last_ns`: when due, but no sooner than [`MIN_CHECK_SPACING_NS`] after the last.
     pub fn next_ns(&self, last_ns: u64) -> Option<u64> {

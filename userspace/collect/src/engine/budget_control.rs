@@ -65,7 +65,7 @@ pub(crate) struct BudgetController {
     cpus: f64,
     last_check_ns: u64,
     /// Recent execs, and the early check they ask for.
-    early: EarlyChecks,
+    pub(super) early: EarlyChecks,
     last_hits: HashMap<u32, Hits>,
     last_attached: HashMap<ImageKey, u64>,
     /// Per image, when a process over its budget last mapped it.

@@ -12,6 +12,11 @@ use crate::{budget::programs::ProgramKey, kernel::Kernel};
 /// others wait for the next check, observed through the shared windows meanwhile.
 const OWN_ATTACHES_PER_CHECK: usize = 2;
 
+/// A process given its own links is measured again this soon after: one light in its
+/// first milliseconds (an assembler reading its input) and heavy after goes back to
+/// the windows within this, not a whole check period later.
+const OWN_LINKS_RECHECK_NS: u64 = 50_000_000;
+
 impl BudgetController {
     /// Gives each light process that maps an image probed part time its own full-time
     /// links, and takes them from a process over its budget (or no longer profiled),
@@ -56,15 +61,19 @@ impl BudgetController {
             })
             .filter_map(|(&pid, t)| {
                 // Not known to be over its budget: in its start-up allowance, measured
-                // light, or not measured yet and of a program not known heavy (a
-                // build's next cc1 is measured through the windows first).
+                // light, or not measured yet and of a program not measured heavy lately
+                // (a build's next cc1 is measured through the windows first).
                 let allowed = self.allowances.covers(pid);
                 match self.costs.get(&pid).filter(|cost| cost.measured) {
                     Some(cost) if cost.full_time_cpu <= budget || allowed => {
                         Some((false, cost.overhead_cpu, pid))
                     }
                     Some(_) => None,
-                    None if !allowed && self.programs.known_heavy(&program_of(t), budget) => None,
+                    None if !allowed
+                        && self.programs.known_heavy(&program_of(t), budget, now_ns) =>
+                    {
+                        None
+                    }
                     None => Some((true, 0.0, pid)),
                 }
             })
@@ -104,6 +113,9 @@ impl BudgetController {
                     tracked.own.links = links;
                     tracked.own.since_ns = Some(monotonic_now_ns());
                     stats.own_link_attaches += 1;
+                    // Measured light over a few ms (a program's start), it may turn
+                    // heavy: measured again soon, not a whole check period on.
+                    self.early.ask_at(monotonic_now_ns() + OWN_LINKS_RECHECK_NS);
                 }
                 Err(error) => {
                     // It may have exited meanwhile: observed through the windows still.
