@@ -1,19 +1,13 @@
-//! What the budget remembers of programs: the highest cost measured of a process of
-//! each program (its executable and build id) within the last [`HEAVY_MEMORY_NS`]. A
-//! process of a program measured over its budget lately (a build's next `cc1` or `as`,
-//! light in its first milliseconds) is not given links of its own; one of a program
-//! not known so (a bystander, a batch job) is, at the first budget check after its
-//! exec (docs/design.md, "Overhead budget").
+//! What the budget remembers of programs: the last cost measured of a process of each
+//! program (its executable and build id). A new process of a program known to be over
+//! its budget (a build's next `cc1`) is not given links of its own before it is
+//! measured; one of a program not known so (a bystander, a batch job) is, at the first
+//! budget check after its exec (docs/design.md, "Overhead budget").
 
 use std::{collections::HashMap, ffi::OsString};
 
 /// Programs remembered at most; beyond, the one measured longest ago goes.
 const MAX_PROGRAMS: usize = 4096;
-
-/// A program's highest cost stands this long after it was measured: a lower one
-/// replaces it only then (a program's processes are light at their start, some of
-/// them heavy later).
-pub const HEAVY_MEMORY_NS: u64 = 60_000_000_000;
 
 /// A program: its executable as the process names it and its build id. Hostile names
 /// are only compared, never opened.
@@ -25,7 +19,7 @@ pub struct ProgramKey {
     pub build_id: String,
 }
 
-/// The highest full-time cost measured lately of each program. See the module docs.
+/// The last full-time cost measured of each program. See the module docs.
 #[derive(Debug, Default)]
 pub struct ProgramCosts {
     /// Per program: its cost (fraction of a CPU, full time) and when it was measured.
@@ -33,14 +27,8 @@ pub struct ProgramCosts {
 }
 
 impl ProgramCosts {
-    /// A process of `program` was measured at `full_time_cpu` at `now_ns`: kept if it
-    /// is the highest within [`HEAVY_MEMORY_NS`].
+    /// A process of `program` was measured at `full_time_cpu` at `now_ns`.
     pub fn measured(&mut self, program: ProgramKey, full_time_cpu: f64, now_ns: u64) {
-        if let Some(&(cost, at)) = self.costs.get(&program) {
-            if cost > full_time_cpu && now_ns.saturating_sub(at) < HEAVY_MEMORY_NS {
-                return;
-            }
-        }
         if self.costs.len() >= MAX_PROGRAMS && !self.costs.contains_key(&program) {
             let oldest = self
                 .costs
@@ -54,12 +42,11 @@ impl ProgramCosts {
         self.costs.insert(program, (full_time_cpu, now_ns));
     }
 
-    /// True if a process of `program` measured more than `budget` within
-    /// [`HEAVY_MEMORY_NS`] before `now_ns`.
-    pub fn known_heavy(&self, program: &ProgramKey, budget: f64, now_ns: u64) -> bool {
+    /// True if the last process of `program` measured cost more than `budget`.
+    pub fn known_heavy(&self, program: &ProgramKey, budget: f64) -> bool {
         self.costs
             .get(program)
-            .is_some_and(|&(cost, at)| cost > budget && now_ns.saturating_sub(at) < HEAVY_MEMORY_NS)
+            .is_some_and(|&(cost, _)| cost > budget)
     }
 
     /// Programs remembered.
@@ -84,22 +71,16 @@ mod tests {
         }
     }
 
-    /// A program measured heavy stays so for a minute, whatever lighter measures come
-    /// meanwhile (a process light at its start); then the last measure says.
     #[test]
-    fn a_program_measured_heavy_lately_is_heavy() {
-        const S: u64 = 1_000_000_000;
+    fn the_last_measure_of_a_program_says_whether_it_is_heavy() {
         let mut costs = ProgramCosts::default();
         let cc1 = program("/usr/libexec/gcc/x86_64-linux-gnu/12/cc1");
-        assert!(!costs.known_heavy(&cc1, 0.01, 0));
-        costs.measured(cc1.clone(), 0.8, S);
-        assert!(costs.known_heavy(&cc1, 0.01, S));
-        assert!(!costs.known_heavy(&program("/usr/bin/as"), 0.01, S));
-        costs.measured(cc1.clone(), 0.002, 2 * S);
-        assert!(costs.known_heavy(&cc1, 0.01, 2 * S));
-        assert!(!costs.known_heavy(&cc1, 0.01, 61 * S), "a minute on");
-        costs.measured(cc1.clone(), 0.002, 62 * S);
-        assert!(!costs.known_heavy(&cc1, 0.01, 62 * S));
+        assert!(!costs.known_heavy(&cc1, 0.01));
+        costs.measured(cc1.clone(), 0.8, 1);
+        assert!(costs.known_heavy(&cc1, 0.01));
+        assert!(!costs.known_heavy(&program("/usr/bin/as"), 0.01));
+        costs.measured(cc1.clone(), 0.002, 2);
+        assert!(!costs.known_heavy(&cc1, 0.01));
     }
 
     #[test]
@@ -109,8 +90,7 @@ mod tests {
             costs.measured(program(&i.to_string()), 1.0, i as u64);
         }
         assert_eq!(costs.len(), MAX_PROGRAMS);
-        let now = (MAX_PROGRAMS + 9) as u64;
-        assert!(!costs.known_heavy(&program("0"), 0.01, now));
-        assert!(costs.known_heavy(&program(&(MAX_PROGRAMS + 9).to_string()), 0.01, now));
+        assert!(!costs.known_heavy(&program("0"), 0.01));
+        assert!(costs.known_heavy(&program(&(MAX_PROGRAMS + 9).to_string()), 0.01));
     }
 }

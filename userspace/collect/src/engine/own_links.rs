@@ -61,19 +61,15 @@ impl BudgetController {
             })
             .filter_map(|(&pid, t)| {
                 // Not known to be over its budget: in its start-up allowance, measured
-                // light, or not measured yet and of a program not measured heavy lately
-                // (a build's next cc1 is measured through the windows first).
+                // light, or not measured yet and of a program not known heavy (a
+                // build's next cc1 is measured through the windows first).
                 let allowed = self.allowances.covers(pid);
                 match self.costs.get(&pid).filter(|cost| cost.measured) {
                     Some(cost) if cost.full_time_cpu <= budget || allowed => {
                         Some((false, cost.overhead_cpu, pid))
                     }
                     Some(_) => None,
-                    None if !allowed
-                        && self.programs.known_heavy(&program_of(t), budget, now_ns) =>
-                    {
-                        None
-                    }
+                    None if !allowed && self.programs.known_heavy(&program_of(t), budget) => None,
                     None => Some((true, 0.0, pid)),
                 }
             })
