@@ -42,9 +42,7 @@ impl EarlyChecks {
         if self.exec_ns.len() < MAX_NEWCOMERS || self.exec_ns.contains_key(&pid) {
             self.exec_ns.insert(pid, now_ns);
         }
-        if self.due_ns.len() < MAX_NEWCOMERS {
-            self.due_ns.push_back(now_ns + EARLY_CHECK_AFTER_NS);
-        }
+        self.ask_at(now_ns + EARLY_CHECK_AFTER_NS);
     }
 
     /// A check is wanted at `at_ns` (bounded as the execs' early checks).
