@@ -53,10 +53,9 @@ use allocbpf_collect::{
     filter::ProcessFilter,
     identity::hostname,
     kernel::KernelLoader,
-    options::{CollectOptions, LiveOptions, Scope},
+    options::{CollectOptions, LiveMechanism, LiveOptions, Scope},
+    preflight,
 };
-use allocbpf_probe::preflight;
-use allocbpf_probe::sampler::LiveMechanism;
 
 /// How often metrics are refreshed from the kernel and the collector.
 const METRICS_REFRESH: Duration = Duration::from_secs(1);

@@ -55,10 +55,8 @@ pub struct WriterStats {
 impl WriterStats {
     /// Marks the start of a step: a job, or one profile of an export.
     fn busy(&self) {
-        self.job_started_ns.store(
-            allocbpf_probe::sampler::monotonic_now_ns(),
-            Ordering::Relaxed,
-        );
+        self.job_started_ns
+            .store(allocbpf_collect::monotonic_now_ns(), Ordering::Relaxed);
     }
 
     /// Marks the thread idle.
@@ -71,9 +69,9 @@ impl WriterStats {
     pub fn stalled_for(&self) -> Duration {
         match self.job_started_ns.load(Ordering::Relaxed) {
             0 => Duration::ZERO,
-            started => Duration::from_nanos(
-                allocbpf_probe::sampler::monotonic_now_ns().saturating_sub(started),
-            ),
+            started => {
+                Duration::from_nanos(allocbpf_collect::monotonic_now_ns().saturating_sub(started))
+            }
         }
     }
 }

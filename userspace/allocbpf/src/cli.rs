@@ -5,11 +5,10 @@ use std::{path::PathBuf, time::Duration};
 use clap::Parser;
 
 use allocbpf_collect::budget::CalibrationChild;
+use allocbpf_collect::options::{LiveMechanism, UnwindMode};
 use allocbpf_export::Format;
-use allocbpf_probe::sampler::LiveMechanism;
 use allocbpf_profile::estimate::Confidence;
 use allocbpf_profile::units::{parse_duration, parse_size};
-use allocbpf_stacks::resolve::UnwindMode;
 
 pub use allocbpf_profile::units::{MAX_DURATION, MAX_RATE};
 
@@ -129,12 +128,12 @@ pub struct Cli {
     pub empty_probes: bool,
 
     /// Direct-mapped thread slots (power of two; tests shrink it to force collisions).
-    #[arg(long, hide = true, default_value_t = allocbpf_common::THREAD_SLOTS_LEN,
+    #[arg(long, hide = true, default_value_t = allocbpf_collect::options::THREAD_SLOTS_LEN,
           value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     pub thread_slots: u32,
 
     /// Overflow thread entries (tests shrink it to force the per-CPU fallback).
-    #[arg(long, hide = true, default_value_t = allocbpf_common::MAX_OVERFLOW_THREADS,
+    #[arg(long, hide = true, default_value_t = allocbpf_collect::options::MAX_OVERFLOW_THREADS,
           value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     pub overflow_threads: u32,
 }
@@ -361,7 +360,7 @@ fn parse_confidence(text: &str) -> Result<Confidence, String> {
 fn parse_stack_bytes(text: &str) -> Result<u32, String> {
     let bytes =
         parse_size(text, 1 << 20).map_err(|e| format!("{e} (example: --stack-bytes 16KiB)"))?;
-    allocbpf_common::STACK_COPY_SIZES
+    allocbpf_collect::options::STACK_COPY_SIZES
         .iter()
         .copied()
         .find(|&s| u64::from(s) == bytes)

@@ -19,15 +19,14 @@ use crate::cli::{Cli, Command, ReportArgs};
 use crate::sink::Sink;
 use allocbpf_collect::{
     budget::{self, BudgetOptions},
+    engine::LiveMode,
     error::CollectError,
     filter::ProcessFilter,
     kernel::EbpfObject,
-    options::{CollectOptions, LiveOptions, Scope},
+    options::{CollectOptions, LiveOptions, Scope, ThreadTables},
+    preflight,
     run::{self, Started, StopReason},
 };
-use allocbpf_common::LiveMode;
-use allocbpf_probe::preflight;
-use allocbpf_probe::sampler::ThreadTables;
 use anyhow::{Context, Result};
 use clap::Parser;
 
@@ -235,9 +234,7 @@ fn announce(started: &Started<'_>) {
         ),
         Started::Process { target, rate } => {
             let mut through: Vec<String> = target.images.iter().map(|i| i.describe()).collect();
-            if let Some(go) = &target.go {
-                through.push(go.clone());
-            }
+            through.extend(target.runtimes.iter().cloned());
             eprintln!(
                 "allocbpf: profiling pid {} ({}) through {}: {} probes, mean sampling interval {rate} bytes",
                 target.pid,

@@ -12,6 +12,7 @@ use allocbpf_images::{
     procfs::{self, MapsEntry},
     sealed_copy,
 };
+use allocbpf_runtime::Found;
 
 /// A process as seen in `/proc` when it was first sampled (or last exec'd). Its names
 /// are bytes, as the kernel gives them: they need not be UTF-8, and are made text
@@ -35,12 +36,10 @@ pub struct ProcessInfo {
     pub cgroup: OsString,
     /// Container id found in the cgroup path (docker, containerd, CRI-O, podman).
     pub container_id: Option<String>,
-    /// The CPython version it runs (`3.11`), once the engine has looked (not read from
-    /// procfs: [`ProcessInfo::read`] leaves it `None`).
-    pub python_version: Option<String>,
-    /// The Go version it was built with (`go1.26.8`), once the engine has read its heap
-    /// profile (not read from procfs either).
-    pub go_version: Option<String>,
+    /// What the language runtimes found in it (its CPython version, its Go version and
+    /// sampler...), once the engine has handed it to them (not read from procfs:
+    /// [`ProcessInfo::read`] leaves it empty).
+    pub runtimes: Vec<Found>,
 }
 
 impl ProcessInfo {
@@ -75,8 +74,7 @@ impl ProcessInfo {
             exe_build_id,
             container_id: container_id(&cgroup.to_string_lossy()),
             cgroup,
-            python_version: None,
-            go_version: None,
+            runtimes: Vec::new(),
         })
     }
 
@@ -99,14 +97,8 @@ impl ProcessInfo {
         if let Some(id) = &self.container_id {
             labels.push(("container_id", id.clone()));
         }
-        if let Some(version) = &self.python_version {
-            labels.push(("python_version", version.clone()));
-        }
-        if let Some(version) = &self.go_version {
-            // Its profiles hold the Go runtime's own samples (their stacks end in
-            // `[go runtime heap profile]`); any others are allocbpf's probes'.
-            labels.push(("go_version", version.clone()));
-            labels.push(("sampler", "go_runtime".to_string()));
+        for found in &self.runtimes {
+            labels.extend(found.labels.iter().cloned());
         }
         labels
     }
@@ -255,12 +247,18 @@ mod tests {
             .labels("host")
             .iter()
             .all(|(k, _)| *k != "python_version"));
-        info.go_version = Some("go1.26.8".to_string());
+        let found = |labels: &[(&'static str, &str)]| Found {
+            labels: labels.iter().map(|&(k, v)| (k, v.to_string())).collect(),
+            source: None,
+        };
+        info.runtimes = vec![found(&[
+            ("go_version", "go1.26.8"),
+            ("sampler", "go_runtime"),
+        ])];
         assert!(info
             .labels("h")
             .contains(&("sampler", "go_runtime".to_string())));
-        info.go_version = None;
-        info.python_version = Some("3.11".to_string());
+        info.runtimes = vec![found(&[("python_version", "3.11")])];
         assert!(info
             .labels("host")
             .contains(&("python_version", "3.11".to_string())));

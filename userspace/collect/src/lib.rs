@@ -8,7 +8,9 @@
 //! - [`budget`]: the per-process overhead budget the engine applies (host scope);
 //! - [`run`]: one run until a stop condition, one report (the command line's modes);
 //! - [`filter`], [`identity`]: which processes, and the labels of their profiles;
-//! - [`raw_samples`]: every raw sample as a JSON line, for offline analysis.
+//! - [`raw_samples`]: every raw sample as a JSON line, for offline analysis;
+//! - [`runtimes`]: the language runtimes the engine hands processes to (the one
+//!   place that names them).
 //!
 //! Above [`allocbpf_probe`] (the sampler and ring buffer), [`allocbpf_stacks`] and
 //! [`allocbpf_profile`]; below the agent and the binary. It holds no command-line
@@ -16,6 +18,11 @@
 #![deny(missing_docs)]
 
 pub mod budget;
+/// Checks before loading anything (privileges, kernel features, limits): the probe
+/// layer's, for the agent and the binary.
+pub use allocbpf_probe::preflight;
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock the kernel stamps samples with.
+pub use allocbpf_probe::sampler::monotonic_now_ns;
 pub mod engine;
 pub mod error;
 pub mod filter;
@@ -24,3 +31,4 @@ pub mod kernel;
 pub mod options;
 pub mod raw_samples;
 pub mod run;
+pub mod runtimes;

@@ -5,9 +5,13 @@
 use std::{path::PathBuf, time::Duration};
 
 use allocbpf_images::image::Lookup;
-use allocbpf_probe::sampler::{LiveMechanism, ThreadTables};
 use allocbpf_profile::estimate::Confidence;
-use allocbpf_stacks::resolve::UnwindMode;
+
+// The option types and bounds of the layers below, named here so that the agent and the
+// binary set options through this crate alone.
+pub use allocbpf_common::{MAX_OVERFLOW_THREADS, STACK_COPY_SIZES, THREAD_SLOTS_LEN};
+pub use allocbpf_probe::sampler::{LiveMechanism, ThreadTables};
+pub use allocbpf_stacks::resolve::UnwindMode;
 
 use crate::{
     budget::{BudgetOptions, CalibrationChild},

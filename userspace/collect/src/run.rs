@@ -179,7 +179,7 @@ pub async fn run(
             _ = window_wait(window_at) => collector.windows_tick(),
         }
     };
-    let stats = collector.stats;
+    let stats = collector.stats.clone();
     let silence = collector.target().map(|t| t.silence.to_string());
     let profiles = collector.stop();
     let mut host = None;

@@ -5,11 +5,7 @@
 //! frame. [`Symbolize`] is the step a report asks of whoever owns the modules' files
 //! (`allocbpf-stacks`), so the model itself reads no file.
 
-use std::{
-    collections::HashMap,
-    path::PathBuf,
-    sync::{Arc, OnceLock, RwLock},
-};
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
 /// An executable or shared object that frames point into.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -55,10 +51,10 @@ pub enum Frame {
     /// The only frame of samples the kernel's sample ring had no room for: they kept
     /// their weight but not their stack ([`LOST_SAMPLES_NAME`]).
     Lost,
-    /// A Python function at a line: an index into [`source_locations`].
+    /// A Python function at a line: an index into the session's [`SourceLocations`].
     Python(u32),
     /// A Go function at a line, read from the process's own function table (the Go
-    /// runtime's heap profile): an index into [`source_locations`].
+    /// runtime's heap profile): an index into the session's [`SourceLocations`].
     Go(u32),
 }
 
@@ -85,8 +81,9 @@ pub const MAX_SOURCE_LOCATIONS: usize = 1 << 18;
 pub const SOURCE_LOCATIONS_FULL: &str = "[location table full]";
 
 /// The session's source locations, interned: a [`Frame::Python`] or [`Frame::Go`] is an
-/// index here. One table per process (not per report): frames cross from the engine to
-/// the agent's writer, and every report of the session names them the same way.
+/// index here. One table per session, owned by the frame resolver that makes the frames
+/// and names them (not one per report): every report of the session names a frame the
+/// same way.
 #[derive(Default)]
 pub struct SourceLocations {
     ids: HashMap<Arc<SourceLocation>, u32>,
@@ -138,47 +135,39 @@ impl SourceLocations {
     }
 }
 
-/// The session's source location table.
-pub fn source_locations() -> &'static RwLock<SourceLocations> {
-    static TABLE: OnceLock<RwLock<SourceLocations>> = OnceLock::new();
-    TABLE.get_or_init(Default::default)
-}
+impl SourceLocations {
+    /// The functions of a Python frame, for reports: shown as `function (file:line)`.
+    pub fn python_functions(&self, id: u32) -> Functions {
+        self.functions(id, true)
+    }
 
-/// The functions of a Python frame, for reports: shown as `function (file:line)`.
-pub fn python_functions(id: u32) -> Functions {
-    source_functions(id, true)
-}
+    /// The functions of a Go frame, for reports: shown by name, as native frames are.
+    pub fn go_functions(&self, id: u32) -> Functions {
+        self.functions(id, false)
+    }
 
-/// The functions of a Go frame, for reports: shown by name, as native frames are.
-pub fn go_functions(id: u32) -> Functions {
-    source_functions(id, false)
-}
-
-/// The function at location `id`; `with_line`: shown with its file and line.
-fn source_functions(id: u32, with_line: bool) -> Functions {
-    let location = source_locations()
-        .read()
-        .ok()
-        .and_then(|table| table.get(id));
-    let frame = match location {
-        Some(location) => {
-            let line = (location.line != 0).then_some(location.line);
-            FunctionFrame {
-                name: location.function.clone(),
-                file: (!location.file.is_empty()).then(|| location.file.clone()),
-                line,
-                shown: with_line
-                    .then(|| python_shown_name(&location.function, &location.file, line)),
+    /// The function at location `id`; `with_line`: shown with its file and line.
+    fn functions(&self, id: u32, with_line: bool) -> Functions {
+        let frame = match self.get(id) {
+            Some(location) => {
+                let line = (location.line != 0).then_some(location.line);
+                FunctionFrame {
+                    name: location.function.clone(),
+                    file: (!location.file.is_empty()).then(|| location.file.clone()),
+                    line,
+                    shown: with_line
+                        .then(|| python_shown_name(&location.function, &location.file, line)),
+                }
             }
-        }
-        None => FunctionFrame {
-            name: format!("[source location {id}]"),
-            file: None,
-            line: None,
-            shown: None,
-        },
-    };
-    Arc::new([frame])
+            None => FunctionFrame {
+                name: format!("[source location {id}]"),
+                file: None,
+                line: None,
+                shown: None,
+            },
+        };
+        Arc::new([frame])
+    }
 }
 
 /// How a [`Frame::Lost`] reads in reports.

@@ -1,27 +1,36 @@
-//! From a sample's raw stack to normalized frames: unwind the copied stack (auto and
-//! dwarf modes) or take the kernel's frame-pointer walk, then normalize each address to
-//! module + offset while the process's maps are still readable.
+//! From a sample's raw stack to named frames, in one place: unwind the copied stack
+//! (auto and dwarf modes) or take the kernel's frame-pointer walk, normalize each
+//! address to module + offset while the process's maps are still readable, and let
+//! each language runtime merge its frames in. The resolver owns the session's table of
+//! source locations: every runtime's frames are interned there, and the symbolizer
+//! names them from it.
+
+use std::time::Instant;
+
+use allocbpf_probe::events::RawSample;
+use allocbpf_profile::frame::{Frame, SourceLocations};
+use allocbpf_runtime::{Found, Polled, ProcessView, Runtime, RuntimeMaps, SampleStack};
 
 use crate::normalize::AddressNormalizer;
-use crate::python::PythonStacks;
+use crate::symbolize::{FrameSymbolizer, ModuleSymbolizer};
 use crate::unwind::{Fallback, StackUnwinder};
-use allocbpf_probe::events::RawSample;
-use allocbpf_profile::frame::Frame;
 
-/// Unwinds and normalizes samples of any number of processes.
+/// Unwinds, normalizes and names the samples of any number of processes.
 pub struct StackResolver {
     /// Normalizes addresses; its module table is what frames refer to.
     pub normalizer: AddressNormalizer,
     /// Unwinds copied stacks (auto/dwarf); `None` with frame pointers.
     pub unwinder: Option<StackUnwinder>,
-    /// Python processes: their frames, merged into the native ones.
-    pub python: PythonStacks,
+    /// Where every runtime frame ([`Frame::Python`], [`Frame::Go`]) points.
+    locations: SourceLocations,
+    /// The language runtimes, each with the processes it claimed.
+    runtimes: Vec<Box<dyn Runtime>>,
 }
 
 impl StackResolver {
     /// A resolver for `mode`, in a session that discovers entries with `prefixes`
-    /// (renamed allocators' prefixes).
-    pub fn new(mode: UnwindMode, prefixes: &[String]) -> Self {
+    /// (renamed allocators' prefixes), merging in the frames of `runtimes`.
+    pub fn new(mode: UnwindMode, prefixes: &[String], runtimes: Vec<Box<dyn Runtime>>) -> Self {
         let prefixes = prefixes.to_vec();
         Self {
             normalizer: AddressNormalizer::new(),
@@ -30,7 +39,8 @@ impl StackResolver {
                 UnwindMode::Auto => Some(StackUnwinder::new(Fallback::FramePointers, prefixes)),
                 UnwindMode::Dwarf => Some(StackUnwinder::new(Fallback::Stop, prefixes)),
             },
-            python: PythonStacks::default(),
+            locations: SourceLocations::default(),
+            runtimes,
         }
     }
 
@@ -42,13 +52,49 @@ impl StackResolver {
         }
     }
 
-    /// Drops what is cached about `pid` (it exited, or it exec'd a new program).
-    pub fn forget(&mut self, pid: u32) {
+    /// Drops what is cached about `pid` (it exited, it exec'd a new program, or its pid
+    /// names another process now), here, in every runtime, and in the kernel maps the
+    /// runtimes filled for it.
+    pub fn forget(&mut self, pid: u32, maps: &mut dyn RuntimeMaps) {
         self.normalizer.forget(pid);
-        self.python.forget(pid);
         if let Some(unwinder) = self.unwinder.as_mut() {
             unwinder.forget(pid);
         }
+        for runtime in &mut self.runtimes {
+            runtime.forget(pid, maps);
+        }
+    }
+
+    /// Hands `process` to every runtime: what those that claim it found.
+    pub fn look_at(&mut self, process: &ProcessView<'_>, maps: &mut dyn RuntimeMaps) -> Vec<Found> {
+        (self.runtimes.iter_mut())
+            .filter_map(|runtime| runtime.look_at(process, maps))
+            .collect()
+    }
+
+    /// True when a runtime wants to look at `pid` again now.
+    pub fn look_again_due(&self, pid: u32, now: Instant) -> bool {
+        self.runtimes.iter().any(|r| r.look_again_due(pid, now))
+    }
+
+    /// True when a runtime has a poll due.
+    pub fn poll_due(&self, now: Instant) -> bool {
+        self.runtimes.iter().any(|r| r.poll_due(now))
+    }
+
+    /// Polls every runtime with a poll due (all of them with `force`): each one's name
+    /// and what it read.
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        force: bool,
+        is_current: allocbpf_runtime::IsCurrent<'_>,
+    ) -> Vec<(&'static str, Polled)> {
+        let locations = &mut self.locations;
+        (self.runtimes.iter_mut())
+            .filter(|runtime| force || runtime.poll_due(now))
+            .map(|runtime| (runtime.name(), runtime.poll(is_current, locations)))
+            .collect()
     }
 
     /// The sample's frames, innermost first.
@@ -72,8 +118,27 @@ impl StackResolver {
             }
             _ => &sample.stack,
         };
-        let native = self.normalizer.normalize(sample.pid, stack);
-        self.python.merge(sample, stack, native)
+        let mut frames = self.normalizer.normalize(sample.pid, stack);
+        let walked = SampleStack {
+            pid: sample.pid,
+            addresses: stack,
+            python: &sample.python,
+        };
+        for runtime in &mut self.runtimes {
+            frames = runtime.merge_frames(&walked, frames, &mut self.locations);
+        }
+        frames
+    }
+
+    /// `symbolizer`, naming the frames this resolver made: native ones from their
+    /// modules' files, runtime ones from the location table.
+    pub fn symbolizer<'a>(&'a self, symbolizer: &'a mut FrameSymbolizer) -> ModuleSymbolizer<'a> {
+        symbolizer.for_frames(&self.normalizer.modules, &self.locations)
+    }
+
+    /// Source locations interned so far.
+    pub fn source_locations(&self) -> usize {
+        self.locations.len()
     }
 }
 

@@ -15,8 +15,7 @@ use std::{collections::HashMap, sync::Arc};
 use blazesym::symbolize::{Symbolized, Symbolizer};
 
 use allocbpf_profile::frame::{
-    go_functions, python_functions, Frame, FunctionFrame, Functions, Module, Symbolize,
-    LOST_SAMPLES_NAME,
+    Frame, FunctionFrame, Functions, Module, SourceLocations, Symbolize, LOST_SAMPLES_NAME,
 };
 
 use crate::copies::{Copies, COPY_BUDGET_BYTES};
@@ -81,8 +80,14 @@ impl FrameSymbolizer {
         self.symbolizer.is_some()
     }
 
-    /// Symbolizes every frame in `frames` not yet in the cache, one batch per module.
-    pub fn prepare<'a>(&mut self, modules: &ModuleTable, frames: impl Iterator<Item = &'a Frame>) {
+    /// Symbolizes every frame in `frames` not yet in the cache, one batch per module;
+    /// runtime frames are named from `locations`.
+    pub fn prepare<'a>(
+        &mut self,
+        modules: &ModuleTable,
+        locations: &SourceLocations,
+        frames: impl Iterator<Item = &'a Frame>,
+    ) {
         let mut by_module: HashMap<u32, Vec<u64>> = HashMap::new();
         for frame in frames {
             if self.cache.contains_key(frame) {
@@ -101,10 +106,10 @@ impl FrameSymbolizer {
                         .insert(*frame, unresolved(LOST_SAMPLES_NAME.to_string()));
                 }
                 Frame::Python(id) => {
-                    self.cache.insert(*frame, python_functions(id));
+                    self.cache.insert(*frame, locations.python_functions(id));
                 }
                 Frame::Go(id) => {
-                    self.cache.insert(*frame, go_functions(id));
+                    self.cache.insert(*frame, locations.go_functions(id));
                 }
             }
         }
@@ -175,26 +180,34 @@ impl FrameSymbolizer {
     }
 }
 
-/// A [`FrameSymbolizer`] with the module table its frames index: the [`Symbolize`] step
-/// a report asks for.
+/// A [`FrameSymbolizer`] with the module table and the location table its frames
+/// index: the [`Symbolize`] step a report asks for.
 pub struct ModuleSymbolizer<'a> {
     symbolizer: &'a mut FrameSymbolizer,
     modules: &'a ModuleTable,
+    locations: &'a SourceLocations,
 }
 
 impl FrameSymbolizer {
-    /// This symbolizer, reading the files of `modules`.
-    pub fn for_modules<'a>(&'a mut self, modules: &'a ModuleTable) -> ModuleSymbolizer<'a> {
+    /// This symbolizer, reading the files of `modules` and the runtime frames of
+    /// `locations` (a [`crate::resolve::StackResolver`]'s).
+    pub fn for_frames<'a>(
+        &'a mut self,
+        modules: &'a ModuleTable,
+        locations: &'a SourceLocations,
+    ) -> ModuleSymbolizer<'a> {
         ModuleSymbolizer {
             symbolizer: self,
             modules,
+            locations,
         }
     }
 }
 
 impl Symbolize for ModuleSymbolizer<'_> {
     fn prepare(&mut self, frames: &mut dyn Iterator<Item = &Frame>) {
-        self.symbolizer.prepare(self.modules, frames);
+        self.symbolizer
+            .prepare(self.modules, self.locations, frames);
     }
 
     fn functions(&self, frame: &Frame) -> Functions {
@@ -236,7 +249,7 @@ mod tests {
         let mut normalizer = AddressNormalizer::new();
         let frames = normalizer.normalize(std::process::id(), &[a_function_with_a_known_name()]);
         let mut symbolizer = FrameSymbolizer::new();
-        symbolizer.prepare(&normalizer.modules, frames.iter());
+        symbolizer.prepare(&normalizer.modules, &Default::default(), frames.iter());
         let functions = symbolizer.functions(&frames[0]);
         let names: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
         assert!(
@@ -303,7 +316,7 @@ mod tests {
             offset: offset + 5,
         };
         let mut symbolizer = crate::symbolize::FrameSymbolizer::new();
-        symbolizer.prepare(&table, [frame].iter());
+        symbolizer.prepare(&table, &Default::default(), [frame].iter());
         let functions = symbolizer.functions(&frame);
         let names: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
         assert!(names.contains(&"__libc_start_call_main"), "{names:?}");

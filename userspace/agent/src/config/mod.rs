@@ -14,9 +14,9 @@ mod push;
 use self::push::{push_config, PushFile};
 pub use self::push::{Destination, PushConfig, PushTarget};
 
+use allocbpf_collect::options::UnwindMode;
 use allocbpf_collect::{budget::BudgetOptions, filter::FilterOptions, options::DEFAULT_RATE};
 use allocbpf_profile::units::{parse_duration, parse_size, ParseError, MAX_DURATION, MAX_RATE};
-use allocbpf_stacks::resolve::UnwindMode;
 
 /// What the command line sets over the config file (each `None`: the file's value,
 /// else the default).

@@ -2,7 +2,7 @@
 //! `allocbpf_` prefix, counters with `_total`), its help, and where its value is read
 //! ([`Reading`]). docs/operations.md lists them for operators.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use allocbpf_collect::engine::CollectorStats;
 use allocbpf_profile::report::Counters;
@@ -220,12 +220,12 @@ pub(super) const COUNTERS: &[Metric] = &[
     Metric {
         name: "descriptor_errors",
         help: "Mapped files that could not be opened for want of file descriptors",
-        reading: Reading::Process(|| allocbpf_images::procfs::DESCRIPTOR_ERRORS.load(Ordering::Relaxed)),
+        reading: Reading::Process(|| allocbpf_collect::engine::procfs_counts().descriptor_errors),
     },
     Metric {
         name: "maps_truncated",
         help: "Process memory maps read only in part (over the 16 MiB cap)",
-        reading: Reading::Process(|| allocbpf_images::procfs::MAPS_TRUNCATED.load(Ordering::Relaxed)),
+        reading: Reading::Process(|| allocbpf_collect::engine::procfs_counts().maps_truncated),
     },
     Metric {
         name: "metrics_accept_errors",
@@ -240,22 +240,22 @@ pub(super) const COUNTERS: &[Metric] = &[
     Metric {
         name: "go_polls",
         help: "Reads of Go processes' heap profiles (the Go runtime's own sampler)",
-        reading: Reading::Engine(|s| s.go_polls),
+        reading: Reading::Engine(|s| s.runtime_reads("go").polls),
     },
     Metric {
         name: "go_buckets_read",
         help: "Heap-profile buckets those reads walked",
-        reading: Reading::Engine(|s| s.go_buckets_read),
+        reading: Reading::Engine(|s| s.runtime_reads("go").records),
     },
     Metric {
         name: "go_bytes_read",
         help: "Bytes of Go processes' memory those reads copied",
-        reading: Reading::Engine(|s| s.go_bytes_read),
+        reading: Reading::Engine(|s| s.runtime_reads("go").bytes),
     },
     Metric {
         name: "go_poll_milliseconds",
         help: "Time spent reading Go processes' heap profiles",
-        reading: Reading::Engine(|s| s.go_poll_ns / 1_000_000),
+        reading: Reading::Engine(|s| s.runtime_reads("go").ns / 1_000_000),
     },
 ];
 

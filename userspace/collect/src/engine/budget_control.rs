@@ -93,6 +93,19 @@ pub struct ImageFigures {
     pub overhead_cpu: f64,
 }
 
+/// What a check knows of every process alike.
+#[derive(Clone, Copy)]
+struct Check<'a> {
+    /// The images, with their schedules.
+    images: &'a ImageSet,
+    /// Each image's probed time since the last check.
+    attached: &'a HashMap<ImageKey, u64>,
+    /// Since the last check.
+    elapsed_ns: u64,
+    /// Now (CLOCK_MONOTONIC).
+    now_ns: u64,
+}
+
 impl BudgetController {
     /// A controller for `options` with a measured hit `cost`, its periods counted from
     /// now; `one_process`: the host budget is that process's.
@@ -216,21 +229,13 @@ impl BudgetController {
                 return false;
             }
         };
-        // Probed time per image since the last check, from the running totals.
-        let totals: HashMap<ImageKey, u64> = images
-            .images
-            .iter()
-            .map(|(key, state)| (*key, state.attached_ns(now_ns)))
-            .collect();
-        let attached: HashMap<ImageKey, u64> = totals
-            .iter()
-            .map(|(key, &total)| {
-                let before = self.last_attached.get(key).copied().unwrap_or(0);
-                (*key, total.saturating_sub(before))
-            })
-            .collect();
-        self.last_attached = totals;
-        let elapsed = elapsed_ns as f64 * 1e-9;
+        let attached = self.attached_since_last_check(images, now_ns);
+        let check = Check {
+            images,
+            attached: &attached,
+            elapsed_ns,
+            now_ns,
+        };
         let mut new_hits = HashMap::new();
         for (pid, gate) in hits {
             let Some(tracked) = processes.tracked.get_mut(&pid) else {
@@ -238,85 +243,7 @@ impl BudgetController {
             };
             let total = Hits::from(gate);
             new_hits.insert(pid, total);
-            if tracked.exited {
-                // Its clock is gone, or about to be: a reused pid must not continue it.
-                tracked.pace.restart();
-            } else if tracked.admitted {
-                read_pace(&self.cost, pid, tracked, total, images, None);
-                // How many CPUs it could keep busy, for those whose pace may be
-                // corrected (one small /proc read each, a few processes at a time).
-                let heavy = tracked.pace.tally.trap_share().unwrap_or(0.0)
-                    >= allocbpf_profile::estimate::pace::MIN_TRAP_SHARE;
-                if let Some(threads) = heavy.then(|| procfs::thread_count(pid)).flatten() {
-                    tracked
-                        .pace
-                        .tally
-                        .saw_capacity(f64::from(threads).min(self.cpus));
-                }
-            }
-            // Time accounting: what share of this check it was observed (expected).
-            let inclusion = match tracked.own.since_ns {
-                Some(_) => 1.0,
-                None => self.schedule.inclusion_at(&tracked.images, now_ns),
-            };
-            tracked
-                .observed
-                .add(inclusion, elapsed_ns, self.schedule.period_of(now_ns));
-            // A process new since the last check is measured from its first hit,
-            // over the whole check, or since its exec if that came in the check at
-            // least 25 ms ago (`early.rs`): its cost is underestimated at worst, and a
-            // heavy one is caught at its first check.
-            let before = self.last_hits.get(&pid).copied().unwrap_or_default();
-            let spent = self.cost.seconds(&before, &total);
-            let lived_ns = self.early.lived_ns(pid, now_ns, elapsed_ns);
-            // Probed full time through its own links; else while its images were.
-            let exposure_ns = match tracked.own.attached() {
-                true => elapsed_ns,
-                false => tracked
-                    .images
-                    .iter()
-                    .filter_map(|key| attached.get(key))
-                    .copied()
-                    .max()
-                    .unwrap_or(elapsed_ns),
-            }
-            .min(lived_ns);
-            // Inside windows its samples were drawn denser than they would be full
-            // time: their recording counts at the full-time density.
-            let shift = match tracked.own.attached() {
-                true => 0,
-                false => window_shift(self.schedule.inclusion_at(&tracked.images, now_ns)),
-            };
-            let spent_full_time = self.cost.seconds_at_shift(&before, &total, shift);
-            tracing::trace!(
-                "pid {pid}: {} hits in {} us, probed {} us",
-                total.all.saturating_sub(before.all),
-                elapsed_ns / 1000,
-                exposure_ns / 1000
-            );
-            if !tracked.exited && self.allowances.covers(pid) {
-                self.allowances.charge(pid, spent, now_ns);
-                if !self.allowances.covers(pid) {
-                    tracing::debug!(
-                        "pid {pid} ({:?}): out of its start-up allowance",
-                        tracked.info.comm
-                    );
-                }
-            }
-            let figures = self.costs.entry(pid).or_default();
-            figures.overhead_cpu = spent / elapsed;
-            if exposure_ns >= MIN_EXPOSURE_NS {
-                figures.measured = true;
-                let full = spent_full_time / (exposure_ns as f64 * 1e-9);
-                // Up at once (a new heavy phase must be caught), down gently.
-                figures.full_time_cpu = if full >= figures.full_time_cpu {
-                    full
-                } else {
-                    0.5 * (figures.full_time_cpu + full)
-                };
-                self.programs
-                    .measured(program_of(tracked), figures.full_time_cpu, now_ns);
-            }
+            self.measure(pid, tracked, total, &check);
         }
         self.last_hits = new_hits;
         self.costs.retain(|pid, _| self.last_hits.contains_key(pid));
@@ -340,6 +267,120 @@ impl BudgetController {
             self.image_figures.values().filter(|f| f.duty < 1.0).count() as u64;
         self.assign_own_links(kernel, processes, images, stats, now_ns);
         true
+    }
+
+    /// Probed time per image since the last check, from the running totals.
+    fn attached_since_last_check(
+        &mut self,
+        images: &ImageSet,
+        now_ns: u64,
+    ) -> HashMap<ImageKey, u64> {
+        let totals: HashMap<ImageKey, u64> = images
+            .images
+            .iter()
+            .map(|(key, state)| (*key, state.attached_ns(now_ns)))
+            .collect();
+        let attached: HashMap<ImageKey, u64> = totals
+            .iter()
+            .map(|(key, &total)| {
+                let before = self.last_attached.get(key).copied().unwrap_or(0);
+                (*key, total.saturating_sub(before))
+            })
+            .collect();
+        self.last_attached = totals;
+        attached
+    }
+
+    /// One process at a check: its pace, the share of the check it was observed, its
+    /// spend (charged to its start-up allowance) and its cost full time, from its
+    /// probe hits `total` (cumulative) and the images' probed time `attached`.
+    fn measure(&mut self, pid: u32, tracked: &mut Tracked, total: Hits, check: &Check<'_>) {
+        let Check {
+            images,
+            attached,
+            elapsed_ns,
+            now_ns,
+        } = *check;
+        let elapsed = elapsed_ns as f64 * 1e-9;
+        if tracked.exited {
+            // Its clock is gone, or about to be: a reused pid must not continue it.
+            tracked.pace.restart();
+        } else if tracked.admitted {
+            read_pace(&self.cost, pid, tracked, total, images, None);
+            // How many CPUs it could keep busy, for those whose pace may be
+            // corrected (one small /proc read each, a few processes at a time).
+            let heavy = tracked.pace.tally.trap_share().unwrap_or(0.0)
+                >= allocbpf_profile::estimate::pace::MIN_TRAP_SHARE;
+            if let Some(threads) = heavy.then(|| procfs::thread_count(pid)).flatten() {
+                tracked
+                    .pace
+                    .tally
+                    .saw_capacity(f64::from(threads).min(self.cpus));
+            }
+        }
+        // Time accounting: what share of this check it was observed (expected).
+        let inclusion = match tracked.own.since_ns {
+            Some(_) => 1.0,
+            None => self.schedule.inclusion_at(&tracked.images, now_ns),
+        };
+        tracked
+            .observed
+            .add(inclusion, elapsed_ns, self.schedule.period_of(now_ns));
+        // A process new since the last check is measured from its first hit,
+        // over the whole check, or since its exec if that came in the check at
+        // least 25 ms ago (`early.rs`): its cost is underestimated at worst, and a
+        // heavy one is caught at its first check.
+        let before = self.last_hits.get(&pid).copied().unwrap_or_default();
+        let spent = self.cost.seconds(&before, &total);
+        let lived_ns = self.early.lived_ns(pid, now_ns, elapsed_ns);
+        // Probed full time through its own links; else while its images were.
+        let exposure_ns = match tracked.own.attached() {
+            true => elapsed_ns,
+            false => tracked
+                .images
+                .iter()
+                .filter_map(|key| attached.get(key))
+                .copied()
+                .max()
+                .unwrap_or(elapsed_ns),
+        }
+        .min(lived_ns);
+        // Inside windows its samples were drawn denser than they would be full
+        // time: their recording counts at the full-time density.
+        let shift = match tracked.own.attached() {
+            true => 0,
+            false => window_shift(self.schedule.inclusion_at(&tracked.images, now_ns)),
+        };
+        let spent_full_time = self.cost.seconds_at_shift(&before, &total, shift);
+        tracing::trace!(
+            "pid {pid}: {} hits in {} us, probed {} us",
+            total.all.saturating_sub(before.all),
+            elapsed_ns / 1000,
+            exposure_ns / 1000
+        );
+        if !tracked.exited && self.allowances.covers(pid) {
+            self.allowances.charge(pid, spent, now_ns);
+            if !self.allowances.covers(pid) {
+                tracing::debug!(
+                    "pid {pid} ({:?}): out of its start-up allowance",
+                    tracked.info.comm
+                );
+            }
+        }
+        let figures = self.costs.entry(pid).or_default();
+        figures.overhead_cpu = spent / elapsed;
+        if exposure_ns >= MIN_EXPOSURE_NS {
+            figures.measured = true;
+            let full = spent_full_time / (exposure_ns as f64 * 1e-9);
+            // Up at once (a new heavy phase must be caught), down gently.
+            figures.full_time_cpu = if full >= figures.full_time_cpu {
+                full
+            } else {
+                0.5 * (figures.full_time_cpu + full)
+            };
+            self.programs
+                .measured(program_of(tracked), figures.full_time_cpu, now_ns);
+        }
     }
 
     /// Plans every image's duty from the costs of the processes the budget acts on (not

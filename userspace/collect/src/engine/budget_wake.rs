@@ -11,21 +11,27 @@ impl Collector {
     /// Brings the loop's next wake-up forward to the budget's early check, if asked for.
     pub(super) fn wake_for_early_check(&mut self) {
         let early = self.budget.as_ref().and_then(|b| b.early_check_ns());
-        self.next_window_change_ns = self.next_window_change_ns.into_iter().chain(early).min();
+        self.chores.next_window_change_ns = self
+            .chores
+            .next_window_change_ns
+            .into_iter()
+            .chain(early)
+            .min();
     }
 
     /// Under an overhead budget: when observation windows next open or close, or a
     /// new program's early budget check is due (call [`Collector::windows_tick`]
     /// then). `None`: no budget.
     pub fn next_window_change(&self) -> Option<Instant> {
-        let at_ns = self.next_window_change_ns?;
+        let at_ns = self.chores.next_window_change_ns?;
         let wait = at_ns.saturating_sub(monotonic_now_ns());
         Some(Instant::now() + Duration::from_nanos(wait))
     }
 
     /// True if observation windows open or close now.
     pub(super) fn window_due(&self) -> bool {
-        self.next_window_change_ns
+        self.chores
+            .next_window_change_ns
             .is_some_and(|at| at <= monotonic_now_ns())
     }
 
@@ -59,7 +65,7 @@ impl Collector {
         let period = budget.options.period.as_nanos() as u64;
         // An early check still to come (due, or waiting for its spacing) comes here.
         let early = budget.early_check_ns().unwrap_or(u64::MAX);
-        self.next_window_change_ns = Some(next.min(monotonic_now_ns() + period).min(early));
+        self.chores.next_window_change_ns = Some(next.min(monotonic_now_ns() + period).min(early));
     }
 
     /// The overhead budget's figures per image (duty, probed fraction, overhead) and

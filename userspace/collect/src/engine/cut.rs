@@ -13,10 +13,10 @@ use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
 use super::{
-    budget_control::BudgetController, interval::IntervalEnd, Collector, ProcessProfile, Tracked,
-    LOST_FREE_MIN_AGE,
+    budget_control::BudgetController, interval::IntervalEnd, Collector, ImageSet, ProcessProfile,
+    Tracked, LOST_FREE_MIN_AGE,
 };
-use crate::identity;
+use crate::{identity, kernel::Kernel};
 
 /// Which of the processes that had a pid in one interval (a pid reused after an exit)
 /// gets the kernel's totals of that pid, which count them all: the one with most of
@@ -110,7 +110,7 @@ impl Collector {
             FrameSymbolizer::unsymbolized()
         };
         // The Go processes' counts up to now belong to this interval.
-        self.poll_go();
+        self.poll_runtimes(true);
         let symbolizing = Instant::now();
         let mut profiles = Vec::new();
         let mut gone = HashSet::new();
@@ -128,23 +128,9 @@ impl Collector {
         for (tracked, position) in entries {
             let pid = tracked.info.pid;
             if let Some(kernel_live) = &kernel_live {
-                let known = kernel_live.get(&pid);
-                let lost = tracked.aggregate.forget_lost_frees(settled_before, |id| {
-                    known.is_some_and(|ids| ids.contains(&id))
-                });
-                self.stats.lost_frees += lost;
+                self.stats.lost_frees += forget_lost_frees(tracked, kernel_live, settled_before);
             }
-            if !tracked.exited && !identity::is_alive(pid, tracked.info.start_time) {
-                // Its exit event was lost (full ring): same outcome. A later process
-                // with its pid is not taken for it (the start time differs), but its
-                // samples until now are in this profile.
-                tracked.exited = true;
-            }
-            if tracked.exited {
-                if let Some(kernel) = self.kernel.as_deref_mut() {
-                    super::own_links::take_own_links(kernel, &self.images, pid, tracked);
-                }
-            }
+            settle_exit(tracked, self.kernel.as_deref_mut(), &self.images);
             // The window's own totals (one epoch), not a running sum; a reused pid's
             // once ([`totals_rank`]).
             let exact = match totals_owners.get(&pid) == Some(&totals_rank(tracked, position)) {
@@ -168,7 +154,7 @@ impl Collector {
                     .map(|target| target.silence.to_string());
                 let report = Report::build(
                     &tracked.aggregate,
-                    &mut symbolizer.for_modules(&self.stacks.normalizer.modules),
+                    &mut self.stacks.symbolizer(&mut symbolizer),
                     self.options.rate,
                     self.options.confidence,
                     KernelFigures {
@@ -299,8 +285,7 @@ impl Collector {
     fn forget(&mut self, mut gone: HashSet<u32>) {
         for pid in &gone {
             self.processes.tracked.remove(pid);
-            self.stacks.forget(*pid);
-            self.go.forget(*pid);
+            self.forget_process(*pid);
         }
         // Processes never tracked are in no report, and those that departed had their
         // last: their entries go too (a pid reused since has sampled and is tracked,
@@ -376,7 +361,7 @@ impl Collector {
                 self.stats.malformed_records
             );
         }
-        if let Some(log) = self.raw_samples.as_mut() {
+        if let Some(log) = self.intake.raw_samples.as_mut() {
             log.finish();
         }
         if let Some(unwinder) = &self.stacks.unwinder {
@@ -453,5 +438,32 @@ fn log_symbolized(profiles: &[ProcessProfile], one_process: bool, seconds: f64) 
         false => {
             tracing::debug!("symbolized {stacks} stacks of {samples} samples in {seconds:.6}s")
         }
+    }
+}
+
+/// Forgets the sampled blocks of `tracked` that the kernel's live table no longer
+/// holds (their frees were lost) among those older than `settled_before`; how many.
+fn forget_lost_frees(
+    tracked: &mut Tracked,
+    kernel_live: &HashMap<u32, HashSet<u64>>,
+    settled_before: u64,
+) -> u64 {
+    let known = kernel_live.get(&tracked.info.pid);
+    (tracked.aggregate).forget_lost_frees(settled_before, |id| {
+        known.is_some_and(|ids| ids.contains(&id))
+    })
+}
+
+/// A process whose exit event was lost (full ring) is taken as exited; an exited one's
+/// own links go.
+fn settle_exit(tracked: &mut Tracked, kernel: Option<&mut (dyn Kernel + '_)>, images: &ImageSet) {
+    let pid = tracked.info.pid;
+    if !tracked.exited && !identity::is_alive(pid, tracked.info.start_time) {
+        // Same outcome as its exit. A later process with its pid is not taken for it
+        // (the start time differs), but its samples until now are in this profile.
+        tracked.exited = true;
+    }
+    if let Some(kernel) = kernel.filter(|_| tracked.exited) {
+        super::own_links::take_own_links(kernel, images, pid, tracked);
     }
 }

@@ -10,14 +10,11 @@ impl Collector {
     /// links, images), it is looked at again soon, and the budget checks it early.
     pub(super) fn on_exec(&mut self, pid: u32) {
         self.stats.exec_events += 1;
-        self.stacks.forget(pid);
+        self.forget_process(pid);
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
-            tracked.info.python_version = None;
-            tracked.info.go_version = None;
+            tracked.info.runtimes.clear();
         }
-        self.go.forget(pid);
         if let Some(kernel) = self.kernel.as_deref_mut() {
-            kernel.forget_python(pid);
             // Its own links were for the images of the program it was: the
             // new one is measured afresh, through the shared windows.
             if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
@@ -33,7 +30,7 @@ impl Collector {
             // Until they are known its probe state is not: no span across.
             tracked.pace.restart();
         }
-        if host && self.kernel.is_some() && !self.exec_queue.push(pid, Instant::now()) {
+        if host && self.kernel.is_some() && !self.chores.exec_queue.push(pid, Instant::now()) {
             self.stats.exec_queue_overflows += 1;
         }
         // A new program on a fully probed image traps on every call until
@@ -55,13 +52,11 @@ impl Collector {
             tracked.exited = true;
             own_links::take_own_links(kernel, &self.images, pid, tracked);
         }
-        // Its entry departs: a later process with its pid is followed
-        // apart, and resolves its stacks with nothing cached for this one.
-        if self.processes.exited(pid) {
-            self.stacks.forget(pid);
-        }
-        // Its memory is gone: what its last poll read is what it has.
-        self.go.forget(pid);
+        // Its entry departs: a later process with its pid is followed apart, and
+        // resolves its stacks with nothing cached for this one. Its memory is gone:
+        // what its runtime's last poll read is what it has.
+        self.processes.exited(pid);
+        self.forget_process(pid);
         if let Some(budget) = self.budget.as_mut() {
             budget.exit_seen(self.kernel.as_deref(), pid);
         }

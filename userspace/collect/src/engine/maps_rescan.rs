@@ -65,7 +65,7 @@ impl Collector {
     /// ([`MAPS_RESCAN_INTERVAL`]).
     pub(super) fn rescan_maps_due(&mut self, now: Instant) {
         let tracked = &self.processes.tracked;
-        let due = self.maps_rescan.due(now, || {
+        let due = self.chores.maps_rescan.due(now, || {
             let mut pids: Vec<u32> = tracked
                 .iter()
                 .filter(|(_, t)| t.admitted && !t.exited)

@@ -25,7 +25,9 @@
 
 use std::time::{Duration, Instant};
 
-use allocbpf_common::{GateState, LiveMode};
+use allocbpf_common::GateState;
+/// How returns are observed with live tracking (what [`AttachedTarget::live_mode`] says).
+pub use allocbpf_common::LiveMode;
 use allocbpf_images::{
     discover::Silence,
     image::{AllocatorImage, ImageKey},
@@ -44,7 +46,6 @@ mod budget_control;
 mod budget_wake;
 mod cut;
 mod exec_queue;
-mod golang;
 mod hit_cost;
 mod images;
 mod interval;
@@ -52,8 +53,8 @@ mod lifecycle;
 mod maps_rescan;
 mod own_links;
 mod process_table;
-mod python;
 mod release;
+mod runtimes;
 mod start;
 mod stats;
 #[cfg(test)]
@@ -69,7 +70,9 @@ pub(crate) use self::{
 };
 use self::{interval::IntervalCutter, maps_rescan::MapsRescan};
 pub use self::{
-    interval::ProcessProfile, maps_rescan::MAPS_RESCAN_INTERVAL, stats::CollectorStats,
+    interval::ProcessProfile,
+    maps_rescan::MAPS_RESCAN_INTERVAL,
+    stats::{procfs_counts, CollectorStats, ProcfsCounts},
 };
 use crate::{
     filter::ProcessFilter,
@@ -110,8 +113,33 @@ pub struct AttachedTarget {
     pub frees: usize,
     /// What to say if it makes no probed call while profiled.
     pub silence: Silence,
-    /// For a Go program: how its heap profile is read (its version and sampling rate).
-    pub go: Option<String>,
+    /// Its runtimes' own sources of samples, as the start-up line says them (a Go
+    /// program's heap profile: its version and how it is read).
+    pub runtimes: Vec<String>,
+}
+
+/// The events on their way in: where they come from, the batch being handled, and the
+/// log raw samples are copied to.
+struct Intake {
+    source: Box<dyn EventSource>,
+    batch: Vec<Event>,
+    raw_samples: Option<RawSampleLog>,
+}
+
+/// The engine's periodic work: when each kind was last done, and what is due next.
+struct Chores {
+    /// Processes that exec'd, looked at once their loader has mapped their libraries.
+    exec_queue: ExecQueue,
+    /// Whose maps are re-read next ([`MAPS_RESCAN_INTERVAL`]).
+    maps_rescan: MapsRescan,
+    /// The last scan of `/proc` for new processes.
+    last_scan: Instant,
+    /// The last refresh of the interval table.
+    last_refresh: Instant,
+    /// The last collection of exited threads' entries.
+    last_collect: Instant,
+    /// Under a budget: when windows next open or close (CLOCK_MONOTONIC ns).
+    next_window_change_ns: Option<u64>,
 }
 
 /// Collects samples per process. See the module docs.
@@ -119,25 +147,17 @@ pub struct Collector {
     options: CollectOptions,
     scope: Scope,
     kernel: Option<Box<dyn Kernel>>,
-    events: Box<dyn EventSource>,
+    /// The events on their way in.
+    intake: Intake,
+    /// Frames: unwinding, normalizing, the runtimes' frames, symbolizing.
     stacks: StackResolver,
     processes: ProcessTable,
     images: ImageSet,
-    exec_queue: ExecQueue,
     budget: Option<BudgetController>,
     cutter: IntervalCutter,
-    raw_samples: Option<RawSampleLog>,
     target: Option<AttachedTarget>,
-    batch: Vec<Event>,
-    last_scan: Instant,
-    /// Whose maps are re-read next ([`MAPS_RESCAN_INTERVAL`]).
-    maps_rescan: MapsRescan,
-    last_refresh: Instant,
-    last_collect: Instant,
-    /// Under a budget: when windows next open or close (CLOCK_MONOTONIC ns).
-    next_window_change_ns: Option<u64>,
-    /// Go processes, whose heap profile is read rather than probed.
-    go: golang::GoReaders,
+    /// Periodic work: when it was last done, what is due next.
+    chores: Chores,
     /// Running counts.
     pub stats: CollectorStats,
 }
@@ -180,7 +200,7 @@ impl Collector {
 
     /// Looks at every process in `/proc`.
     fn scan_all(&mut self) {
-        self.last_scan = Instant::now();
+        self.chores.last_scan = Instant::now();
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return;
         };
@@ -225,8 +245,7 @@ impl Collector {
             Followed::Reused => {
                 self.stats.processes_seen += 1;
                 // What was cached about the pid is the earlier process's.
-                self.stacks.forget(pid);
-                self.go.forget(pid);
+                self.forget_process(pid);
             }
         }
         // Records the files it maps (what a rescan of its maps compares with) and
@@ -235,15 +254,14 @@ impl Collector {
         // an image it mapped since it was resolved is examined and attached here.
         if admitted {
             self.attach_images_of(pid, &maps);
-            self.look_for_python(pid, &maps);
-            self.look_for_go(pid, &maps);
+            self.look_at_runtimes(pid, &maps);
         }
     }
 
     /// Looks at the processes that exec'd long enough before `now` for their loader
     /// to have mapped their libraries.
     fn observe_execs_due(&mut self, now: Instant) {
-        for pid in self.exec_queue.due(now) {
+        for pid in self.chores.exec_queue.due(now) {
             self.observe(pid);
         }
     }
@@ -280,26 +298,26 @@ impl Collector {
 
     /// Reads the next batch of ring-buffer records and handles them.
     pub async fn read(&mut self) -> std::io::Result<()> {
-        let mut batch = std::mem::take(&mut self.batch);
-        let result = self.events.read_batch(&mut batch).await;
+        let mut batch = std::mem::take(&mut self.intake.batch);
+        let result = self.intake.source.read_batch(&mut batch).await;
         self.handle(&mut batch);
-        self.batch = batch;
+        self.intake.batch = batch;
         result
     }
 
     /// Handles whatever the ring buffer holds now, without waiting.
     fn drain_ring(&mut self) {
-        let mut batch = std::mem::take(&mut self.batch);
+        let mut batch = std::mem::take(&mut self.intake.batch);
         // A chunk at a time: the queue may hold 16 MiB, and decoded events as much.
-        while self.events.drain_some(&mut batch) {
+        while self.intake.source.drain_some(&mut batch) {
             self.handle(&mut batch);
         }
         self.handle(&mut batch);
-        self.batch = batch;
+        self.intake.batch = batch;
     }
 
     fn handle(&mut self, batch: &mut Vec<Event>) {
-        let source = self.events.figures();
+        let source = self.intake.source.figures();
         self.stats.malformed_records = source.malformed;
         self.stats.ring_peak_bytes = source.ring_peak_bytes;
         self.stats.queue_peak_bytes = source.queue_peak_bytes;
@@ -381,13 +399,13 @@ impl Collector {
                 }
             }
         }
-        if let Some(log) = self.raw_samples.as_mut() {
+        if let Some(log) = self.intake.raw_samples.as_mut() {
             log.write(&sample);
         }
         // A lost sample has its weight but no stack: it stands under one
         // frame that says so, and still counts in every total.
-        if self.stacks.python.retry_due(pid) {
-            self.look_for_python(pid, &procfs::read_maps(pid));
+        if self.stacks.look_again_due(pid, Instant::now()) {
+            self.look_at_runtimes(pid, &procfs::read_maps(pid));
         }
         let frames = if sample.lost {
             self.stats.lost_samples += 1;
@@ -406,16 +424,16 @@ impl Collector {
     pub fn housekeeping(&mut self) {
         let now = Instant::now();
         self.observe_execs_due(now);
-        if self.go.poll_due(now) {
-            self.poll_go();
+        if self.stacks.poll_due(now) {
+            self.poll_runtimes(false);
         }
         self.rescan_maps_due(now);
         let host = matches!(self.scope, Scope::Host { .. });
-        if host && now.duration_since(self.last_scan) >= RESCAN_INTERVAL {
+        if host && now.duration_since(self.chores.last_scan) >= RESCAN_INTERVAL {
             self.scan_all();
         }
-        if now.duration_since(self.last_refresh) >= REFRESH_INTERVAL {
-            self.last_refresh = now;
+        if now.duration_since(self.chores.last_refresh) >= REFRESH_INTERVAL {
+            self.chores.last_refresh = now;
             // The old table stays a valid exponential table: a failed refresh costs
             // nothing but freshness, so sampling goes on.
             if let Err(error) = self.kernel().refresh_intervals() {
@@ -439,8 +457,8 @@ impl Collector {
             .expect("the kernel lives until stop");
         // Exited threads' entries stay frozen until collected (`probe/src/sampler/totals.rs`): free
         // them often enough that a program churning threads keeps finding slots.
-        if now.duration_since(self.last_collect) >= COLLECT_EXITED_EVERY {
-            self.last_collect = now;
+        if now.duration_since(self.chores.last_collect) >= COLLECT_EXITED_EVERY {
+            self.chores.last_collect = now;
             kernel.collect_exited_threads();
         }
         kernel.flush_logs();

@@ -186,11 +186,12 @@ impl ProcessTable {
             };
             if same {
                 // What the engine learnt (not procfs) stays until an exec clears it.
-                let python_version = tracked.info.python_version.take();
-                let go_version = tracked.info.go_version.take();
+                let runtimes = std::mem::take(&mut tracked.info.runtimes);
                 tracked.info = ProcessInfo {
-                    python_version: info.python_version.clone().or(python_version),
-                    go_version: info.go_version.clone().or(go_version),
+                    runtimes: match info.runtimes.is_empty() {
+                        true => runtimes,
+                        false => info.runtimes,
+                    },
                     ..info
                 };
                 tracked.admitted = admitted;

@@ -12,8 +12,8 @@ use allocbpf_probe::sampler::SamplerConfig;
 use allocbpf_stacks::resolve::StackResolver;
 
 use super::{
-    budget_control::BudgetController, interval::IntervalCutter, AttachedTarget, Collector,
-    CollectorStats, ExecQueue, ImageSet, ProcessTable,
+    budget_control::BudgetController, interval::IntervalCutter, AttachedTarget, Chores, Collector,
+    CollectorStats, ExecQueue, ImageSet, Intake, ProcessTable,
 };
 use crate::{
     budget::{BudgetOptions, HitCost},
@@ -105,7 +105,11 @@ impl Collector {
         }
         let now = Instant::now();
         Ok(Collector {
-            stacks: StackResolver::new(options.unwind, &options.allocator_prefixes),
+            stacks: StackResolver::new(
+                options.unwind,
+                &options.allocator_prefixes,
+                crate::runtimes::supported(),
+            ),
             options,
             // A host scope never profiles allocbpf itself; `--pid` may name anything.
             processes: match &scope {
@@ -114,20 +118,23 @@ impl Collector {
             },
             scope,
             kernel: Some(kernel),
-            events,
+            intake: Intake {
+                source: events,
+                batch: Vec::new(),
+                raw_samples,
+            },
             images: ImageSet::default(),
-            exec_queue: ExecQueue::default(),
             budget: None,
             cutter: IntervalCutter::new(),
-            raw_samples,
             target: None,
-            batch: Vec::new(),
-            last_scan: now,
-            maps_rescan: Default::default(),
-            last_refresh: now,
-            last_collect: now,
-            next_window_change_ns: None,
-            go: Default::default(),
+            chores: Chores {
+                exec_queue: ExecQueue::default(),
+                maps_rescan: Default::default(),
+                last_scan: now,
+                last_refresh: now,
+                last_collect: now,
+                next_window_change_ns: None,
+            },
             stats: CollectorStats::default(),
         })
     }
@@ -148,7 +155,7 @@ impl Collector {
             live_mode: None,
             frees: 0,
             silence: target.silence,
-            go: None,
+            runtimes: Vec::new(),
         };
         // What resolving it found about its files: a rescan of its maps examines only
         // files mapped since (dlopen).
@@ -177,9 +184,13 @@ impl Collector {
         let comm = attached.comm.clone();
         self.target = Some(attached);
         self.observe(pid);
-        let go = self.go_description(pid);
+        let sources: Vec<String> = (self.processes.tracked.get(&pid))
+            .into_iter()
+            .flat_map(|tracked| &tracked.info.runtimes)
+            .filter_map(|found| found.source.clone())
+            .collect();
         if let Some(target) = self.target.as_mut() {
-            target.go = go;
+            target.runtimes = sources;
         }
         if !self.processes.tracked.contains_key(&pid) {
             // Its identity could not be read (it may be exiting): its samples still

@@ -1,7 +1,11 @@
 //! The engine's running counts, for logs and the agent's metrics.
 
+use std::collections::BTreeMap;
+
+use allocbpf_runtime::PollFigures;
+
 /// Running counts, for logs and the agent's metrics.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CollectorStats {
     /// Samples aggregated.
     pub samples: u64,
@@ -78,12 +82,31 @@ pub struct CollectorStats {
     pub kernel_processes: u64,
     /// Blocks in the kernel's live map at the last cut (live tracking).
     pub kernel_live_blocks: u64,
-    /// Polls of Go processes' heap profiles (total).
-    pub go_polls: u64,
-    /// Buckets those polls read (total).
-    pub go_buckets_read: u64,
-    /// Bytes of Go processes' memory those polls read (total).
-    pub go_bytes_read: u64,
-    /// Time spent polling Go processes, in nanoseconds (total).
-    pub go_poll_ns: u64,
+    /// What reading each runtime's own samplers cost, by runtime name (totals).
+    pub runtime_reads: BTreeMap<&'static str, PollFigures>,
+}
+
+impl CollectorStats {
+    /// What reading runtime `name`'s own samplers cost so far (zero if none was read).
+    pub fn runtime_reads(&self, name: &str) -> PollFigures {
+        self.runtime_reads.get(name).copied().unwrap_or_default()
+    }
+}
+
+/// What reading other processes' `/proc` files ran into since start, process-wide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcfsCounts {
+    /// Memory maps cut at their size cap.
+    pub maps_truncated: u64,
+    /// Opens of mapped files that failed for want of descriptors.
+    pub descriptor_errors: u64,
+}
+
+/// The [`ProcfsCounts`] now.
+pub fn procfs_counts() -> ProcfsCounts {
+    use std::sync::atomic::Ordering::Relaxed;
+    ProcfsCounts {
+        maps_truncated: allocbpf_images::procfs::MAPS_TRUNCATED.load(Relaxed),
+        descriptor_errors: allocbpf_images::procfs::DESCRIPTOR_ERRORS.load(Relaxed),
+    }
 }

@@ -332,7 +332,8 @@ fn housekeeping_refreshes_the_table_and_reads_the_rings_pressure() {
     let fake = FakeLoader::new(false);
     let mut collector = one_process(&fake, vec![own_executable()]);
     fake.state.borrow_mut().pressure_level = 2;
-    collector.last_refresh = collector
+    collector.chores.last_refresh = collector
+        .chores
         .last_refresh
         .checked_sub(REFRESH_INTERVAL)
         .expect("the clock has run that long");

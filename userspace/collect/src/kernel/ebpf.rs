@@ -13,9 +13,11 @@ use allocbpf_probe::{
 };
 use allocbpf_profile::report::Counters;
 
+use allocbpf_runtime::{RuntimeMapError, RuntimeMaps};
+
 use super::{
-    Attached, Detaching, EventSource, Kernel, KernelLoader, LinkSet, Loaded, ReadFuture,
-    SourceFigures,
+    Attach, Attached, Detaching, Epochs, EventSource, Gates, KernelLoader, LinkSet, LiveState,
+    Loaded, ReadFuture, SourceFigures, Upkeep,
 };
 use crate::error::CollectError;
 
@@ -75,7 +77,7 @@ impl EbpfKernel {
     }
 }
 
-impl Kernel for EbpfKernel {
+impl Gates for EbpfKernel {
     fn set_gate(&mut self, pid: u32, state: GateState) -> Result<(), ProbeError> {
         self.sampler.set_gate(pid, state)
     }
@@ -87,7 +89,9 @@ impl Kernel for EbpfKernel {
     fn gate_hits_of(&self, pid: u32) -> Option<ProcessGate> {
         self.sampler.gate_hits_of(pid)
     }
+}
 
+impl Attach for EbpfKernel {
     fn windows_supported(&self) -> bool {
         self.sampler.windows_supported()
     }
@@ -149,7 +153,9 @@ impl Kernel for EbpfKernel {
     fn wait_for_running_programs(&self) {
         sampler::wait_for_running_programs();
     }
+}
 
+impl Epochs for EbpfKernel {
     fn epoch(&self) -> u64 {
         self.sampler.epoch()
     }
@@ -169,7 +175,9 @@ impl Kernel for EbpfKernel {
     fn totals_of(&mut self, epoch: u64) -> Result<HashMap<u32, Totals>, ProbeError> {
         self.sampler.totals_of(epoch)
     }
+}
 
+impl Upkeep for EbpfKernel {
     fn refresh_intervals(&mut self) -> Result<(), ProbeError> {
         self.sampler.refresh_intervals()
     }
@@ -185,7 +193,9 @@ impl Kernel for EbpfKernel {
     fn flush_logs(&mut self) {
         self.sampler.flush_logs();
     }
+}
 
+impl LiveState for EbpfKernel {
     fn kernel_pids(&self) -> HashSet<u32> {
         self.sampler.kernel_pids()
     }
@@ -201,9 +211,11 @@ impl Kernel for EbpfKernel {
     fn forget_processes(&mut self, pids: &HashSet<u32>) {
         self.sampler.forget_processes(pids);
     }
+}
 
-    fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), ProbeError> {
-        self.sampler.set_python(pid, walk)
+impl RuntimeMaps for EbpfKernel {
+    fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), RuntimeMapError> {
+        (self.sampler.set_python(pid, walk)).map_err(|error| RuntimeMapError(error.to_string()))
     }
 
     fn forget_python(&mut self, pid: u32) {

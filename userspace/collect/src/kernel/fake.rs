@@ -17,9 +17,11 @@ use allocbpf_probe::{
 };
 use allocbpf_profile::report::Counters;
 
+use allocbpf_runtime::{RuntimeMapError, RuntimeMaps};
+
 use super::{
-    Attached, Detaching, EventSource, Kernel, KernelLoader, LinkSet, Loaded, ReadFuture,
-    SourceFigures,
+    Attach, Attached, Detaching, Epochs, EventSource, Gates, KernelLoader, LinkSet, LiveState,
+    Loaded, ReadFuture, SourceFigures, Upkeep,
 };
 use crate::error::CollectError;
 
@@ -147,7 +149,7 @@ impl FakeKernel {
     }
 }
 
-impl Kernel for FakeKernel {
+impl Gates for FakeKernel {
     fn set_gate(&mut self, pid: u32, state: GateState) -> Result<(), ProbeError> {
         let mut fake = self.0.borrow_mut();
         fake.pids.insert(pid);
@@ -162,7 +164,9 @@ impl Kernel for FakeKernel {
     fn gate_hits_of(&self, pid: u32) -> Option<ProcessGate> {
         self.0.borrow().gates.get(&pid).copied()
     }
+}
 
+impl Attach for FakeKernel {
     fn windows_supported(&self) -> bool {
         self.0.borrow().windows_supported
     }
@@ -206,7 +210,9 @@ impl Kernel for FakeKernel {
     }
 
     fn wait_for_running_programs(&self) {}
+}
 
+impl Epochs for FakeKernel {
     fn epoch(&self) -> u64 {
         self.0.borrow().epoch
     }
@@ -234,7 +240,9 @@ impl Kernel for FakeKernel {
             .cloned()
             .unwrap_or_default())
     }
+}
 
+impl Upkeep for FakeKernel {
     fn refresh_intervals(&mut self) -> Result<(), ProbeError> {
         self.0.borrow_mut().refreshes += 1;
         Ok(())
@@ -249,7 +257,9 @@ impl Kernel for FakeKernel {
     }
 
     fn flush_logs(&mut self) {}
+}
 
+impl LiveState for FakeKernel {
     fn kernel_pids(&self) -> HashSet<u32> {
         self.0.borrow().pids.clone()
     }
@@ -269,15 +279,6 @@ impl Kernel for FakeKernel {
         forgotten
     }
 
-    fn set_python(&mut self, pid: u32, _walk: PythonWalk) -> Result<(), ProbeError> {
-        self.0.borrow_mut().python.insert(pid);
-        Ok(())
-    }
-
-    fn forget_python(&mut self, pid: u32) {
-        self.0.borrow_mut().python.remove(&pid);
-    }
-
     fn forget_processes(&mut self, pids: &HashSet<u32>) {
         let mut state = self.0.borrow_mut();
         for pid in pids {
@@ -286,6 +287,17 @@ impl Kernel for FakeKernel {
             state.live.remove(pid);
             state.forgotten.insert(*pid);
         }
+    }
+}
+
+impl RuntimeMaps for FakeKernel {
+    fn set_python(&mut self, pid: u32, _walk: PythonWalk) -> Result<(), RuntimeMapError> {
+        self.0.borrow_mut().python.insert(pid);
+        Ok(())
+    }
+
+    fn forget_python(&mut self, pid: u32) {
+        self.0.borrow_mut().python.remove(&pid);
     }
 }
 

@@ -7,7 +7,9 @@
 //! handling, cuts, budget control and image release are checked without root and
 //! without the BPF toolchain.
 //!
-//! - [`Kernel`]: gates, epochs, totals and counters, attach and detach, upkeep;
+//! - [`Kernel`]: every concern below, one trait each: [`Gates`], [`Attach`],
+//!   [`Epochs`] (totals and counters), [`LiveState`], [`Upkeep`] and the runtimes'
+//!   [`RuntimeMaps`];
 //! - [`EventSource`]: the events, fed from a queue (the ring-buffer reader's, or a
 //!   test's);
 //! - [`KernelLoader`]: loads both for a [`SamplerConfig`].
@@ -20,13 +22,14 @@ use std::{
     pin::Pin,
 };
 
-use allocbpf_common::{python::PythonWalk, GateState, LiveMode, ProcessGate, Totals};
+use allocbpf_common::{GateState, LiveMode, ProcessGate, Totals};
 use allocbpf_images::image::AllocatorImage;
 use allocbpf_probe::{
     events::Event,
     sampler::{ProbeError, SamplerConfig},
 };
 use allocbpf_profile::report::Counters;
+pub use allocbpf_runtime::RuntimeMaps;
 
 use crate::error::CollectError;
 
@@ -83,15 +86,19 @@ pub struct Attached {
 /// waits for the kernel's grace period, so the engine drops it on another thread.
 pub type Detaching = Box<dyn Send>;
 
-/// What the engine asks of the kernel side.
-pub trait Kernel {
+/// Which processes are sampled: each process's gate, and the probe hits it counts.
+pub trait Gates {
     /// Opens or closes `pid`'s gate (host scope: which processes are sampled).
     fn set_gate(&mut self, pid: u32, state: GateState) -> Result<(), ProbeError>;
     /// Every process's gate with its probe hits, summed over CPUs.
     fn gate_hits(&self) -> Result<HashMap<u32, ProcessGate>, ProbeError>;
     /// One process's gate, if it has one.
     fn gate_hits_of(&self, pid: u32) -> Option<ProcessGate>;
+}
 
+/// Probes in and out: an image's full time, in windows or for one process, and the
+/// calibration's empty program.
+pub trait Attach {
     /// True if images can be probed part time (the overhead budget's windows).
     fn windows_supported(&self) -> bool;
     /// Attaches the probes of `image`, sampling at the configured rate.
@@ -120,7 +127,10 @@ pub trait Kernel {
     fn detach_later(&mut self, links: LinkSet) -> Vec<Detaching>;
     /// Returns once every probe run that started before the call has finished.
     fn wait_for_running_programs(&self);
+}
 
+/// What the kernel counted, by epoch: the exact totals a cut reads.
+pub trait Epochs {
     /// The epoch the kernel counts into now.
     fn epoch(&self) -> u64;
     /// Starts a new epoch; the one that ended.
@@ -131,16 +141,10 @@ pub trait Kernel {
     fn counters_of(&self, epoch: u64) -> Result<Counters, ProbeError>;
     /// Exact totals per process of `epoch`.
     fn totals_of(&mut self, epoch: u64) -> Result<HashMap<u32, Totals>, ProbeError>;
+}
 
-    /// Writes a fresh table of exponential intervals.
-    fn refresh_intervals(&mut self) -> Result<(), ProbeError>;
-    /// Frees the thread tables' entries of exited threads; how many.
-    fn collect_exited_threads(&mut self) -> usize;
-    /// The ring's pressure level now (0: none).
-    fn pressure_level(&self) -> u32;
-    /// Forwards the eBPF side's log records.
-    fn flush_logs(&mut self);
-
+/// The kernel side's state per process and per sampled block, and its release.
+pub trait LiveState {
     /// Every pid the kernel holds state for.
     fn kernel_pids(&self) -> HashSet<u32>;
     /// Sampled blocks still live in the kernel's table, by pid.
@@ -149,11 +153,26 @@ pub trait Kernel {
     fn forget_live_blocks(&mut self, expired: &HashSet<(u32, u64)>) -> usize;
     /// Forgets everything the kernel holds for `pids`.
     fn forget_processes(&mut self, pids: &HashSet<u32>);
-    /// Has the program walk `pid`'s Python frames at its samples.
-    fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), ProbeError>;
-    /// Stops walking `pid`'s Python frames.
-    fn forget_python(&mut self, pid: u32);
 }
+
+/// Upkeep the engine's housekeeping does.
+pub trait Upkeep {
+    /// Writes a fresh table of exponential intervals.
+    fn refresh_intervals(&mut self) -> Result<(), ProbeError>;
+    /// Frees the thread tables' entries of exited threads; how many.
+    fn collect_exited_threads(&mut self) -> usize;
+    /// The ring's pressure level now (0: none).
+    fn pressure_level(&self) -> u32;
+    /// Forwards the eBPF side's log records.
+    fn flush_logs(&mut self);
+}
+
+/// What the engine asks of the kernel side: each concern is a trait of its own (the
+/// runtime maps are the runtimes' interface, [`RuntimeMaps`]); a part of the engine
+/// that needs one concern takes that trait.
+pub trait Kernel: Gates + Attach + Epochs + LiveState + Upkeep + RuntimeMaps {}
+
+impl<T: Gates + Attach + Epochs + LiveState + Upkeep + RuntimeMaps + ?Sized> Kernel for T {}
 
 /// How the ring buffer's reader is doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

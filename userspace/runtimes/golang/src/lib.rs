@@ -14,11 +14,14 @@
 //! - [`buckets`]: the bucket list walked in the process's memory, every read bounded
 //!   and every pointer checked, since the target can forge it;
 //! - [`process`]: one process polled: new sampled allocations since the previous
-//!   poll, and objects in use.
+//!   poll, and objects in use;
+//! - [`heap_profile`]: all of it behind the engine's [`allocbpf_runtime::Runtime`]
+//!   interface.
 #![deny(missing_docs)]
 
 pub mod buckets;
 pub mod buildinfo;
+pub mod heap_profile;
 pub mod pclntab;
 pub mod process;
 pub mod runtime;

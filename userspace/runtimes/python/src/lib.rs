@@ -13,7 +13,9 @@
 //!   each version's format;
 //! - [`memory`]: bounded reads of another process's memory (`allocbpf-images`' own,
 //!   shared with the Go reader);
-//! - [`pools`]: where pymalloc's used pools are, for `--live` at inlined sites.
+//! - [`pools`]: where pymalloc's used pools are, for `--live` at inlined sites;
+//! - [`runtime`]: all of it behind the engine's [`allocbpf_runtime::Runtime`]
+//!   interface.
 
 pub mod code;
 pub mod discover;
@@ -21,3 +23,4 @@ pub mod layout;
 pub mod linetable;
 pub use allocbpf_images::memory;
 pub mod pools;
+pub mod runtime;

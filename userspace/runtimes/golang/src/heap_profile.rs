@@ -1,0 +1,291 @@
+//! Go as a [`Runtime`]: a Go process's heap profile is its runtime's own sampler's,
+//! read from its memory, not probed. A Go executable is examined once per file; each
+//! process is polled every [`GO_POLL_INTERVAL`] and at each cut. A poll adds the
+//! sampled allocations new since the previous one (each bucket's count, at the rate the
+//! process samples at) and replaces the objects in use (as of its last GC cycle).
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
+use allocbpf_runtime::{
+    Counted, Found, IsCurrent, PollFigures, Polled, ProcessPoll, ProcessView, Runtime, RuntimeMaps,
+};
+
+use crate::{
+    buckets::WalkEnd,
+    process::{self, GoFile, GoProcess, Poll},
+};
+
+/// The outermost frame of every stack read from the Go runtime's heap profile: in a
+/// program that also allocates through malloc (cgo), each stack says which sampler it
+/// came from.
+pub const GO_SAMPLER_FRAME: &str = "[go runtime heap profile]";
+
+/// How a return address the function table does not know reads.
+pub const UNKNOWN_GO_FRAME: &str = "[go: unknown pc]";
+
+/// How often Go processes are polled between cuts (a process that exits between two
+/// polls loses what it allocated since the last one).
+pub const GO_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Go executables remembered (by device and inode); past it the cache starts over.
+const MAX_GO_FILES: usize = 256;
+
+/// One Go process read.
+struct GoReader {
+    process: GoProcess,
+    /// Its executable's key in [`GoRuntime::files`].
+    file: (u64, u64),
+    /// Its start time (a later process with its pid is not read as this one).
+    start_time: Option<u64>,
+    /// The frames of each bucket read so far (a bucket's stack never changes).
+    frames: HashMap<u64, Vec<Frame>>,
+}
+
+/// The Go processes read, and their files.
+#[derive(Default)]
+pub struct GoRuntime {
+    /// Examined files: `None` for one that cannot be read as Go.
+    files: HashMap<(u64, u64), Option<GoFile>>,
+    /// Processes polled.
+    processes: HashMap<u32, GoReader>,
+    /// Processes whose runtime does not sample (rate 0), said once.
+    not_sampling: HashSet<u32>,
+    /// How each process's last walk of its bucket list ended, when it did not reach the
+    /// list's end (said when it changes).
+    walk_ends: HashMap<u32, WalkEnd>,
+    /// When they were last polled.
+    last_poll: Option<Instant>,
+}
+
+impl Runtime for GoRuntime {
+    fn name(&self) -> &'static str {
+        "go"
+    }
+
+    /// A Go executable allocbpf can read: its heap profile is read from now on (the
+    /// first poll sets the baseline, so its profiles count what it allocates from
+    /// now).
+    fn look_at(&mut self, process: &ProcessView<'_>, _maps: &mut dyn RuntimeMaps) -> Option<Found> {
+        let pid = process.pid;
+        if self.processes.contains_key(&pid) {
+            return None;
+        }
+        let mapping = process.files.go_mappings(process.maps).into_iter().next()?;
+        let key = (mapping.device, mapping.inode);
+        if self.files.len() >= MAX_GO_FILES && !self.files.contains_key(&key) {
+            // Only files no process is read through go.
+            let used: HashSet<(u64, u64)> = self.processes.values().map(|r| r.file).collect();
+            self.files.retain(|key, _| used.contains(key));
+            if self.files.len() >= MAX_GO_FILES {
+                tracing::warn!("pid {pid}: {MAX_GO_FILES} Go executables read already");
+                return None;
+            }
+        }
+        let file = self.files.entry(key).or_insert_with(|| {
+            GoFile::examine(pid, mapping).unwrap_or_else(|error| {
+                tracing::warn!("pid {pid}: its Go heap profile cannot be read: {error}");
+                None
+            })
+        });
+        let file = file.as_ref()?;
+        let mut reader = GoProcess::new(pid, file, mapping)?;
+        let version = file.version.text.clone();
+        let source = match reader.poll(file) {
+            Ok(poll) if poll.rate <= 0 => {
+                self.not_sampling.insert(pid);
+                let said = not_sampling(&version);
+                tracing::warn!("pid {pid}: {said}");
+                said
+            }
+            Ok(poll) => {
+                tracing::info!(
+                    "pid {pid}: a Go program ({version}): its heap profile is read from its \
+                     runtime's own sampler, at {} bytes",
+                    poll.rate
+                );
+                format!("its Go runtime's heap profile ({version}, read from its memory)")
+            }
+            Err(error) => {
+                tracing::warn!("pid {pid}: its Go heap profile cannot be read: {error}");
+                return None;
+            }
+        };
+        self.processes.insert(
+            pid,
+            GoReader {
+                process: reader,
+                file: key,
+                start_time: process.start_time,
+                frames: HashMap::new(),
+            },
+        );
+        // Its profiles hold the Go runtime's own samples (their stacks end in
+        // `[go runtime heap profile]`); any others are allocbpf's probes'.
+        let labels = vec![
+            ("go_version", version),
+            ("sampler", "go_runtime".to_string()),
+        ];
+        Some(Found {
+            labels,
+            source: Some(source),
+        })
+    }
+
+    fn poll_due(&self, now: Instant) -> bool {
+        !self.processes.is_empty()
+            && self
+                .last_poll
+                .is_none_or(|last| now.duration_since(last) >= GO_POLL_INTERVAL)
+    }
+
+    /// New sampled allocations, and the objects in use that replace the previous ones.
+    fn poll(&mut self, is_current: IsCurrent<'_>, locations: &mut SourceLocations) -> Polled {
+        let started = Instant::now();
+        self.last_poll = Some(started);
+        let mut polled = Polled::default();
+        let pids: Vec<u32> = self.processes.keys().copied().collect();
+        for pid in pids {
+            let Some(reader) = self.processes.get_mut(&pid) else {
+                continue;
+            };
+            // The process read must still be the one followed under its pid.
+            let same = is_current(pid, reader.start_time);
+            let Some(Some(file)) = self.files.get_mut(&reader.file).filter(|_| same) else {
+                self.processes.remove(&pid);
+                continue;
+            };
+            let poll = match reader.process.poll(file) {
+                Ok(poll) => poll,
+                Err(error) => {
+                    // Gone, most likely: its last profile keeps what was read.
+                    tracing::debug!("pid {pid}: Go heap profile not read: {error}");
+                    self.processes.remove(&pid);
+                    continue;
+                }
+            };
+            if poll.rate <= 0 {
+                if self.not_sampling.insert(pid) {
+                    tracing::warn!("pid {pid}: {}", not_sampling(&file.version.text));
+                }
+                continue;
+            }
+            self.not_sampling.remove(&pid);
+            polled.figures.add(PollFigures {
+                polls: 1,
+                records: poll.buckets as u64,
+                bytes: poll.bytes_read,
+                ns: 0,
+            });
+            match poll.end {
+                Some(WalkEnd::Complete) | None => {
+                    self.walk_ends.remove(&pid);
+                }
+                Some(end) => {
+                    if self.walk_ends.insert(pid, end) != Some(end) {
+                        tracing::warn!(
+                            "pid {pid}: its Go bucket list did not end as a list does \
+                             ({end:?}): read as far as it goes"
+                        );
+                    }
+                }
+            }
+            let frames = &mut reader.frames;
+            polled
+                .processes
+                .push(process_poll(pid, file, frames, &poll, locations));
+        }
+        polled.figures.ns = started.elapsed().as_nanos() as u64;
+        polled
+    }
+
+    /// Its memory is gone, or another program's: what its last poll read is what it
+    /// has.
+    fn forget(&mut self, pid: u32, _maps: &mut dyn RuntimeMaps) {
+        self.processes.remove(&pid);
+        self.not_sampling.remove(&pid);
+        self.walk_ends.remove(&pid);
+    }
+}
+
+/// Why a Go program has no heap profile.
+fn not_sampling(version: &str) -> String {
+    format!(
+        "a Go program ({version}) whose runtime does not sample allocations \
+         (runtime.MemProfileRate is 0: set so by the program, or by the linker when \
+         nothing in it reads the profile): no Go heap profile"
+    )
+}
+
+/// One poll of `pid` as counted stacks; `frames`: each bucket's, as named before.
+fn process_poll(
+    pid: u32,
+    file: &mut GoFile,
+    frames: &mut HashMap<u64, Vec<Frame>>,
+    poll: &Poll,
+    locations: &mut SourceLocations,
+) -> ProcessPoll {
+    let rate = poll.rate as u64;
+    let mut counted = |bucket: &process::Counted| Counted {
+        frames: frames
+            .entry(bucket.bucket)
+            .or_insert_with(|| frames_of(file, &bucket.stack, locations))
+            .clone(),
+        size: bucket.size,
+        count: bucket.count,
+        rate,
+    };
+    let allocated = poll.allocated.iter().map(&mut counted).collect();
+    let in_use = poll.in_use.iter().map(&mut counted).collect();
+    // Buckets no longer in the list (a forged one, gone) keep no frames.
+    if frames.len() > poll.buckets.saturating_mul(2).max(1024) {
+        frames.clear();
+    }
+    ProcessPoll {
+        pid,
+        allocated,
+        in_use,
+    }
+}
+
+/// The frames of a bucket's stack (return addresses, innermost first), as Go frames:
+/// the runtime's own frames at the top (the allocator, `runtime.mallocgc`...) are
+/// dropped, as `go tool pprof` does; [`GO_SAMPLER_FRAME`] is the outermost.
+fn frames_of(file: &mut GoFile, stack: &[u64], locations: &mut SourceLocations) -> Vec<Frame> {
+    let mut found: Vec<SourceLocation> = stack
+        .iter()
+        .map(|&pc| match file.location(pc) {
+            Some(location) => SourceLocation {
+                function: location.function,
+                file: location.file.unwrap_or_default(),
+                line: location.line.unwrap_or(0),
+            },
+            // One location for every pc the table does not know: a forged stack
+            // cannot fill the session's location table.
+            None => SourceLocation {
+                function: UNKNOWN_GO_FRAME.to_string(),
+                file: String::new(),
+                line: 0,
+            },
+        })
+        .collect();
+    // A stack of runtime frames only (the runtime's own allocation) keeps them all.
+    let runtime = |l: &SourceLocation| {
+        l.function.starts_with("runtime.") || l.function.starts_with("internal/runtime/")
+    };
+    if let Some(first) = found.iter().position(|l| !runtime(l)) {
+        found.drain(..first);
+    }
+    found.push(SourceLocation {
+        function: GO_SAMPLER_FRAME.to_string(),
+        file: String::new(),
+        line: 0,
+    });
+    found
+        .into_iter()
+        .map(|location| Frame::Go(locations.intern(location)))
+        .collect()
+}

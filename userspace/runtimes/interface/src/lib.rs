@@ -1,0 +1,182 @@
+//! The one interface every language runtime implements.
+//!
+//! A runtime (CPython, Go; the JVM and Node.js next) is a crate of its own under
+//! `userspace/runtimes/` that knows how to see its processes from outside. The engine
+//! holds a list of [`Runtime`]s and names none: it hands each one every process it
+//! admits ([`Runtime::look_at`]), asks it to poll what its processes' own samplers
+//! recorded ([`Runtime::poll`]), lets it rewrite a sample's native frames
+//! ([`Runtime::merge_frames`]), and tells it once when a process exits, exec's or its
+//! pid is reused ([`Runtime::forget`]).
+//!
+//! Every frame a runtime makes is interned in the one location table the frame
+//! resolver owns ([`SourceLocations`]), passed in by the caller: no runtime keeps a
+//! table of its own and none is process-wide.
+#![deny(missing_docs)]
+
+use std::time::Instant;
+
+use allocbpf_common::python::{PythonFrameRecord, PythonWalk};
+use allocbpf_images::{discover::ImageCache, procfs::MapsEntry};
+use allocbpf_profile::frame::{Frame, SourceLocations};
+
+/// A process as the engine hands it to the runtimes: read once, shared by all.
+pub struct ProcessView<'a> {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (a later process with its pid has another).
+    pub start_time: Option<u64>,
+    /// Its memory map, as read for this look.
+    pub maps: &'a [MapsEntry],
+    /// What is known of the files it maps (examined once per session).
+    pub files: &'a ImageCache,
+}
+
+/// What a runtime found in a process it claims.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    /// The labels its profiles carry (`python_version`, `go_version`...), in order.
+    pub labels: Vec<(&'static str, String)>,
+    /// A source of samples of its own, besides the probes (the Go runtime's heap
+    /// profile): how it is read, as the start-up line says it. `None` when the
+    /// runtime only adds frames to the probes' samples.
+    pub source: Option<String>,
+}
+
+/// A kernel map write failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RuntimeMapError(pub String);
+
+/// The kernel maps runtimes fill in: what the eBPF program must walk or read in a
+/// process at its samples. The kernel seam implements it; one method pair a map.
+pub trait RuntimeMaps {
+    /// Has the program walk `pid`'s Python frames at its samples.
+    fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), RuntimeMapError>;
+    /// Stops walking `pid`'s Python frames.
+    fn forget_python(&mut self, pid: u32);
+}
+
+/// No kernel (after stop): nothing to write, nothing to forget.
+pub struct NoMaps;
+
+impl RuntimeMaps for NoMaps {
+    fn set_python(&mut self, _pid: u32, _walk: PythonWalk) -> Result<(), RuntimeMapError> {
+        Err(RuntimeMapError("the probes are detached".to_string()))
+    }
+
+    fn forget_python(&mut self, _pid: u32) {}
+}
+
+/// One sample's stack as the kernel sent it, for [`Runtime::merge_frames`].
+pub struct SampleStack<'a> {
+    /// The process sampled.
+    pub pid: u32,
+    /// The return addresses the native frames were made from, innermost first.
+    pub addresses: &'a [u64],
+    /// The interpreter frames the eBPF program walked (Python processes only).
+    pub python: &'a [PythonFrameRecord],
+}
+
+/// Allocations a runtime's own sampler counted at one stack and size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Counted {
+    /// The stack, innermost first, interned in the caller's [`SourceLocations`].
+    pub frames: Vec<Frame>,
+    /// Bytes of each allocation.
+    pub size: u64,
+    /// Allocations the sampler took.
+    pub count: u64,
+    /// The sampler's mean interval in bytes (a Poisson process over bytes).
+    pub rate: u64,
+}
+
+/// One process polled.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProcessPoll {
+    /// The process.
+    pub pid: u32,
+    /// Sampled allocations new since its previous poll.
+    pub allocated: Vec<Counted>,
+    /// Sampled objects in use now: they replace what the previous poll said.
+    pub in_use: Vec<Counted>,
+}
+
+/// What polling cost, summed over processes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PollFigures {
+    /// Processes polled.
+    pub polls: u64,
+    /// Sample records (buckets) read.
+    pub records: u64,
+    /// Bytes of process memory read.
+    pub bytes: u64,
+    /// Nanoseconds spent.
+    pub ns: u64,
+}
+
+impl PollFigures {
+    /// Adds `other` to these.
+    pub fn add(&mut self, other: PollFigures) {
+        self.polls += other.polls;
+        self.records += other.records;
+        self.bytes += other.bytes;
+        self.ns += other.ns;
+    }
+}
+
+/// A poll of every process a runtime reads.
+#[derive(Debug, Default)]
+pub struct Polled {
+    /// Each process read.
+    pub processes: Vec<ProcessPoll>,
+    /// What it cost.
+    pub figures: PollFigures,
+}
+
+/// Tells whether the process a runtime reads under `pid` (started at `start_time`) is
+/// still the one the engine follows.
+pub type IsCurrent<'a> = &'a dyn Fn(u32, Option<u64>) -> bool;
+
+/// A language runtime seen from outside.
+pub trait Runtime {
+    /// Its name, for logs and figures (`python`, `go`).
+    fn name(&self) -> &'static str;
+
+    /// Looks at a process the engine admits; `Some` when it is one of this runtime's
+    /// and it will be profiled through it. What it cannot do (an unknown version, a
+    /// hostile file) it says in the log and answers `None`: the process is still
+    /// profiled natively.
+    fn look_at(&mut self, process: &ProcessView<'_>, maps: &mut dyn RuntimeMaps) -> Option<Found>;
+
+    /// True when `pid` should be looked at again now (a runtime not yet initialised
+    /// when first seen).
+    fn look_again_due(&self, _pid: u32, _now: Instant) -> bool {
+        false
+    }
+
+    /// True when [`Runtime::poll`] has something to do.
+    fn poll_due(&self, _now: Instant) -> bool {
+        false
+    }
+
+    /// Reads what the processes' own samplers recorded since the previous poll.
+    /// `is_current` says whether a pid is still the process that was claimed.
+    fn poll(&mut self, _is_current: IsCurrent<'_>, _locations: &mut SourceLocations) -> Polled {
+        Polled::default()
+    }
+
+    /// `native` (made from `sample.addresses`) with this runtime's frames merged in;
+    /// returned unchanged for a process that is not this runtime's.
+    fn merge_frames(
+        &mut self,
+        _sample: &SampleStack<'_>,
+        native: Vec<Frame>,
+        _locations: &mut SourceLocations,
+    ) -> Vec<Frame> {
+        native
+    }
+
+    /// Forgets `pid` (it exited, exec'd, or its pid now names another process), in
+    /// its own state and in the kernel's maps.
+    fn forget(&mut self, pid: u32, maps: &mut dyn RuntimeMaps);
+}

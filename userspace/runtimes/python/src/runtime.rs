@@ -1,0 +1,175 @@
+//! CPython as a [`Runtime`]: a process allocbpf knows the interpreter of has the eBPF
+//! program walk its frames at each sample, and its samples' Python frames go into
+//! their native stacks the way `py-spy --native` shows them: each native frame of the
+//! interpreter's eval loop is replaced by the Python frames that call of the loop was
+//! running, so a C extension's allocation shows the Python line that called it.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
+use allocbpf_runtime::{Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
+
+use crate::{
+    code::{CodeResolver, ResolvedFrame},
+    discover::{InterpreterFiles, PythonError},
+};
+
+/// What is known of one process.
+enum Known {
+    /// A CPython process whose frames are walked.
+    Python(Box<CodeResolver>),
+    /// Not Python, or Python allocbpf cannot walk (the reason was said once).
+    Other,
+    /// A CPython whose runtime could not be read yet (an interpreter that has only just
+    /// started initialising): looked at again at a sample after `next`, a few times.
+    Retry { next: Instant, attempts: u32 },
+}
+
+/// How often an interpreter whose runtime was not readable yet is looked at again.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+
+/// How many times it is, before it is profiled without Python frames for good.
+const RETRIES: u32 = 20;
+
+/// The Python processes of a session and the resolution of their frames.
+#[derive(Default)]
+pub struct PythonRuntime {
+    processes: HashMap<u32, Known>,
+    files: InterpreterFiles,
+}
+
+impl PythonRuntime {
+    /// Looks at `process` once: `Some` (its resolver) if it is a CPython process
+    /// allocbpf knows. `Err` says why a Python process gets no Python frames.
+    fn discover(
+        &mut self,
+        process: &ProcessView<'_>,
+    ) -> Result<Option<&CodeResolver>, PythonError> {
+        let pid = process.pid;
+        let attempts = match self.processes.get(&pid) {
+            None => 0,
+            Some(Known::Retry { attempts, .. }) => *attempts,
+            Some(_) => return Ok(None),
+        };
+        match self.files.discover(pid, process.maps) {
+            Ok(Some(found)) => {
+                let resolver = Box::new(CodeResolver::new(found));
+                self.processes.insert(pid, Known::Python(resolver));
+                match self.processes.get(&pid) {
+                    Some(Known::Python(resolver)) => Ok(Some(resolver)),
+                    _ => Ok(None),
+                }
+            }
+            Ok(None) => {
+                self.processes.insert(pid, Known::Other);
+                Ok(None)
+            }
+            Err(PythonError::Unreadable { .. }) if attempts < RETRIES => {
+                let next = Instant::now() + RETRY_EVERY;
+                let attempts = attempts + 1;
+                self.processes.insert(pid, Known::Retry { next, attempts });
+                Ok(None)
+            }
+            Err(error) => {
+                self.processes.insert(pid, Known::Other);
+                Err(error)
+            }
+        }
+    }
+}
+
+impl Runtime for PythonRuntime {
+    fn name(&self) -> &'static str {
+        "python"
+    }
+
+    /// One that it does not know is profiled natively; the log says why it has no
+    /// Python frames.
+    fn look_at(&mut self, process: &ProcessView<'_>, maps: &mut dyn RuntimeMaps) -> Option<Found> {
+        let pid = process.pid;
+        let (walk, said, found) = match self.discover(process) {
+            Ok(Some(resolver)) => {
+                let python = resolver.process();
+                let said = format!(
+                    "CPython 3.{} in {}: Python frames are walked at its samples",
+                    python.minor,
+                    python.image.display()
+                );
+                let labels = vec![("python_version", format!("3.{}", python.minor))];
+                let found = Found {
+                    labels,
+                    source: None,
+                };
+                (python.walk, said, found)
+            }
+            Ok(None) => return None,
+            Err(error) => {
+                tracing::warn!("pid {pid} is profiled without Python frames: {error}");
+                return None;
+            }
+        };
+        if let Err(error) = maps.set_python(pid, walk) {
+            tracing::warn!("pid {pid} is profiled without Python frames: {error}");
+            self.processes.remove(&pid);
+            return None;
+        }
+        tracing::info!("pid {pid}: {said}");
+        Some(found)
+    }
+
+    fn look_again_due(&self, pid: u32, now: Instant) -> bool {
+        matches!(self.processes.get(&pid), Some(Known::Retry { next, .. }) if now >= *next)
+    }
+
+    /// Python frames left over (the native unwind stopped early) go outermost.
+    fn merge_frames(
+        &mut self,
+        sample: &SampleStack<'_>,
+        native: Vec<Frame>,
+        locations: &mut SourceLocations,
+    ) -> Vec<Frame> {
+        if sample.python.is_empty() {
+            return native;
+        }
+        let Some(Known::Python(resolver)) = self.processes.get_mut(&sample.pid) else {
+            return native;
+        };
+        let eval_loop = resolver.process().eval_loop.clone();
+        let segments = resolver.segments(sample.python);
+        if segments.is_empty() {
+            return native;
+        }
+        let mut intern = |frame: &ResolvedFrame| {
+            Frame::Python(locations.intern(SourceLocation {
+                function: frame.function.clone(),
+                file: frame.file.clone(),
+                line: frame.line,
+            }))
+        };
+        let mut segments = segments.iter();
+        let mut merged = Vec::with_capacity(native.len() + sample.python.len());
+        for (index, frame) in native.into_iter().enumerate() {
+            let in_eval_loop = (sample.addresses.get(index))
+                .zip(eval_loop.as_ref())
+                .is_some_and(|(address, range)| range.contains(&address.wrapping_sub(1)));
+            match in_eval_loop.then(|| segments.next()).flatten() {
+                Some(segment) => merged.extend(segment.iter().map(&mut intern)),
+                None => merged.push(frame),
+            }
+        }
+        for segment in segments {
+            merged.extend(segment.iter().map(&mut intern));
+        }
+        merged
+    }
+
+    fn forget(&mut self, pid: u32, maps: &mut dyn RuntimeMaps) {
+        // Only a walk that was set is in the kernel's map.
+        if let Some(Known::Python(_)) = self.processes.remove(&pid) {
+            maps.forget_python(pid);
+        }
+    }
+}
