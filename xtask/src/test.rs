@@ -173,8 +173,10 @@ impl Counts {
 /// The crate graph's rules (docs/design.md, "Crates, in the order data flows"): crates
 /// each library must not link, directly or through another crate. Every workspace
 /// library has a rule, and the rules cover the edges between them: a crate links only
-/// those before it in the data flow, and the runtimes (`allocbpf-python`,
-/// `allocbpf-go`) not each other.
+/// those before it in the data flow; the runtimes (`allocbpf-python`, `allocbpf-go`)
+/// link neither each other nor anything that reads samples, and only the engine's list
+/// (`allocbpf-collect`) names them; the probe and the profile model share their
+/// vocabulary through `allocbpf-sampling`, not each other.
 const LAYERING: &[(&str, &[&str])] = &[
     (
         "allocbpf-common",
@@ -184,9 +186,31 @@ const LAYERING: &[(&str, &[&str])] = &[
             "blazesym",
             "framehop",
             "clap",
+            "allocbpf-sampling",
             "allocbpf-images",
             "allocbpf-profile",
+            "allocbpf-runtime",
             "allocbpf-probe",
+        ],
+    ),
+    (
+        "allocbpf-sampling",
+        &[
+            "aya",
+            "tokio",
+            "blazesym",
+            "framehop",
+            "clap",
+            "allocbpf-images",
+            "allocbpf-profile",
+            "allocbpf-runtime",
+            "allocbpf-python",
+            "allocbpf-go",
+            "allocbpf-probe",
+            "allocbpf-stacks",
+            "allocbpf-export",
+            "allocbpf-collect",
+            "allocbpf-agent",
         ],
     ),
     (
@@ -197,11 +221,13 @@ const LAYERING: &[(&str, &[&str])] = &[
             "blazesym",
             "framehop",
             "clap",
+            "allocbpf-sampling",
+            "allocbpf-profile",
+            "allocbpf-runtime",
             "allocbpf-python",
             "allocbpf-go",
             "allocbpf-probe",
             "allocbpf-stacks",
-            "allocbpf-profile",
             "allocbpf-export",
             "allocbpf-collect",
             "allocbpf-agent",
@@ -216,6 +242,24 @@ const LAYERING: &[(&str, &[&str])] = &[
             "framehop",
             "clap",
             "allocbpf-images",
+            "allocbpf-runtime",
+            "allocbpf-python",
+            "allocbpf-go",
+            "allocbpf-probe",
+            "allocbpf-stacks",
+            "allocbpf-export",
+            "allocbpf-collect",
+            "allocbpf-agent",
+        ],
+    ),
+    (
+        "allocbpf-runtime",
+        &[
+            "aya",
+            "tokio",
+            "blazesym",
+            "framehop",
+            "clap",
             "allocbpf-python",
             "allocbpf-go",
             "allocbpf-probe",
@@ -236,7 +280,6 @@ const LAYERING: &[(&str, &[&str])] = &[
             "allocbpf-go",
             "allocbpf-probe",
             "allocbpf-stacks",
-            "allocbpf-profile",
             "allocbpf-export",
             "allocbpf-collect",
             "allocbpf-agent",
@@ -253,7 +296,6 @@ const LAYERING: &[(&str, &[&str])] = &[
             "allocbpf-python",
             "allocbpf-probe",
             "allocbpf-stacks",
-            "allocbpf-profile",
             "allocbpf-export",
             "allocbpf-collect",
             "allocbpf-agent",
@@ -268,6 +310,7 @@ const LAYERING: &[(&str, &[&str])] = &[
             "framehop",
             "clap",
             "allocbpf-images",
+            "allocbpf-runtime",
             "allocbpf-python",
             "allocbpf-go",
             "allocbpf-probe",
@@ -282,6 +325,8 @@ const LAYERING: &[(&str, &[&str])] = &[
             "clap",
             "framehop",
             "blazesym",
+            "allocbpf-profile",
+            "allocbpf-runtime",
             "allocbpf-python",
             "allocbpf-go",
             "allocbpf-stacks",
@@ -294,6 +339,7 @@ const LAYERING: &[(&str, &[&str])] = &[
         "allocbpf-stacks",
         &[
             "clap",
+            "allocbpf-python",
             "allocbpf-go",
             "allocbpf-export",
             "allocbpf-collect",
@@ -307,12 +353,30 @@ const LAYERING: &[(&str, &[&str])] = &[
     ("allocbpf-agent", &["clap", "allocbpf"]),
 ];
 
+/// The workspace crates each top crate may name as a direct dependency: the agent and
+/// the binary reach every layer below through the engine's crate.
+const DIRECT_EDGES: &[(&str, &[&str])] = &[
+    (
+        "allocbpf-agent",
+        &["allocbpf-collect", "allocbpf-export", "allocbpf-profile"],
+    ),
+    (
+        "allocbpf",
+        &[
+            "allocbpf-agent",
+            "allocbpf-collect",
+            "allocbpf-export",
+            "allocbpf-profile",
+        ],
+    ),
+];
+
 /// The one crate with a build script: the binary, which builds the eBPF program. A
 /// library with one could need the BPF toolchain to compile.
 const BUILD_SCRIPTS: &[&str] = &["allocbpf"];
 
 /// Checks [`LAYERING`] on the resolved dependency graph (`cargo tree`), and
-/// [`BUILD_SCRIPTS`] on the workspace's targets (`cargo metadata`).
+/// [`DIRECT_EDGES`] and [`BUILD_SCRIPTS`] on the workspace's targets (`cargo metadata`).
 fn check_layering() -> Result<()> {
     for (krate, forbidden) in LAYERING {
         let tree = output(cargo().args(["tree", "-e", "normal", "--prefix", "none", "-p", krate]))?;
@@ -329,6 +393,16 @@ fn check_layering() -> Result<()> {
     let metadata: serde_json::Value = serde_json::from_str(&metadata)?;
     for package in metadata["packages"].as_array().into_iter().flatten() {
         let name = package["name"].as_str().unwrap_or_default();
+        if let Some((_, allowed)) = DIRECT_EDGES.iter().find(|(krate, _)| *krate == name) {
+            let named: Vec<&str> = (package["dependencies"].as_array().into_iter().flatten())
+                .filter(|d| d["kind"].is_null())
+                .filter_map(|d| d["name"].as_str())
+                .filter(|d| d.starts_with("allocbpf") && !allowed.contains(d))
+                .collect();
+            if !named.is_empty() {
+                bail!("{name} must not depend on {named:?} directly (docs/design.md)");
+            }
+        }
         let builds = package["targets"]
             .as_array()
             .into_iter()

@@ -38,7 +38,10 @@ use allocbpf_probe::{
     sampler::COLLECT_EXITED_EVERY,
 };
 use allocbpf_profile::{
-    aggregate::StackKey, estimate::interval_table::REFRESH_INTERVAL, frame::Frame, report::Counters,
+    aggregate::{SampledAllocation, StackKey},
+    estimate::interval_table::REFRESH_INTERVAL,
+    frame::Frame,
+    report::Counters,
 };
 use allocbpf_stacks::resolve::StackResolver;
 
@@ -388,7 +391,7 @@ impl Collector {
             // Gone before we could read its identity.
             None => return,
         }
-        let mut allocation = sample.allocation();
+        let mut allocation = allocation_of(&sample);
         if let Some(budget) = &self.budget {
             let tracked = self.processes.entry(pid, owner).expect("checked above");
             match budget.place(tracked, &self.images, sample.timestamp_ns) {
@@ -490,5 +493,19 @@ impl Collector {
             .images
             .values()
             .map(|s| (&s.image, s.links.is_some()))
+    }
+}
+
+/// What the estimator needs of `sample`: the ring buffer's sample less its stack (the
+/// key it is added under) and its window, which a budget sets.
+fn allocation_of(sample: &RawSample) -> SampledAllocation {
+    SampledAllocation {
+        sample_id: sample.sample_id,
+        size: sample.size,
+        offset: sample.offset,
+        rate: sample.rate,
+        certain: sample.certain,
+        timestamp_ns: sample.timestamp_ns,
+        window: None,
     }
 }

@@ -7,8 +7,6 @@ use allocbpf_common::{
     AllocFn, EventKind, LiveEvent, LostSample, ProcessEvent, PythonStack, SampleEvent,
     MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN, SAMPLE_FLAG_INLINED, SAMPLE_FLAG_PYTHON,
 };
-use allocbpf_profile::aggregate::SampledAllocation;
-
 mod reader;
 
 pub use reader::{EventReader, ReaderStats, RING_POLL_EVERY};
@@ -92,22 +90,6 @@ pub struct RawSample {
     /// The sample ring was full: this came through the ring of lost samples, with
     /// its weight but without a stack.
     pub lost: bool,
-}
-
-impl RawSample {
-    /// What the estimator needs of this sample.
-    pub fn allocation(&self) -> SampledAllocation {
-        SampledAllocation {
-            sample_id: self.sample_id,
-            size: self.size,
-            offset: self.offset,
-            rate: self.rate,
-            certain: self.certain,
-            timestamp_ns: self.timestamp_ns,
-            // The engine sets it under time sampling.
-            window: None,
-        }
-    }
 }
 
 /// Decodes one ring-buffer record; `None` if it is malformed (a version mismatch).

@@ -125,7 +125,7 @@ impl Sampler {
     }
 
     /// The sample ids of the blocks the kernel tracks as live now (`LIVE`), by pid:
-    /// with [`allocbpf_profile::aggregate::Aggregate::forget_lost_frees`], a block userspace
+    /// with `Aggregate::forget_lost_frees` (allocbpf-profile), a block userspace
     /// holds live and the kernel does not was freed, and its `Freed` event lost.
     pub fn live_sample_ids(&self) -> HashMap<u32, HashSet<u64>> {
         let mut ids: HashMap<u32, HashSet<u64>> = HashMap::new();

@@ -24,9 +24,7 @@ use aya::{
 use aya_log::EbpfLogger;
 
 use self::session_link::{LinkKind, SessionPrograms};
-use allocbpf_profile::estimate::certain_threshold;
-use allocbpf_profile::estimate::interval_table::IntervalTable;
-use allocbpf_profile::report::Counters;
+use allocbpf_sampling::{certain_threshold, interval_table::IntervalTable, Counters};
 
 /// Errors from loading or attaching the sampler.
 #[derive(Debug, thiserror::Error)]

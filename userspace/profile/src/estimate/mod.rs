@@ -15,7 +15,7 @@
 //! scales samples taken in observation windows up to the whole interval.
 
 pub mod interval;
-pub mod interval_table;
+pub use allocbpf_sampling::interval_table;
 pub mod pace;
 pub mod windows;
 
@@ -30,11 +30,7 @@ pub fn sample_probability(size: u64, rate: u64) -> f64 {
     -(-(size as f64) / rate as f64).exp_m1()
 }
 
-/// The smallest size that is sampled with probability at least 99%: `ceil(R ln 100)`.
-/// Allocations this large are always recorded (heapprofd's large-allocation shortcut).
-pub fn certain_threshold(rate: u64) -> u64 {
-    (rate as f64 * 100f64.ln()).ceil() as u64
-}
+pub use allocbpf_sampling::certain_threshold;
 
 /// What one sample stands for in the population.
 #[derive(Clone, Copy, Debug, PartialEq)]
