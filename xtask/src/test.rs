@@ -170,187 +170,62 @@ impl Counts {
     }
 }
 
-/// The crate graph's rules (docs/design.md, "Crates, in the order data flows"): crates
-/// each library must not link, directly or through another crate. Every workspace
-/// library has a rule, and the rules cover the edges between them: a crate links only
-/// those before it in the data flow; the runtimes (`allocbpf-python`, `allocbpf-go`)
-/// link neither each other nor anything that reads samples, and only the engine's list
-/// (`allocbpf-collect`) names them; the probe and the profile model share their
-/// vocabulary through `allocbpf-sampling`, not each other.
-const LAYERING: &[(&str, &[&str])] = &[
-    (
-        "allocbpf-common",
-        &[
-            "aya",
-            "tokio",
-            "blazesym",
-            "framehop",
-            "clap",
-            "allocbpf-sampling",
-            "allocbpf-images",
-            "allocbpf-profile",
-            "allocbpf-runtime",
-            "allocbpf-probe",
-        ],
-    ),
-    (
-        "allocbpf-sampling",
-        &[
-            "aya",
-            "tokio",
-            "blazesym",
-            "framehop",
-            "clap",
-            "allocbpf-images",
-            "allocbpf-profile",
-            "allocbpf-runtime",
-            "allocbpf-python",
-            "allocbpf-go",
-            "allocbpf-probe",
-            "allocbpf-stacks",
-            "allocbpf-export",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
-    ),
-    (
-        "allocbpf-images",
-        &[
-            "aya",
-            "tokio",
-            "blazesym",
-            "framehop",
-            "clap",
-            "allocbpf-sampling",
-            "allocbpf-profile",
-            "allocbpf-runtime",
-            "allocbpf-python",
-            "allocbpf-go",
-            "allocbpf-probe",
-            "allocbpf-stacks",
-            "allocbpf-export",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
-    ),
+/// The crate graph's rules (docs/design.md, "Crates, in the order data flows"): for
+/// each workspace library, the workspace crates it may link, directly or through
+/// another crate (linking any other is an error), and the outside crates it must not
+/// link. A crate links only those before it in the data flow; the runtimes
+/// (`allocbpf-python`, `allocbpf-go`) link neither each other nor anything that reads
+/// samples, and only the engine's crate names them; the probe and the profile model
+/// share their vocabulary through `allocbpf-sampling`, not each other.
+const LAYERING: &[(&str, &[&str], &[&str])] = &[
+    ("allocbpf-common", &[], KERNEL_ASYNC_CLI),
+    ("allocbpf-sampling", &["common"], KERNEL_ASYNC_CLI),
+    ("allocbpf-images", &["common"], KERNEL_ASYNC_CLI),
     (
         "allocbpf-profile",
-        &[
-            "aya",
-            "tokio",
-            "blazesym",
-            "framehop",
-            "clap",
-            "allocbpf-images",
-            "allocbpf-runtime",
-            "allocbpf-python",
-            "allocbpf-go",
-            "allocbpf-probe",
-            "allocbpf-stacks",
-            "allocbpf-export",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
-    ),
-    (
-        "allocbpf-runtime",
-        &[
-            "aya",
-            "tokio",
-            "blazesym",
-            "framehop",
-            "clap",
-            "allocbpf-python",
-            "allocbpf-go",
-            "allocbpf-probe",
-            "allocbpf-stacks",
-            "allocbpf-export",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
-    ),
-    (
-        "allocbpf-python",
-        &[
-            "aya",
-            "tokio",
-            "blazesym",
-            "framehop",
-            "clap",
-            "allocbpf-go",
-            "allocbpf-probe",
-            "allocbpf-stacks",
-            "allocbpf-export",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
-    ),
-    (
-        "allocbpf-go",
-        &[
-            "aya",
-            "tokio",
-            "blazesym",
-            "framehop",
-            "clap",
-            "allocbpf-python",
-            "allocbpf-probe",
-            "allocbpf-stacks",
-            "allocbpf-export",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
+        &["common", "sampling"],
+        KERNEL_ASYNC_CLI,
     ),
     (
         "allocbpf-export",
-        &[
-            "aya",
-            "tokio",
-            "blazesym",
-            "framehop",
-            "clap",
-            "allocbpf-images",
-            "allocbpf-runtime",
-            "allocbpf-python",
-            "allocbpf-go",
-            "allocbpf-probe",
-            "allocbpf-stacks",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
+        &["common", "sampling", "profile"],
+        KERNEL_ASYNC_CLI,
     ),
+    ("allocbpf-runtime", RUNTIME_LINKS, KERNEL_ASYNC_CLI),
+    ("allocbpf-python", RUNTIME_LINKS, KERNEL_ASYNC_CLI),
+    ("allocbpf-go", RUNTIME_LINKS, KERNEL_ASYNC_CLI),
     (
         "allocbpf-probe",
-        &[
-            "clap",
-            "framehop",
-            "blazesym",
-            "allocbpf-profile",
-            "allocbpf-runtime",
-            "allocbpf-python",
-            "allocbpf-go",
-            "allocbpf-stacks",
-            "allocbpf-export",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
+        &["common", "sampling", "images"],
+        &["clap", "framehop", "blazesym"],
     ),
-    (
-        "allocbpf-stacks",
-        &[
-            "clap",
-            "allocbpf-python",
-            "allocbpf-go",
-            "allocbpf-export",
-            "allocbpf-collect",
-            "allocbpf-agent",
-        ],
-    ),
-    (
-        "allocbpf-collect",
-        &["clap", "anyhow", "allocbpf-export", "allocbpf-agent"],
-    ),
-    ("allocbpf-agent", &["clap", "allocbpf"]),
+    ("allocbpf-stacks", STACKS_LINKS, &["clap"]),
+    ("allocbpf-collect", COLLECT_LINKS, &["clap", "anyhow"]),
+    ("allocbpf-agent", AGENT_LINKS, &["clap"]),
+];
+
+/// The outside crates of the kernel side, the async runtime, unwinding, symbolization
+/// and the command line, which the lowest layers must not link.
+const KERNEL_ASYNC_CLI: &[&str] = &["aya", "tokio", "blazesym", "framehop", "clap"];
+
+/// What the runtime interface and every runtime may link (the interface counts once
+/// each runtime links it; a runtime linking another runtime is an error).
+const RUNTIME_LINKS: &[&str] = &["common", "sampling", "images", "profile", "runtime"];
+
+/// What the frame resolver may link: the runtime interface, no runtime.
+const STACKS_LINKS: &[&str] = &[
+    "common", "sampling", "images", "profile", "runtime", "probe",
+];
+
+/// What the engine may link: every layer below it and the runtimes.
+const COLLECT_LINKS: &[&str] = &[
+    "common", "sampling", "images", "profile", "runtime", "python", "go", "probe", "stacks",
+];
+
+/// What the agent may link: the engine's and the exporters' layers.
+const AGENT_LINKS: &[&str] = &[
+    "common", "sampling", "images", "profile", "runtime", "python", "go", "probe", "stacks",
+    "collect", "export",
 ];
 
 /// The workspace crates each top crate may name as a direct dependency: the agent and
@@ -378,12 +253,16 @@ const BUILD_SCRIPTS: &[&str] = &["allocbpf"];
 /// Checks [`LAYERING`] on the resolved dependency graph (`cargo tree`), and
 /// [`DIRECT_EDGES`] and [`BUILD_SCRIPTS`] on the workspace's targets (`cargo metadata`).
 fn check_layering() -> Result<()> {
-    for (krate, forbidden) in LAYERING {
+    for (krate, allowed, forbidden) in LAYERING {
         let tree = output(cargo().args(["tree", "-e", "normal", "--prefix", "none", "-p", krate]))?;
         let linked: Vec<&str> = tree
             .lines()
             .filter_map(|line| line.split_whitespace().next())
-            .filter(|name| forbidden.contains(name))
+            .filter(|name| *name != *krate)
+            .filter(|name| match name.strip_prefix("allocbpf-") {
+                Some(workspace) => !allowed.contains(&workspace),
+                None => forbidden.contains(name),
+            })
             .collect();
         if !linked.is_empty() {
             bail!("{krate} must not link {linked:?} (docs/design.md: the crate graph's rules)");
