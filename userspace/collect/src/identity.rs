@@ -167,12 +167,19 @@ pub fn hostname() -> String {
 #[derive(Debug, Default)]
 pub struct BuildIdCache {
     ids: HashMap<(u64, u64), String>,
+    /// Opens that failed for want of descriptors so far.
+    descriptor_errors: u64,
 }
 
 /// Entries kept before the cache starts over.
 const MAX_BUILD_IDS: usize = 4096;
 
 impl BuildIdCache {
+    /// Opens of executables that failed for want of descriptors so far.
+    pub fn descriptor_errors(&self) -> u64 {
+        self.descriptor_errors
+    }
+
     /// The hex build id of `pid`'s executable `exe` (as `/proc/PID/exe` names it, and
     /// found in the process's memory map `maps`; empty if it has none or cannot be
     /// read). The file is the one the process maps, opened through map_files with
@@ -189,8 +196,12 @@ impl BuildIdCache {
         if let Some(id) = self.ids.get(&key) {
             return id.clone();
         }
-        let Ok(file) = procfs::open_mapped(pid, mapping) else {
-            return String::new();
+        let file = match procfs::open_mapped(pid, mapping) {
+            Ok(file) => file,
+            Err(error) => {
+                self.descriptor_errors += u64::from(error.out_of_descriptors());
+                return String::new();
+            }
         };
         let id: String = sealed_copy::read_build_id(&file)
             .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())

@@ -19,6 +19,8 @@ pub struct ImageCache {
     refused: HashSet<ImageKey>,
     /// Distinct files refused so far (the collector's `files_refused`).
     refused_total: u64,
+    /// Opens that failed for want of descriptors so far.
+    descriptor_errors: u64,
 }
 
 /// Refused files remembered at most (keys only); past it the set starts over, and a
@@ -76,6 +78,11 @@ impl ImageCache {
             if let Entry::Vacant(slot) = self.known.entry(key) {
                 let facts = match examine(pid, entry, lookup) {
                     Ok(facts) => Some(facts),
+                    Err(error) if error.out_of_descriptors => {
+                        self.descriptor_errors += 1;
+                        tracing::debug!("pid {pid}: {error}");
+                        continue;
+                    }
                     // The process (or its mapping) is gone: no verdict worth caching.
                     Err(error) if error.gone => continue,
                     Err(error) if error.refusal.is_some() => {
@@ -118,6 +125,11 @@ impl ImageCache {
             .values()
             .flatten()
             .filter_map(|facts| facts.image.as_ref())
+    }
+
+    /// Opens of mapped files that failed for want of descriptors so far.
+    pub fn descriptor_errors(&self) -> u64 {
+        self.descriptor_errors
     }
 
     /// The mappings of Go executables (already discovered) among `maps`.

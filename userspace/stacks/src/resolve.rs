@@ -136,6 +136,13 @@ impl StackResolver {
         symbolizer.for_frames(&self.normalizer.modules, &self.locations)
     }
 
+    /// Opens of mapped files that failed for want of descriptors so far (normalizing
+    /// and unwinding).
+    pub fn descriptor_errors(&self) -> u64 {
+        let unwinding = self.unwinder.as_ref().map_or(0, |u| u.descriptor_errors);
+        self.normalizer.descriptor_errors() + unwinding
+    }
+
     /// Source locations interned so far.
     pub fn source_locations(&self) -> usize {
         self.locations.len()

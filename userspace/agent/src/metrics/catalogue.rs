@@ -220,12 +220,12 @@ pub(super) const COUNTERS: &[Metric] = &[
     Metric {
         name: "descriptor_errors",
         help: "Mapped files that could not be opened for want of file descriptors",
-        reading: Reading::Process(|| allocbpf_collect::engine::procfs_counts().descriptor_errors),
+        reading: Reading::Engine(|s| s.descriptor_errors),
     },
     Metric {
         name: "maps_truncated",
         help: "Process memory maps read only in part (over the 16 MiB cap)",
-        reading: Reading::Process(|| allocbpf_collect::engine::procfs_counts().maps_truncated),
+        reading: Reading::Engine(|s| s.maps_truncated),
     },
     Metric {
         name: "metrics_accept_errors",

@@ -73,9 +73,7 @@ pub(crate) use self::{
 };
 use self::{interval::IntervalCutter, maps_rescan::MapsRescan};
 pub use self::{
-    interval::ProcessProfile,
-    maps_rescan::MAPS_RESCAN_INTERVAL,
-    stats::{procfs_counts, CollectorStats, ProcfsCounts},
+    interval::ProcessProfile, maps_rescan::MAPS_RESCAN_INTERVAL, stats::CollectorStats,
 };
 use crate::{
     filter::ProcessFilter,
@@ -225,7 +223,7 @@ impl Collector {
         }
         // One read of the maps serves the identity (the executable's build id) and
         // the images to attach.
-        let maps = procfs::read_maps(pid);
+        let maps = procfs::read_maps_counting_cuts(pid, &mut self.stats.maps_truncated);
         let Some(info) = ProcessInfo::read(pid, &maps, &mut self.processes.build_ids) else {
             // Gone, or hidden from us: not read again for each of its samples.
             self.processes.set_readable(pid, false);
@@ -408,7 +406,8 @@ impl Collector {
         // A lost sample has its weight but no stack: it stands under one
         // frame that says so, and still counts in every total.
         if self.stacks.look_again_due(pid, Instant::now()) {
-            self.look_at_runtimes(pid, &procfs::read_maps(pid));
+            let maps = procfs::read_maps_counting_cuts(pid, &mut self.stats.maps_truncated);
+            self.look_at_runtimes(pid, &maps);
         }
         let frames = if sample.lost {
             self.stats.lost_samples += 1;

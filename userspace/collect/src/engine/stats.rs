@@ -82,6 +82,11 @@ pub struct CollectorStats {
     pub kernel_processes: u64,
     /// Blocks in the kernel's live map at the last cut (live tracking).
     pub kernel_live_blocks: u64,
+    /// Memory maps the engine read that were cut at their size cap (total).
+    pub maps_truncated: u64,
+    /// Opens of mapped files that failed for want of descriptors (total; module files,
+    /// images, executables' build ids).
+    pub descriptor_errors: u64,
     /// What reading each runtime's own samplers cost, by runtime name (totals).
     pub runtime_reads: BTreeMap<&'static str, PollFigures>,
 }
@@ -90,23 +95,5 @@ impl CollectorStats {
     /// What reading runtime `name`'s own samplers cost so far (zero if none was read).
     pub fn runtime_reads(&self, name: &str) -> PollFigures {
         self.runtime_reads.get(name).copied().unwrap_or_default()
-    }
-}
-
-/// What reading other processes' `/proc` files ran into since start, process-wide.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcfsCounts {
-    /// Memory maps cut at their size cap.
-    pub maps_truncated: u64,
-    /// Opens of mapped files that failed for want of descriptors.
-    pub descriptor_errors: u64,
-}
-
-/// The [`ProcfsCounts`] now.
-pub fn procfs_counts() -> ProcfsCounts {
-    use std::sync::atomic::Ordering::Relaxed;
-    ProcfsCounts {
-        maps_truncated: allocbpf_images::procfs::MAPS_TRUNCATED.load(Relaxed),
-        descriptor_errors: allocbpf_images::procfs::DESCRIPTOR_ERRORS.load(Relaxed),
     }
 }

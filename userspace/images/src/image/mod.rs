@@ -93,6 +93,9 @@ pub struct ImageError {
     /// The file was refused unread for a hostile layout ([`crate::elf_ranges`]): worth
     /// counting and telling, unlike a file that is simply no allocator.
     pub refusal: Option<Refusal>,
+    /// The open failed for want of descriptors
+    /// ([`procfs::MappedFileError::out_of_descriptors`]).
+    pub out_of_descriptors: bool,
 }
 
 /// One entry of an image, ready to attach.
@@ -261,6 +264,7 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
         reason,
         gone,
         refusal: None,
+        out_of_descriptors: false,
     };
     let opened = procfs::open_mapped(pid, mapping).map_err(|e| {
         // No verdict about the file itself: the process is gone, or its own mount
@@ -270,7 +274,10 @@ pub fn examine(pid: u32, mapping: &MapsEntry, lookup: &Lookup) -> Result<FileFac
             procfs::MappedFileError::Open { .. }
                 | procfs::MappedFileError::UnknownFileSystem { .. }
         );
-        bad(e.to_string(), gone)
+        ImageError {
+            out_of_descriptors: e.out_of_descriptors(),
+            ..bad(e.to_string(), gone)
+        }
     })?;
     let data = procfs::read_mapped(&opened, path_in_target).map_err(|e| ImageError {
         refusal: match e {

@@ -30,7 +30,6 @@ use std::{
         fs::{FileExt, MetadataExt, OpenOptionsExt},
     },
     path::{Path, PathBuf},
-    sync::atomic::{AtomicU64, Ordering},
 };
 
 #[cfg(test)]
@@ -174,23 +173,31 @@ fn parse_thread_count(stat: &[u8]) -> Option<u32> {
 /// `/proc/PID/maps` read at most. A process maps at most `vm.max_map_count` ranges
 /// (65,530 by default, ~100 bytes a line), but each line's path is the process's to
 /// choose, up to 4 KiB: it must not make us read and hold hundreds of megabytes. Past
-/// the cap the map is cut at the last whole line ([`MAPS_TRUNCATED`] counts it).
+/// the cap the map is cut at the last whole line ([`read_maps_counting_cuts`] counts it).
 pub const MAX_MAPS_BYTES: u64 = 16 << 20;
-
-/// Memory maps cut at [`MAX_MAPS_BYTES`] since start (exported as `maps_truncated_total`).
-pub static MAPS_TRUNCATED: AtomicU64 = AtomicU64::new(0);
 
 /// `pid`'s memory map, at most [`MAX_MAPS_BYTES`] of it, or why it cannot be read
 /// (`NotFound`: the process is gone).
 pub fn try_read_maps(pid: u32) -> io::Result<Vec<MapsEntry>> {
+    read_maps_cut(pid).map(|(maps, _)| maps)
+}
+
+/// `pid`'s memory map ([`read_maps`]), adding one to `cuts` if it was cut at
+/// [`MAX_MAPS_BYTES`] (the engine's count, exported as `maps_truncated_total`).
+pub fn read_maps_counting_cuts(pid: u32, cuts: &mut u64) -> Vec<MapsEntry> {
+    let (maps, cut) = read_maps_cut(pid).unwrap_or_default();
+    *cuts += u64::from(cut);
+    maps
+}
+
+/// `pid`'s memory map, and whether it was cut at [`MAX_MAPS_BYTES`].
+fn read_maps_cut(pid: u32) -> io::Result<(Vec<MapsEntry>, bool)> {
     let mut text = Vec::new();
     File::open(format!("/proc/{pid}/maps"))?
         .take(MAX_MAPS_BYTES + 1)
         .read_to_end(&mut text)?;
-    if cut_to_lines(&mut text, MAX_MAPS_BYTES) {
-        MAPS_TRUNCATED.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(parse_maps(&text))
+    let cut = cut_to_lines(&mut text, MAX_MAPS_BYTES);
+    Ok((parse_maps(&text), cut))
 }
 
 /// Cuts `text`, read with a cap of `max` bytes (and one more asked for, to tell), at
@@ -304,16 +311,21 @@ pub enum MappedFileError {
     },
 }
 
+impl MappedFileError {
+    /// True when the open failed for want of descriptors (`EMFILE`, `ENFILE`): the agent
+    /// raises its limit at start, so this happening means a host that maps more files
+    /// than the limit allows (callers count it: `descriptor_errors_total`).
+    pub fn out_of_descriptors(&self) -> bool {
+        matches!(self, MappedFileError::Open { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
+    }
+}
+
 /// A device number as `/proc/PID/maps` prints it, in [`MapsEntry::device`]'s encoding.
 fn maps_device(st_dev: u64) -> u64 {
     let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
     u64::from(major) << 32 | u64::from(minor)
 }
-
-/// Opens of mapped files that failed for want of descriptors (`EMFILE`, `ENFILE`) since
-/// start: the agent raises its limit at start, so this moving means a host that maps
-/// more files than the limit allows (exported as `descriptor_errors_total`).
-pub static DESCRIPTOR_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Opens the file of mapping `entry` of `pid` through `/proc/PID/map_files/` only,
 /// without blocking on special files or on a file system that may stall, and checks
@@ -349,7 +361,7 @@ pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError>
     if may_stall(&fstype) {
         return Err(MappedFileError::Unbounded { path, fstype });
     }
-    let file = open_counted(
+    let file = open_with(
         descriptor_path(&pinned),
         libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
     )
@@ -375,18 +387,9 @@ pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError>
     Ok(file)
 }
 
-/// Opens `path` for reading with `flags`, counting a want of descriptors
-/// ([`DESCRIPTOR_ERRORS`]).
-fn open_counted(path: impl AsRef<Path>, flags: i32) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(flags)
-        .open(path)
-        .inspect_err(|error| {
-            if matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
-                DESCRIPTOR_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        })
+/// Opens `path` for reading with `flags`.
+fn open_with(path: impl AsRef<Path>, flags: i32) -> io::Result<File> {
+    OpenOptions::new().read(true).custom_flags(flags).open(path)
 }
 
 /// An `O_PATH` descriptor of the file the map_files link `path` resolves to now: the
@@ -395,7 +398,7 @@ fn open_counted(path: impl AsRef<Path>, flags: i32) -> io::Result<File> {
 /// only use is [`fdinfo_mount_id`] and reopening it: never `fstat` it (that asks the
 /// file system, `getattr`). `Open` if the mapping is gone.
 fn pin(path: &str) -> Result<File, MappedFileError> {
-    open_counted(path, libc::O_PATH | libc::O_CLOEXEC).map_err(|source| MappedFileError::Open {
+    open_with(path, libc::O_PATH | libc::O_CLOEXEC).map_err(|source| MappedFileError::Open {
         path: path.to_string(),
         source,
     })

@@ -274,6 +274,11 @@ impl AddressNormalizer {
             .build()
     }
 
+    /// Opens of mapped files that failed for want of descriptors so far.
+    pub fn descriptor_errors(&self) -> u64 {
+        self.mappings.descriptor_errors
+    }
+
     /// Reads and caches `pid`'s memory maps now, while it lives.
     pub fn prime(&mut self, pid: u32) {
         let _ = self.normalize_once(pid, &[0]);
@@ -297,7 +302,10 @@ impl AddressNormalizer {
     /// Drops every cached map (blazesym's and ours).
     fn reset(&mut self) {
         self.normalizer = Self::caching_normalizer();
-        self.mappings = MappedFiles::default();
+        self.mappings = MappedFiles {
+            descriptor_errors: self.mappings.descriptor_errors,
+            ..MappedFiles::default()
+        };
         self.resolved = HashMap::new();
         self.cached_frames = 0;
         self.refreshed = Instant::now();
@@ -467,9 +475,14 @@ struct OpenedFile {
 }
 
 impl OpenedFile {
-    fn open(pid: u32, entry: &MapsEntry) -> OpenedFile {
+    /// Opens `pid`'s mapping `entry`; a failure for want of descriptors adds one to
+    /// `descriptor_errors`.
+    fn open(pid: u32, entry: &MapsEntry, descriptor_errors: &mut u64) -> OpenedFile {
         let file = procfs::open_mapped(pid, entry)
-            .map_err(|error| tracing::debug!("pid {pid}: {error}"))
+            .map_err(|error| {
+                *descriptor_errors += u64::from(error.out_of_descriptors());
+                tracing::debug!("pid {pid}: {error}");
+            })
             .ok();
         let build_id = file.as_ref().and_then(sealed_copy::read_build_id);
         OpenedFile {
@@ -485,6 +498,8 @@ struct MappedFiles {
     by_path: HashMap<PathBuf, (MapsEntry, OpenedFile)>,
     /// One open file per device and inode.
     files: HashMap<(u64, u64), OpenedFile>,
+    /// Opens that failed for want of descriptors so far.
+    descriptor_errors: u64,
 }
 
 /// Distinct files held open for symbolization at most. A process may map tens of
@@ -516,7 +531,7 @@ impl MappedFiles {
             let file = self
                 .files
                 .entry((entry.device, entry.inode))
-                .or_insert_with(|| OpenedFile::open(pid, &entry))
+                .or_insert_with(|| OpenedFile::open(pid, &entry, &mut self.descriptor_errors))
                 .clone();
             self.by_path
                 .insert(PathBuf::from(entry.map_files_path(pid)), (entry, file));

@@ -222,6 +222,8 @@ pub struct StackUnwinder {
     pub unwound: u64,
     /// Time spent unwinding.
     pub elapsed: Duration,
+    /// Opens of mapped files that failed for want of descriptors so far.
+    pub descriptor_errors: u64,
 }
 
 /// Identity of a file: the `fstat` of our own descriptor to it (device, inode, size,
@@ -245,6 +247,7 @@ impl StackUnwinder {
             processes: HashMap::new(),
             unwound: 0,
             elapsed: Duration::ZERO,
+            descriptor_errors: 0,
         }
     }
 
@@ -283,6 +286,7 @@ impl StackUnwinder {
         let (key, data) = match read {
             Ok(read) => read,
             Err(error) => {
+                self.descriptor_errors += u64::from(error.out_of_descriptors());
                 tracing::debug!("pid {pid}: {error}");
                 // Gone, or not the mapping's file: no verdict about the file itself.
                 let transient = matches!(
