@@ -186,13 +186,7 @@ pub fn straight_call_depth(
     let mut info = InstructionInfoFactory::new();
     let mut state = FrameState::ENTRY;
     for _ in 0..MAX_STRAIGHT_LINE {
-        if !decoder.can_decode() {
-            return None;
-        }
-        let instruction = decoder.decode();
-        if instruction.is_invalid() {
-            return None;
-        }
+        let instruction = super::next_instruction(&mut decoder)?;
         match instruction.flow_control() {
             FlowControl::Call => {
                 let FrameState::Known { depth, .. } = state else {

@@ -440,6 +440,18 @@ pub fn candidate_mappings(maps: &[MapsEntry]) -> Vec<&MapsEntry> {
     out
 }
 
+/// The next instruction `decoder` reads: `None` at the end of its code or at bytes
+/// that do not decode (every walk of a function's code stops there).
+pub(crate) fn next_instruction(
+    decoder: &mut iced_x86::Decoder<'_>,
+) -> Option<iced_x86::Instruction> {
+    if !decoder.can_decode() {
+        return None;
+    }
+    let instruction = decoder.decode();
+    (!instruction.is_invalid()).then_some(instruction)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -294,13 +294,9 @@ pub fn choose(code: &[u8], ip: u64, inputs: &[Input]) -> ProbePoint {
     let mut state = State::at_entry();
     let mut first: Option<(String, bool)> = None;
     for _ in 0..MAX_INSTRUCTIONS {
-        if !decoder.can_decode() {
+        let Some(instruction) = super::next_instruction(&mut decoder) else {
             break;
-        }
-        let instruction = decoder.decode();
-        if instruction.is_invalid() {
-            break;
-        }
+        };
         let offset = instruction.ip() - ip;
         let start = offset as usize;
         let bytes = &code[start..start + instruction.len()];

@@ -156,13 +156,7 @@ fn freed_register_in(data: &[u8], base: u64, ip: u64) -> Option<Path> {
     let mut jumps = 0;
     let mut previous = Instruction::default();
     for _ in 0..MAX_FREE_PATH_INSTRUCTIONS {
-        if !decoder.can_decode() {
-            return None;
-        }
-        let instruction = decoder.decode();
-        if instruction.is_invalid() {
-            return None;
-        }
+        let instruction = crate::image::next_instruction(&mut decoder)?;
         let untouched = |register: Register| super::untouched(register, &written);
         if let Some(register) = loaded {
             if instruction.flow_control() == FlowControl::ConditionalBranch {

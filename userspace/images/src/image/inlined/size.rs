@@ -48,13 +48,7 @@ pub(super) fn size_of_path(
     let mut constants: Vec<(Register, u64)> = Vec::new();
     let mut jumps = 0;
     for _ in 0..MAX_PATH_INSTRUCTIONS {
-        if !decoder.can_decode() {
-            return None;
-        }
-        let instruction = decoder.decode();
-        if instruction.is_invalid() {
-            return None;
-        }
+        let instruction = crate::image::next_instruction(&mut decoder)?;
         let untouched = |register: Register| super::untouched(register, &written);
         let constant = |register: Register| {
             constants
