@@ -228,6 +228,10 @@ const AGENT_LINKS: &[&str] = &[
     "collect", "export",
 ];
 
+/// Workspace libraries the layering leaves alone: the end-to-end tests and their
+/// harness, which drive every layer.
+const TEST_LIBRARIES: &[&str] = &["allocbpf-e2e", "allocbpf-harness"];
+
 /// The workspace crates each top crate may name as a direct dependency: the agent and
 /// the binary reach every layer below through the engine's crate.
 const DIRECT_EDGES: &[(&str, &[&str])] = &[
@@ -250,51 +254,71 @@ const DIRECT_EDGES: &[(&str, &[&str])] = &[
 /// library with one could need the BPF toolchain to compile.
 const BUILD_SCRIPTS: &[&str] = &["allocbpf"];
 
-/// Checks [`LAYERING`] on the resolved dependency graph (`cargo tree`), and
-/// [`DIRECT_EDGES`] and [`BUILD_SCRIPTS`] on the workspace's targets (`cargo metadata`).
+/// Checks that every workspace library has a rule, [`DIRECT_EDGES`] and
+/// [`BUILD_SCRIPTS`] on the workspace's packages (`cargo metadata`), and [`LAYERING`]
+/// on the resolved dependency graph (`cargo tree`, normal and build dependencies).
 fn check_layering() -> Result<()> {
-    for (krate, allowed, forbidden) in LAYERING {
-        let tree = output(cargo().args(["tree", "-e", "normal", "--prefix", "none", "-p", krate]))?;
-        let linked: Vec<&str> = tree
-            .lines()
-            .filter_map(|line| line.split_whitespace().next())
-            .filter(|name| *name != *krate)
-            .filter(|name| match name.strip_prefix("allocbpf-") {
-                Some(workspace) => !allowed.contains(&workspace),
-                None => forbidden.contains(name),
-            })
-            .collect();
-        if !linked.is_empty() {
-            bail!("{krate} must not link {linked:?} (docs/design.md: the crate graph's rules)");
-        }
-    }
     let metadata = output(cargo().args(["metadata", "--no-deps", "--format-version", "1"]))?;
     let metadata: serde_json::Value = serde_json::from_str(&metadata)?;
-    for package in metadata["packages"].as_array().into_iter().flatten() {
+    let packages: Vec<&serde_json::Value> = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let workspace: Vec<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    let has_kind = |package: &serde_json::Value, kind: &str| {
+        (package["targets"].as_array().into_iter().flatten()).any(|t| {
+            t["kind"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|k| k == kind)
+        })
+    };
+    for package in &packages {
         let name = package["name"].as_str().unwrap_or_default();
+        let ruled = LAYERING.iter().any(|(krate, ..)| *krate == name);
+        if has_kind(package, "lib") && !ruled && !TEST_LIBRARIES.contains(&name) {
+            bail!("{name} is a library with no rule in LAYERING (xtask/src/test.rs)");
+        }
         if let Some((_, allowed)) = DIRECT_EDGES.iter().find(|(krate, _)| *krate == name) {
             let named: Vec<&str> = (package["dependencies"].as_array().into_iter().flatten())
                 .filter(|d| d["kind"].is_null())
                 .filter_map(|d| d["name"].as_str())
-                .filter(|d| d.starts_with("allocbpf") && !allowed.contains(d))
+                .filter(|d| workspace.contains(d) && !allowed.contains(d))
                 .collect();
             if !named.is_empty() {
                 bail!("{name} must not depend on {named:?} directly (docs/design.md)");
             }
         }
-        let builds = package["targets"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|t| {
-                t["kind"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|k| k == "custom-build")
-            });
-        if builds && !BUILD_SCRIPTS.contains(&name) {
+        if has_kind(package, "custom-build") && !BUILD_SCRIPTS.contains(&name) {
             bail!("{name} has a build script: only the binary may (docs/build.md)");
+        }
+    }
+    for (krate, allowed, forbidden) in LAYERING {
+        let edges = [
+            "tree",
+            "-e",
+            "normal,build",
+            "--prefix",
+            "none",
+            "-p",
+            krate,
+        ];
+        let tree = output(cargo().args(edges))?;
+        let mut linked: Vec<&str> = tree
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|name| *name != *krate)
+            .filter(|name| match workspace.contains(name) {
+                true => !(name.strip_prefix("allocbpf-")).is_some_and(|n| allowed.contains(&n)),
+                false => forbidden.contains(name),
+            })
+            .collect();
+        linked.sort_unstable();
+        linked.dedup();
+        if !linked.is_empty() {
+            bail!("{krate} must not link {linked:?} (docs/design.md: the crate graph's rules)");
         }
     }
     eprintln!("xtask: crate layering as docs/design.md states it");

@@ -259,6 +259,7 @@ mod tests {
             .iter()
             .all(|(k, _)| *k != "python_version"));
         let found = |labels: &[(&'static str, &str)]| Found {
+            runtime: labels[0].0,
             labels: labels.iter().map(|&(k, v)| (k, v.to_string())).collect(),
             source: None,
         };

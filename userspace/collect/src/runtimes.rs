@@ -13,3 +13,7 @@ pub fn supported() -> Vec<Box<dyn Runtime>> {
         Box::new(GoRuntime::default()),
     ]
 }
+
+/// The Go runtime's name, as the engine's figures key it
+/// ([`crate::engine::CollectorStats::runtime_reads`]).
+pub const GO: &str = allocbpf_go::heap_profile::NAME;

@@ -7,9 +7,10 @@
 //! [`events::RawSample`]s and process events).
 //!
 //! [`preflight`] says why the kernel or privileges cannot run the probes. Errors are
-//! typed ([`sampler::ProbeError`], ...). It speaks the profile model's vocabulary where
-//! it hands data on (kernel counters, a sample's estimator inputs) but knows nothing of
-//! stacks beyond raw addresses, nothing of aggregation or reports, and nothing of the
+//! typed ([`sampler::ProbeError`], ...). It shares the sampling scheme with the profile
+//! model through `allocbpf-sampling` (the interval table, the certain threshold, the
+//! kernel's counters), not the model itself, and knows nothing of stacks beyond raw
+//! addresses, nothing of aggregation or reports, and nothing of the
 //! command line. It does not build the eBPF program: the binary does (its `build.rs`)
 //! and passes the object's bytes to [`sampler::Sampler::load`], so this crate builds,
 //! and its tests run, without the BPF toolchain.

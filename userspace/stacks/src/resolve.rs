@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use allocbpf_probe::events::RawSample;
 use allocbpf_profile::frame::{Frame, SourceLocations};
-use allocbpf_runtime::{Found, Polled, ProcessView, Runtime, RuntimeMaps, SampleStack};
+use allocbpf_runtime::{
+    Departure, Found, IsCurrent, Polled, ProcessView, Runtime, RuntimeMaps, SampleStack,
+};
 
 use crate::normalize::AddressNormalizer;
 use crate::symbolize::{FrameSymbolizer, ModuleSymbolizer};
@@ -54,18 +56,25 @@ impl StackResolver {
 
     /// Drops what is cached about `pid` (it exited, it exec'd a new program, or its pid
     /// names another process now), here, in every runtime, and in the kernel maps the
-    /// runtimes filled for it.
-    pub fn forget(&mut self, pid: u32, maps: &mut dyn RuntimeMaps) {
+    /// runtimes filled for it as `why` requires.
+    pub fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
         self.normalizer.forget(pid);
         if let Some(unwinder) = self.unwinder.as_mut() {
             unwinder.forget(pid);
         }
+        self.forget_in_runtimes(pid, why, maps);
+    }
+
+    /// Drops what the runtimes hold of `pid` (and their kernel maps, as `why` requires),
+    /// keeping the native caches.
+    pub fn forget_in_runtimes(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
         for runtime in &mut self.runtimes {
-            runtime.forget(pid, maps);
+            runtime.forget(pid, why, maps);
         }
     }
 
-    /// Hands `process` to every runtime: what those that claim it found.
+    /// Hands `process` to every runtime: what those that claim it found, in the order
+    /// the runtimes were listed.
     pub fn look_at(&mut self, process: &ProcessView<'_>, maps: &mut dyn RuntimeMaps) -> Vec<Found> {
         (self.runtimes.iter_mut())
             .filter_map(|runtime| runtime.look_at(process, maps))
@@ -77,24 +86,48 @@ impl StackResolver {
         self.runtimes.iter().any(|r| r.look_again_due(pid, now))
     }
 
+    /// Hands `process` again to the runtimes that asked to look at it again now
+    /// ([`Runtime::look_again_due`]): what those that claim it found.
+    pub fn look_again(
+        &mut self,
+        process: &ProcessView<'_>,
+        maps: &mut dyn RuntimeMaps,
+        now: Instant,
+    ) -> Vec<Found> {
+        (self.runtimes.iter_mut())
+            .filter(|runtime| runtime.look_again_due(process.pid, now))
+            .filter_map(|runtime| runtime.look_at(process, maps))
+            .collect()
+    }
+
+    /// Where runtime `name` stands in the list (runtimes' labels go in that order).
+    pub fn runtime_rank(&self, name: &str) -> usize {
+        (self.runtimes.iter())
+            .position(|runtime| runtime.name() == name)
+            .unwrap_or(usize::MAX)
+    }
+
     /// True when a runtime has a poll due.
     pub fn poll_due(&self, now: Instant) -> bool {
         self.runtimes.iter().any(|r| r.poll_due(now))
     }
 
-    /// Polls every runtime with a poll due (all of them with `force`): each one's name
-    /// and what it read.
+    /// Polls every runtime with a poll due (all of them with `force`) and hands each
+    /// one's name, what it read and when its poll began to `take`.
     pub fn poll(
         &mut self,
         now: Instant,
         force: bool,
-        is_current: allocbpf_runtime::IsCurrent<'_>,
-    ) -> Vec<(&'static str, Polled)> {
+        is_current: IsCurrent<'_>,
+        mut take: impl FnMut(&'static str, Polled, Instant),
+    ) {
         let locations = &mut self.locations;
-        (self.runtimes.iter_mut())
-            .filter(|runtime| force || runtime.poll_due(now))
-            .map(|runtime| (runtime.name(), runtime.poll(is_current, locations)))
-            .collect()
+        for runtime in &mut self.runtimes {
+            if force || runtime.poll_due(now) {
+                let started = Instant::now();
+                take(runtime.name(), runtime.poll(is_current, locations), started);
+            }
+        }
     }
 
     /// The sample's frames, innermost first.
@@ -136,16 +169,19 @@ impl StackResolver {
         symbolizer.for_frames(&self.normalizer.modules, &self.locations)
     }
 
-    /// Opens of mapped files that failed for want of descriptors so far (normalizing
-    /// and unwinding).
+    /// Opens of mapped files that failed for want of descriptors so far (normalizing,
+    /// unwinding, the runtimes).
     pub fn descriptor_errors(&self) -> u64 {
         let unwinding = self.unwinder.as_ref().map_or(0, |u| u.descriptor_errors);
-        self.normalizer.descriptor_errors() + unwinding
+        let runtimes: u64 = self.runtimes.iter().map(|r| r.descriptor_errors()).sum();
+        self.normalizer.descriptor_errors() + unwinding + runtimes
     }
 
-    /// Source locations interned so far.
-    pub fn source_locations(&self) -> usize {
-        self.locations.len()
+    /// Process maps read that were cut at their size cap so far (normalizing and
+    /// unwinding).
+    pub fn maps_cut(&self) -> u64 {
+        let unwinding = self.unwinder.as_ref().map_or(0, |u| u.maps_cut);
+        self.normalizer.maps_cut() + unwinding
     }
 }
 

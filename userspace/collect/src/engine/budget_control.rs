@@ -20,7 +20,7 @@ use crate::{
         windows::{window_shift, Unplaced, WindowSchedule},
         BudgetOptions, HitCost, Hits, ProcessCost,
     },
-    kernel::Kernel,
+    kernel::{Gates, Kernel},
 };
 use allocbpf_profile::estimate::windows::SampleWindow;
 
@@ -173,7 +173,7 @@ impl BudgetController {
 
     /// `pid` exited now: what it spent in probes since the last check is charged to its
     /// allowance (a short job may live between two checks), which ends.
-    pub fn exit_seen(&mut self, kernel: Option<&dyn Kernel>, pid: u32) {
+    pub fn exit_seen(&mut self, kernel: Option<&dyn Gates>, pid: u32) {
         if !self.allowances.covers(pid) {
             return;
         }

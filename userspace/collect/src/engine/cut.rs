@@ -10,6 +10,7 @@ use std::{
 use allocbpf_common::Totals;
 use allocbpf_images::procfs;
 use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
+use allocbpf_runtime::Departure;
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
 use super::{
@@ -109,7 +110,7 @@ impl Collector {
         } else {
             FrameSymbolizer::unsymbolized()
         };
-        // The Go processes' counts up to now belong to this interval.
+        // What the runtimes' own samplers counted up to now belongs to this interval.
         self.poll_runtimes(true);
         let symbolizing = Instant::now();
         let mut profiles = Vec::new();
@@ -285,7 +286,7 @@ impl Collector {
     fn forget(&mut self, mut gone: HashSet<u32>) {
         for pid in &gone {
             self.processes.tracked.remove(pid);
-            self.forget_process(*pid);
+            self.forget_process(*pid, Departure::Released);
         }
         // Processes never tracked are in no report, and those that departed had their
         // last: their entries go too (a pid reused since has sampled and is tracked,

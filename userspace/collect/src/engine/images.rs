@@ -19,7 +19,7 @@ use allocbpf_probe::sampler::monotonic_now_ns;
 use super::CollectorStats;
 use crate::{
     error::error_chain,
-    kernel::{Kernel, LinkSet},
+    kernel::{Attach, Kernel, LinkSet},
 };
 
 /// One allocator image.
@@ -101,7 +101,7 @@ impl ImageSet {
 /// counted in `running` (every link closing) and `closing` (its image's, if given)
 /// until its close returns; in place once [`MAX_BACKGROUND_DETACHES`] are closing.
 fn close_in_background(
-    kernel: &mut dyn Kernel,
+    kernel: &mut dyn Attach,
     links: LinkSet,
     running: &Arc<AtomicUsize>,
     closing: Option<&Arc<AtomicUsize>>,
@@ -246,7 +246,7 @@ impl ImageSet {
     /// denser than the configured rate; false if that failed.
     pub fn reattach(
         &mut self,
-        kernel: &mut dyn Kernel,
+        kernel: &mut dyn Attach,
         stats: &mut CollectorStats,
         key: &ImageKey,
         window_shift: u8,
@@ -282,7 +282,7 @@ impl ImageSet {
     /// threads, or here once [`MAX_BACKGROUND_DETACHES`] are closing.
     ///
     /// [`OwnLinks`]: super::process_table::OwnLinks
-    pub fn detach_own_in_background(&self, kernel: &mut dyn Kernel, links: Vec<LinkSet>) {
+    pub fn detach_own_in_background(&self, kernel: &mut dyn Attach, links: Vec<LinkSet>) {
         for set in links {
             close_in_background(kernel, set, &self.detaching, None);
         }

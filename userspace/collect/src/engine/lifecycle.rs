@@ -3,14 +3,17 @@
 
 use std::time::Instant;
 
+use allocbpf_runtime::Departure;
+
 use super::{own_links, Collector, Scope};
+use crate::kernel::Gates;
 
 impl Collector {
     /// `pid` exec'd: what was known of its program is forgotten (stacks, runtimes, own
     /// links, images), it is looked at again soon, and the budget checks it early.
     pub(super) fn on_exec(&mut self, pid: u32) {
         self.stats.exec_events += 1;
-        self.forget_process(pid);
+        self.forget_process(pid, Departure::Exec);
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
             tracked.info.runtimes.clear();
         }
@@ -54,11 +57,13 @@ impl Collector {
         }
         // Its entry departs: a later process with its pid is followed apart, and
         // resolves its stacks with nothing cached for this one. Its memory is gone:
-        // what its runtime's last poll read is what it has.
-        self.processes.exited(pid);
-        self.forget_process(pid);
+        // what its runtime's last poll read is what it has. (A process never followed
+        // has nothing cached.)
+        if self.processes.exited(pid) {
+            self.forget_process(pid, Departure::Exit);
+        }
         if let Some(budget) = self.budget.as_mut() {
-            budget.exit_seen(self.kernel.as_deref(), pid);
+            budget.exit_seen(self.kernel.as_deref().map(|k| k as &dyn Gates), pid);
         }
     }
 }

@@ -96,7 +96,7 @@ impl Collector {
             return;
         }
         // Empty if it exited meanwhile: its exit event follows.
-        let maps = procfs::read_maps_counting_cuts(pid, &mut self.stats.maps_truncated);
+        let maps = procfs::read_maps_counting_cuts(pid, &mut self.processes.maps_cut);
         let known: HashSet<&ImageKey> = tracked.mapped.iter().collect();
         let new = candidate_mappings(&maps)
             .into_iter()

@@ -6,11 +6,13 @@
 //! process → per-process reports ([`ProcessProfile`]), cut on demand (the agent cuts
 //! one per interval; a one-shot run cuts once, at [`Collector::stop`]).
 //!
-//! Its parts, one job each: the `ProcessTable` (who is followed), the `ImageSet`
-//! (what is attached), the `ExecQueue` (who exec'd and is examined next), the
-//! `BudgetController` (the overhead budget) and the `IntervalCutter` (where an
-//! interval ends). The engine routes records between them and owns the kernel side
-//! ([`crate::kernel`]).
+//! Its parts, one job each: the intake (events in), the `StackResolver` (frames:
+//! native, and each language runtime's, `runtimes.rs`), the `ProcessTable` (who is
+//! followed), the `ImageSet` (what is attached), the `BudgetController` (the overhead
+//! budget), the `IntervalCutter` (where an interval ends) and the chores (periodic
+//! work: the `ExecQueue` of who exec'd and is examined next, rescans, refreshes). The
+//! engine routes records between them and owns the kernel side ([`crate::kernel`]);
+//! a process's exec and exit reach every part through `lifecycle.rs`.
 //!
 //! With [`Scope::Process`], the images are the target's, attached at start, and the
 //! kernel filters on its pid. With [`Scope::Host`], new images are found from exec
@@ -43,6 +45,7 @@ use allocbpf_profile::{
     frame::Frame,
     report::Counters,
 };
+use allocbpf_runtime::Departure;
 use allocbpf_stacks::resolve::StackResolver;
 
 mod budget_control;
@@ -223,7 +226,7 @@ impl Collector {
         }
         // One read of the maps serves the identity (the executable's build id) and
         // the images to attach.
-        let maps = procfs::read_maps_counting_cuts(pid, &mut self.stats.maps_truncated);
+        let maps = procfs::read_maps_counting_cuts(pid, &mut self.processes.maps_cut);
         let Some(info) = ProcessInfo::read(pid, &maps, &mut self.processes.build_ids) else {
             // Gone, or hidden from us: not read again for each of its samples.
             self.processes.set_readable(pid, false);
@@ -246,7 +249,7 @@ impl Collector {
             Followed::Reused => {
                 self.stats.processes_seen += 1;
                 // What was cached about the pid is the earlier process's.
-                self.forget_process(pid);
+                self.forget_process(pid, Departure::Reused);
             }
         }
         // Records the files it maps (what a rescan of its maps compares with) and
@@ -255,7 +258,7 @@ impl Collector {
         // an image it mapped since it was resolved is examined and attached here.
         if admitted {
             self.attach_images_of(pid, &maps);
-            self.look_at_runtimes(pid, &maps);
+            self.look_at_runtimes(pid, &maps, false);
         }
     }
 
@@ -406,8 +409,8 @@ impl Collector {
         // A lost sample has its weight but no stack: it stands under one
         // frame that says so, and still counts in every total.
         if self.stacks.look_again_due(pid, Instant::now()) {
-            let maps = procfs::read_maps_counting_cuts(pid, &mut self.stats.maps_truncated);
-            self.look_at_runtimes(pid, &maps);
+            let maps = procfs::read_maps_counting_cuts(pid, &mut self.processes.maps_cut);
+            self.look_at_runtimes(pid, &maps, true);
         }
         let frames = if sample.lost {
             self.stats.lost_samples += 1;
@@ -467,6 +470,7 @@ impl Collector {
         let level = u64::from(kernel.pressure_level());
         self.stats.pressure_level = level;
         self.stats.pressure_peak_level = self.stats.pressure_peak_level.max(level);
+        self.refresh_file_counts();
     }
 
     /// The kernel's counters now (zero if they cannot be read).

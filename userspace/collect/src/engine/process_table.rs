@@ -137,6 +137,8 @@ pub(crate) struct ProcessTable {
     pub unreadable_at: HashMap<u32, Instant>,
     /// Build ids of the executables seen.
     pub build_ids: BuildIdCache,
+    /// Memory maps the engine read of processes that were cut at their size cap.
+    pub maps_cut: u64,
 }
 
 /// What [`ProcessTable::update`] did.

@@ -34,7 +34,7 @@ impl Collector {
             if unused.is_empty() {
                 break;
             }
-            let maps = procfs::read_maps_counting_cuts(pid, &mut self.stats.maps_truncated);
+            let maps = procfs::read_maps_counting_cuts(pid, &mut self.processes.maps_cut);
             let mut now_mapped = Vec::new();
             for key in maps.iter().map(ImageKey::of) {
                 if unused.remove(&key) {
@@ -89,8 +89,5 @@ impl Collector {
         self.stats.module_files_closed += closed as u64;
         self.stats.module_files_open = self.stacks.normalizer.modules.open_files() as u64;
         self.stats.module_entries = self.stacks.normalizer.modules.len() as u64;
-        self.stats.descriptor_errors = self.images.cache.descriptor_errors()
-            + self.stacks.descriptor_errors()
-            + self.processes.build_ids.descriptor_errors();
     }
 }

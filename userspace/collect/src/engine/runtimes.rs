@@ -7,14 +7,16 @@ use std::{collections::HashMap, time::Instant};
 
 use allocbpf_images::procfs::MapsEntry;
 use allocbpf_profile::aggregate::StackKey;
-use allocbpf_runtime::{NoMaps, ProcessPoll, ProcessView, RuntimeMaps};
+use allocbpf_runtime::{
+    Departure, Found, NoMaps, PollFigures, Polled, ProcessPoll, ProcessView, RuntimeMaps,
+};
 
 use super::Collector;
 
 impl Collector {
-    /// Hands `pid` (mapping `maps`) to every runtime: what those that claim it found
-    /// labels its profiles.
-    pub(super) fn look_at_runtimes(&mut self, pid: u32, maps: &[MapsEntry]) {
+    /// Hands `pid` (mapping `maps`) to every runtime (`again`: only to those that asked
+    /// to look again now): what those that claim it found labels its profiles.
+    pub(super) fn look_at_runtimes(&mut self, pid: u32, maps: &[MapsEntry], again: bool) {
         let start_time = (self.processes.tracked.get(&pid)).and_then(|t| t.info.start_time);
         let view = ProcessView {
             pid,
@@ -27,71 +29,89 @@ impl Collector {
             Some(kernel) => kernel,
             None => &mut no_maps,
         };
-        let found = self.stacks.look_at(&view, kernel_maps);
+        let found = match again {
+            true => (self.stacks).look_again(&view, kernel_maps, Instant::now()),
+            false => self.stacks.look_at(&view, kernel_maps),
+        };
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
-            tracked.info.runtimes.extend(found);
+            let known = &mut tracked.info.runtimes;
+            for found in found {
+                known.retain(|k: &Found| k.runtime != found.runtime);
+                known.push(found);
+            }
+            // Labels in the runtimes' order, whichever looked first.
+            known.sort_by_key(|k| self.stacks.runtime_rank(k.runtime));
         }
     }
 
     /// Polls the runtimes whose poll is due (all of them with `force`, at a cut): new
     /// sampled allocations go into their processes' aggregates, objects in use replace
-    /// the previous ones.
+    /// the previous ones. A runtime's time counts its poll and the adding.
     pub(super) fn poll_runtimes(&mut self, force: bool) {
-        let tracked = &self.processes.tracked;
+        let processes = &mut self.processes;
+        let stats = &mut self.stats;
+        let tracked = std::cell::RefCell::new(&mut processes.tracked);
         let is_current = |pid: u32, start| {
-            tracked
-                .get(&pid)
-                .is_some_and(|t| t.info.start_time == start)
+            (tracked.borrow().get(&pid)).is_some_and(|t| t.info.start_time == start)
         };
-        let polls = self.stacks.poll(Instant::now(), force, &is_current);
-        for (name, polled) in polls {
-            self.stats
-                .runtime_reads
-                .entry(name)
-                .or_default()
-                .add(polled.figures);
-            for poll in polled.processes {
-                self.add_poll(poll);
+        let take = |name, polled: Polled, started: Instant| {
+            // A runtime with nothing to read (no own sampler) counts nothing.
+            let nothing = polled.processes.is_empty() && polled.figures == PollFigures::default();
+            if nothing && !stats.runtime_reads.contains_key(name) {
+                return;
             }
-        }
-    }
-
-    /// Adds one process's poll to its aggregate.
-    fn add_poll(&mut self, poll: ProcessPoll) {
-        let pid = poll.pid;
-        let Some(tracked) = self.processes.tracked.get_mut(&pid) else {
-            return;
+            for poll in polled.processes {
+                add_poll(&mut tracked.borrow_mut(), poll);
+            }
+            let mut figures = polled.figures;
+            figures.ns = started.elapsed().as_nanos() as u64;
+            stats.runtime_reads.entry(name).or_default().add(figures);
         };
-        let aggregate = &mut tracked.aggregate;
-        for counted in poll.allocated {
-            let key = StackKey {
-                pid,
-                frames: counted.frames,
-            };
-            aggregate.add_counted(key, counted.size, counted.rate, counted.count);
-        }
-        let mut in_use: HashMap<StackKey, Vec<(u64, u64, u64)>> = HashMap::new();
-        for counted in poll.in_use {
-            let key = StackKey {
-                pid,
-                frames: counted.frames,
-            };
-            in_use
-                .entry(key)
-                .or_default()
-                .push((counted.size, counted.count, counted.rate));
-        }
-        aggregate.set_runtime_in_use(in_use);
+        self.stacks.poll(Instant::now(), force, &is_current, take);
     }
 
-    /// Forgets what the frame resolver and every runtime hold of `pid` (it exited,
-    /// exec'd, or its pid names another process now), and the kernel maps they filled.
-    pub(super) fn forget_process(&mut self, pid: u32) {
+    /// Forgets what the frame resolver and every runtime hold of `pid`, and the kernel
+    /// maps they filled as `why` requires.
+    pub(super) fn forget_process(&mut self, pid: u32, why: Departure) {
         let mut no_maps = NoMaps;
         let kernel_maps: &mut dyn RuntimeMaps = match self.kernel.as_deref_mut() {
             Some(kernel) => kernel,
             None => &mut no_maps,
         };
-        self.stacks.forget(pid, kernel_maps);
+        self.stacks.forget(pid, why, kernel_maps);
     }
+
+    /// Refreshes the counts kept by the parts that read other processes' files.
+    pub(super) fn refresh_file_counts(&mut self) {
+        self.stats.maps_truncated = self.processes.maps_cut + self.stacks.maps_cut();
+        self.stats.descriptor_errors = self.images.cache.descriptor_errors()
+            + self.stacks.descriptor_errors()
+            + self.processes.build_ids.descriptor_errors();
+    }
+}
+
+/// Adds one process's poll to its aggregate, if it is still followed.
+fn add_poll(tracked: &mut HashMap<u32, super::Tracked>, poll: ProcessPoll) {
+    let pid = poll.pid;
+    let Some(tracked) = tracked.get_mut(&pid) else {
+        return;
+    };
+    let aggregate = &mut tracked.aggregate;
+    for counted in poll.allocated {
+        let key = StackKey {
+            pid,
+            frames: counted.frames,
+        };
+        aggregate.add_counted(key, counted.size, counted.rate, counted.count);
+    }
+    let mut in_use: HashMap<StackKey, Vec<(u64, u64, u64)>> = HashMap::new();
+    for counted in poll.in_use {
+        let key = StackKey {
+            pid,
+            frames: counted.frames,
+        };
+        let values = (counted.size, counted.count, counted.rate);
+        in_use.entry(key).or_default().push(values);
+    }
+    aggregate.set_runtime_in_use(in_use);
 }

@@ -13,7 +13,7 @@ use crate::{
         windows::window_shift,
         HitCost, Hits,
     },
-    kernel::Kernel,
+    kernel::{Gates, Kernel},
 };
 
 impl BudgetController {
@@ -21,7 +21,7 @@ impl BudgetController {
     /// or out (`attaching`: are about to go in).
     fn read_pace_of_image(
         &self,
-        kernel: &dyn Kernel,
+        kernel: &dyn Gates,
         processes: &mut ProcessTable,
         images: &ImageSet,
         key: &ImageKey,

@@ -11,13 +11,17 @@ use std::{
 
 use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
 use allocbpf_runtime::{
-    Counted, Found, IsCurrent, PollFigures, Polled, ProcessPoll, ProcessView, Runtime, RuntimeMaps,
+    Counted, Departure, Found, IsCurrent, PollFigures, Polled, ProcessPoll, ProcessView, Runtime,
+    RuntimeMaps,
 };
 
 use crate::{
     buckets::WalkEnd,
-    process::{self, GoFile, GoProcess, Poll},
+    process::{self, GoError, GoFile, GoProcess, Poll},
 };
+
+/// This runtime's [`Runtime::name`].
+pub const NAME: &str = "go";
 
 /// The outermost frame of every stack read from the Go runtime's heap profile: in a
 /// program that also allocates through malloc (cgo), each stack says which sampler it
@@ -59,11 +63,13 @@ pub struct GoRuntime {
     walk_ends: HashMap<u32, WalkEnd>,
     /// When they were last polled.
     last_poll: Option<Instant>,
+    /// Opens of executables that failed for want of descriptors so far.
+    descriptor_errors: u64,
 }
 
 impl Runtime for GoRuntime {
     fn name(&self) -> &'static str {
-        "go"
+        NAME
     }
 
     /// A Go executable allocbpf can read: its heap profile is read from now on (the
@@ -85,8 +91,16 @@ impl Runtime for GoRuntime {
                 return None;
             }
         }
+        let descriptor_errors = &mut self.descriptor_errors;
         let file = self.files.entry(key).or_insert_with(|| {
             GoFile::examine(pid, mapping).unwrap_or_else(|error| {
+                if let GoError::Unreadable {
+                    out_of_descriptors: true,
+                    ..
+                } = error
+                {
+                    *descriptor_errors += 1;
+                }
                 tracing::warn!("pid {pid}: its Go heap profile cannot be read: {error}");
                 None
             })
@@ -130,6 +144,7 @@ impl Runtime for GoRuntime {
             ("sampler", "go_runtime".to_string()),
         ];
         Some(Found {
+            runtime: NAME,
             labels,
             source: Some(source),
         })
@@ -204,10 +219,14 @@ impl Runtime for GoRuntime {
 
     /// Its memory is gone, or another program's: what its last poll read is what it
     /// has.
-    fn forget(&mut self, pid: u32, _maps: &mut dyn RuntimeMaps) {
+    fn forget(&mut self, pid: u32, _why: Departure, _maps: &mut dyn RuntimeMaps) {
         self.processes.remove(&pid);
         self.not_sampling.remove(&pid);
         self.walk_ends.remove(&pid);
+    }
+
+    fn descriptor_errors(&self) -> u64 {
+        self.descriptor_errors
     }
 }
 

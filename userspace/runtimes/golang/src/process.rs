@@ -55,6 +55,8 @@ pub enum GoError {
         path: String,
         /// Why.
         reason: String,
+        /// Its open failed for want of descriptors.
+        out_of_descriptors: bool,
     },
 }
 
@@ -84,8 +86,13 @@ impl GoFile {
         let unreadable = |reason: String| GoError::Unreadable {
             path: path.clone(),
             reason,
+            out_of_descriptors: false,
         };
-        let file = procfs::open_mapped(pid, mapping).map_err(|e| unreadable(e.to_string()))?;
+        let file = procfs::open_mapped(pid, mapping).map_err(|e| GoError::Unreadable {
+            path: path.clone(),
+            reason: e.to_string(),
+            out_of_descriptors: e.out_of_descriptors(),
+        })?;
         let data = procfs::read_mapped(&file, PathBuf::from(&path).as_path())
             .map_err(|e| unreadable(e.to_string()))?;
         let elf = object::File::parse(&*data).map_err(|e| unreadable(e.to_string()))?;

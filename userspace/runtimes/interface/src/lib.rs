@@ -34,6 +34,8 @@ pub struct ProcessView<'a> {
 /// What a runtime found in a process it claims.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Found {
+    /// The runtime's [`Runtime::name`].
+    pub runtime: &'static str,
     /// The labels its profiles carry (`python_version`, `go_version`...), in order.
     pub labels: Vec<(&'static str, String)>,
     /// A source of samples of its own, besides the probes (the Go runtime's heap
@@ -133,6 +135,20 @@ pub struct Polled {
     pub figures: PollFigures,
 }
 
+/// Why a process is forgotten ([`Runtime::forget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Departure {
+    /// It exec'd another program (same pid, same process).
+    Exec,
+    /// Its main thread exited; threads that outlive it may still be sampled until the
+    /// next cut releases the kernel's entries of the pid.
+    Exit,
+    /// Its pid now names another process.
+    Reused,
+    /// It left the engine at a cut (its kernel entries go with it).
+    Released,
+}
+
 /// Tells whether the process a runtime reads under `pid` (started at `start_time`) is
 /// still the one the engine follows.
 pub type IsCurrent<'a> = &'a dyn Fn(u32, Option<u64>) -> bool;
@@ -176,7 +192,12 @@ pub trait Runtime {
         native
     }
 
-    /// Forgets `pid` (it exited, exec'd, or its pid now names another process), in
-    /// its own state and in the kernel's maps.
-    fn forget(&mut self, pid: u32, maps: &mut dyn RuntimeMaps);
+    /// Forgets `pid`, in its own state and, as `why` requires, in the kernel's maps.
+    fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps);
+
+    /// Opens of mapped files this runtime could not make for want of descriptors so
+    /// far.
+    fn descriptor_errors(&self) -> u64 {
+        0
+    }
 }

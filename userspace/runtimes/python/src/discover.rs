@@ -112,6 +112,8 @@ const MAX_FILES: usize = 64;
 #[derive(Default)]
 pub struct InterpreterFiles {
     files: HashMap<(u64, u64), Result<Option<InterpreterFile>, PythonError>>,
+    /// Opens that failed for want of descriptors so far.
+    descriptor_errors: u64,
 }
 
 impl InterpreterFiles {
@@ -136,7 +138,8 @@ impl InterpreterFiles {
                 if self.files.len() >= MAX_FILES {
                     self.files.clear();
                 }
-                self.files.insert(key, examine(pid, mapping, path));
+                let examined = examine(pid, mapping, path, &mut self.descriptor_errors);
+                self.files.insert(key, examined);
             }
             let file = match self.files.get(&key) {
                 Some(Ok(Some(file))) => file,
@@ -147,16 +150,27 @@ impl InterpreterFiles {
         }
         Ok(None)
     }
+
+    /// Opens of interpreter files that failed for want of descriptors so far.
+    pub fn descriptor_errors(&self) -> u64 {
+        self.descriptor_errors
+    }
 }
 
-/// Reads one mapped file: an interpreter's, or `Ok(None)`.
+/// Reads one mapped file: an interpreter's, or `Ok(None)`; an open that fails for want
+/// of descriptors adds one to `descriptor_errors`.
 fn examine(
     pid: u32,
     mapping: &MapsEntry,
     path: &Path,
+    descriptor_errors: &mut u64,
 ) -> Result<Option<InterpreterFile>, PythonError> {
-    let Ok(file) = procfs::open_mapped(pid, mapping) else {
-        return Ok(None);
+    let file = match procfs::open_mapped(pid, mapping) {
+        Ok(file) => file,
+        Err(error) => {
+            *descriptor_errors += u64::from(error.out_of_descriptors());
+            return Ok(None);
+        }
     };
     let Ok(data) = procfs::read_mapped(&file, path) else {
         return Ok(None);

@@ -10,7 +10,7 @@ use std::{
 };
 
 use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
-use allocbpf_runtime::{Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
+use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
 
 use crate::{
     code::{CodeResolver, ResolvedFrame},
@@ -100,6 +100,7 @@ impl Runtime for PythonRuntime {
                 );
                 let labels = vec![("python_version", format!("3.{}", python.minor))];
                 let found = Found {
+                    runtime: "python",
                     labels,
                     source: None,
                 };
@@ -111,12 +112,12 @@ impl Runtime for PythonRuntime {
                 return None;
             }
         };
+        tracing::info!("pid {pid}: {said}");
         if let Err(error) = maps.set_python(pid, walk) {
+            // Still labelled with its version: it runs CPython, without its frames.
             tracing::warn!("pid {pid} is profiled without Python frames: {error}");
             self.processes.remove(&pid);
-            return None;
         }
-        tracing::info!("pid {pid}: {said}");
         Some(found)
     }
 
@@ -166,10 +167,17 @@ impl Runtime for PythonRuntime {
         merged
     }
 
-    fn forget(&mut self, pid: u32, maps: &mut dyn RuntimeMaps) {
-        // Only a walk that was set is in the kernel's map.
-        if let Some(Known::Python(_)) = self.processes.remove(&pid) {
+    /// The kernel's walk goes at an exec or a pid's reuse (the new program is looked at
+    /// afresh); after an exit, threads that outlive the main thread keep it until the
+    /// cut releases the pid's kernel entries.
+    fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
+        let walked = matches!(self.processes.remove(&pid), Some(Known::Python(_)));
+        if walked && matches!(why, Departure::Exec | Departure::Reused) {
             maps.forget_python(pid);
         }
+    }
+
+    fn descriptor_errors(&self) -> u64 {
+        self.files.descriptor_errors()
     }
 }

@@ -279,6 +279,11 @@ impl AddressNormalizer {
         self.mappings.descriptor_errors
     }
 
+    /// Process maps read that were cut at their size cap so far.
+    pub fn maps_cut(&self) -> u64 {
+        self.mappings.maps_cut
+    }
+
     /// Reads and caches `pid`'s memory maps now, while it lives.
     pub fn prime(&mut self, pid: u32) {
         let _ = self.normalize_once(pid, &[0]);
@@ -304,6 +309,7 @@ impl AddressNormalizer {
         self.normalizer = Self::caching_normalizer();
         self.mappings = MappedFiles {
             descriptor_errors: self.mappings.descriptor_errors,
+            maps_cut: self.mappings.maps_cut,
             ..MappedFiles::default()
         };
         self.resolved = HashMap::new();
@@ -403,7 +409,8 @@ impl AddressNormalizer {
             self.miss_checked.clear();
         }
         self.miss_checked.insert(pid, now);
-        procfs::read_maps(pid).iter().any(|entry| {
+        let maps = procfs::read_maps_counting_cuts(pid, &mut self.mappings.maps_cut);
+        maps.iter().any(|entry| {
             entry.executable
                 && entry.inode != 0
                 && missed.iter().any(|address| entry.range.contains(address))
@@ -500,6 +507,8 @@ struct MappedFiles {
     files: HashMap<(u64, u64), OpenedFile>,
     /// Opens that failed for want of descriptors so far.
     descriptor_errors: u64,
+    /// Process maps read that were cut at their size cap so far.
+    maps_cut: u64,
 }
 
 /// Distinct files held open for symbolization at most. A process may map tens of
@@ -512,7 +521,7 @@ impl MappedFiles {
     /// Reads `pid`'s executable file mappings and opens their files (at most
     /// [`MAX_OPEN_MAPPED_FILES`] in all).
     fn read(&mut self, pid: u32) {
-        for entry in procfs::read_maps(pid) {
+        for entry in procfs::read_maps_counting_cuts(pid, &mut self.maps_cut) {
             if !entry.executable || entry.file_path().is_none() {
                 continue;
             }

@@ -224,6 +224,8 @@ pub struct StackUnwinder {
     pub elapsed: Duration,
     /// Opens of mapped files that failed for want of descriptors so far.
     pub descriptor_errors: u64,
+    /// Process maps read that were cut at their size cap so far.
+    pub maps_cut: u64,
 }
 
 /// Identity of a file: the `fstat` of our own descriptor to it (device, inode, size,
@@ -248,6 +250,7 @@ impl StackUnwinder {
             unwound: 0,
             elapsed: Duration::ZERO,
             descriptor_errors: 0,
+            maps_cut: 0,
         }
     }
 
@@ -336,7 +339,7 @@ impl StackUnwinder {
     }
 
     fn refresh(&mut self, pid: u32) {
-        let mappings: Vec<MapsEntry> = procfs::read_maps(pid)
+        let mappings: Vec<MapsEntry> = procfs::read_maps_counting_cuts(pid, &mut self.maps_cut)
             .into_iter()
             .filter(|e| e.executable && e.file_path().is_some())
             .collect();
