@@ -353,11 +353,14 @@ pub fn open_mapped(pid: u32, entry: &MapsEntry) -> Result<File, MappedFileError>
     }
     let pinned = pin(&path)?;
     let mount = fdinfo_mount_id(&pinned).map_err(unknown)?;
-    let fstype = if Some(mount) == kernel_tmpfs_mount() {
-        "tmpfs".to_string()
-    } else {
-        mount_type(mount, &table, || MountTable::read("/proc/self/mountinfo")).map_err(unknown)?
-    };
+    // A mount in no table may be the kernel's internal tmpfs (memfds): looked for only
+    // then, since telling it costs a memfd of our own.
+    let fstype = mount_type(mount, &table, || MountTable::read("/proc/self/mountinfo"))
+        .or_else(|reason| match kernel_tmpfs_mount() == Some(mount) {
+            true => Ok("tmpfs".to_string()),
+            false => Err(reason),
+        })
+        .map_err(unknown)?;
     if may_stall(&fstype) {
         return Err(MappedFileError::Unbounded { path, fstype });
     }

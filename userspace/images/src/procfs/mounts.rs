@@ -25,20 +25,18 @@ pub(super) fn fdinfo_mount_id(file: &File) -> Result<u64, String> {
 /// shared memory segment and shared anonymous mapping (`/memfd:NAME (deleted)`,
 /// `/SYSV... (deleted)`, `/dev/zero (deleted)` in the maps): in no mount table, yet
 /// nothing stands behind it (a .NET process maps its JIT code from a memfd). Found
-/// once, from a memfd of ours; `None` if that fails (such files are then refused).
+/// from a memfd of ours, each time it is asked (only for a mount in no table, so kept
+/// in no process-wide cell); `None` if that fails (such files are then refused).
 pub(super) fn kernel_tmpfs_mount() -> Option<u64> {
-    static MOUNT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *MOUNT.get_or_init(|| {
-        use std::os::fd::FromRawFd;
-        // SAFETY: a NUL-terminated name; the descriptor returned is ours alone.
-        let fd = unsafe { libc::memfd_create(c"allocbpf-mount".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: `fd` is open and owned by nobody else.
-        let memfd = unsafe { File::from_raw_fd(fd) };
-        fdinfo_mount_id(&memfd).ok()
-    })
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated name; the descriptor returned is ours alone.
+    let fd = unsafe { libc::memfd_create(c"allocbpf-mount".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is open and owned by nobody else.
+    let memfd = unsafe { File::from_raw_fd(fd) };
+    fdinfo_mount_id(&memfd).ok()
 }
 
 /// The `mnt_id:` field of the text of a `/proc/PID/fdinfo/N` file.
