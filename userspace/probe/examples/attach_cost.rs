@@ -3,11 +3,10 @@
 //! the file, so the cost grows with N. A design that attaches images for windows of
 //! time (the overhead budget) pays this at each window's edges.
 //!
-//! Measured on the development VM (kernel 6.18, glibc's 7 entries): attaching took
-//! 8.6 ms with one process mapping libc and 24 ms with 1,001 (~16 us per process);
-//! detaching took 755-785 ms whatever the count, ~108 ms per probe (consistent with a
-//! synchronous grace-period wait per unregistration). Detaching is the costly edge, in
-//! wall time on the thread that does it.
+//! Attaching grows with the processes that map the image; detaching with the probes,
+//! each waiting for a grace period, whatever the count: detaching is the costly edge,
+//! in wall time on the thread that does it. The figures measured are in
+//! docs/design.md ("Attaching and detaching").
 //!
 //! With `--multi`, the probes are uprobe_multi links (what the overhead budget's
 //! windows use): one link per program, each closed on a thread of its own, and the

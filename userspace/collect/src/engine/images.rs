@@ -235,7 +235,7 @@ impl ImageSet {
 
     /// True while `key`'s probes detached in the background may still be in (its links
     /// are closing on other threads: the breakpoints go only once each close has taken
-    /// the kernel's uprobe lock, 30-90 ms after the window closed, measured here).
+    /// the kernel's uprobe lock, tens of milliseconds after the window closed).
     pub fn detaching(&self, key: &ImageKey) -> bool {
         self.images
             .get(key)

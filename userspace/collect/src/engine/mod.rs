@@ -369,7 +369,7 @@ impl Collector {
             self.observe(pid);
             owner = Owner::Tracked;
             // A new program's first look and its first stack (its unwind
-            // tables; both take a large program some 100 ms) hold up this loop while
+            // tables; both take a large program a good part of a second) hold up this loop while
             // it may trap on every call: an early check due meanwhile
             // comes between them (after the stack, the window check at
             // the loop's head catches it).

@@ -76,7 +76,7 @@ impl BudgetController {
             }
             if plan.attached && !attached {
                 let before = monotonic_now_ns();
-                // The attach takes 10-30 ms, its breakpoints going in along the way.
+                // The attach takes milliseconds, its breakpoints going in along the way.
                 self.read_pace_of_image(kernel, processes, images, &key, true);
                 if images.reattach(kernel, stats, &key, shift) {
                     stats.window_attaches += 1;

@@ -291,8 +291,8 @@ impl Sampler {
         };
         let started = std::time::Instant::now();
         let intervals = self.table.generate();
-        // One system call for the whole table: one update per entry took most of a
-        // start-up's 100 ms here. Kernels without batch updates on arrays (before 5.6)
+        // One system call for the whole table: one update per entry took most of
+        // start-up's time. Kernels without batch updates on arrays (before 5.6)
         // are written entry by entry.
         if let Err(error) = update_array_batch(map.map(), &intervals) {
             tracing::debug!("batched update of INTERVALS failed ({error}): entry by entry");
