@@ -206,7 +206,9 @@ const LAYERING: &[(&str, &[&str], &[&str])] = &[
 
 /// The outside crates of the kernel side, the async runtime, unwinding, symbolization
 /// and the command line, which the lowest layers must not link.
-const KERNEL_ASYNC_CLI: &[&str] = &["aya", "tokio", "blazesym", "framehop", "clap"];
+const KERNEL_ASYNC_CLI: &[&str] = &[
+    "aya", "aya-obj", "aya-log", "tokio", "blazesym", "framehop", "clap",
+];
 
 /// What the runtime interface and every runtime may link (the interface counts once
 /// each runtime links it; a runtime linking another runtime is an error).

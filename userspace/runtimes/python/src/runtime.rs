@@ -112,11 +112,13 @@ impl Runtime for PythonRuntime {
                 return None;
             }
         };
-        tracing::info!("pid {pid}: {said}");
-        if let Err(error) = maps.set_python(pid, walk) {
-            // Still labelled with its version: it runs CPython, without its frames.
-            tracing::warn!("pid {pid} is profiled without Python frames: {error}");
-            self.processes.remove(&pid);
+        match maps.set_python(pid, walk) {
+            Ok(()) => tracing::info!("pid {pid}: {said}"),
+            Err(error) => {
+                // Still labelled with its version: it runs CPython, without its frames.
+                tracing::warn!("pid {pid} is profiled without Python frames: {error}");
+                self.processes.remove(&pid);
+            }
         }
         Some(found)
     }
@@ -167,12 +169,14 @@ impl Runtime for PythonRuntime {
         merged
     }
 
-    /// The kernel's walk goes at an exec or a pid's reuse (the new program is looked at
-    /// afresh); after an exit, threads that outlive the main thread keep it until the
-    /// cut releases the pid's kernel entries.
+    /// The kernel's walk goes at an exec or a pid's reuse, whatever is known here (the
+    /// process may have been forgotten at its main thread's exit while a thread that
+    /// outlived it exec'd): the new program is looked at afresh. After an exit, threads
+    /// that outlive the main thread keep it until the cut releases the pid's kernel
+    /// entries.
     fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
-        let walked = matches!(self.processes.remove(&pid), Some(Known::Python(_)));
-        if walked && matches!(why, Departure::Exec | Departure::Reused) {
+        self.processes.remove(&pid);
+        if matches!(why, Departure::Exec | Departure::Reused) {
             maps.forget_python(pid);
         }
     }
