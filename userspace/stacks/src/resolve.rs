@@ -62,21 +62,25 @@ impl StackResolver {
         if let Some(unwinder) = self.unwinder.as_mut() {
             unwinder.forget(pid);
         }
-        self.forget_in_runtimes(pid, why, maps);
-    }
-
-    /// Drops what the runtimes hold of `pid` (and their kernel maps, as `why` requires),
-    /// keeping the native caches.
-    pub fn forget_in_runtimes(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
         for runtime in &mut self.runtimes {
             runtime.forget(pid, why, maps);
         }
     }
 
-    /// Hands `process` to every runtime: what those that claim it found, in the order
-    /// the runtimes were listed.
-    pub fn look_at(&mut self, process: &ProcessView<'_>, maps: &mut dyn RuntimeMaps) -> Vec<Found> {
+    /// Hands `process` to every runtime, or with `again_at` only to those that asked to
+    /// look at it again then ([`Runtime::look_again_due`]): what those that claim it
+    /// found, in the order the runtimes were listed.
+    pub fn look_at(
+        &mut self,
+        process: &ProcessView<'_>,
+        maps: &mut dyn RuntimeMaps,
+        again_at: Option<Instant>,
+    ) -> Vec<Found> {
+        let asked = |runtime: &dyn Runtime| {
+            again_at.is_none_or(|now| runtime.look_again_due(process.pid, now))
+        };
         (self.runtimes.iter_mut())
+            .filter(|runtime| asked(runtime.as_ref()))
             .filter_map(|runtime| runtime.look_at(process, maps))
             .collect()
     }
@@ -84,20 +88,6 @@ impl StackResolver {
     /// True when a runtime wants to look at `pid` again now.
     pub fn look_again_due(&self, pid: u32, now: Instant) -> bool {
         self.runtimes.iter().any(|r| r.look_again_due(pid, now))
-    }
-
-    /// Hands `process` again to the runtimes that asked to look at it again now
-    /// ([`Runtime::look_again_due`]): what those that claim it found.
-    pub fn look_again(
-        &mut self,
-        process: &ProcessView<'_>,
-        maps: &mut dyn RuntimeMaps,
-        now: Instant,
-    ) -> Vec<Found> {
-        (self.runtimes.iter_mut())
-            .filter(|runtime| runtime.look_again_due(process.pid, now))
-            .filter_map(|runtime| runtime.look_at(process, maps))
-            .collect()
     }
 
     /// Where runtime `name` stands in the list (runtimes' labels go in that order).
@@ -112,22 +102,22 @@ impl StackResolver {
         self.runtimes.iter().any(|r| r.poll_due(now))
     }
 
-    /// Polls every runtime with a poll due (all of them with `force`) and hands each
-    /// one's name, what it read and when its poll began to `take`.
+    /// Polls every runtime with a poll due (all of them with `force`): each one's name
+    /// and what it read.
     pub fn poll(
         &mut self,
         now: Instant,
         force: bool,
         is_current: IsCurrent<'_>,
-        mut take: impl FnMut(&'static str, Polled, Instant),
-    ) {
+    ) -> Vec<(&'static str, Polled)> {
         let locations = &mut self.locations;
+        let mut polls = Vec::new();
         for runtime in &mut self.runtimes {
             if force || runtime.poll_due(now) {
-                let started = Instant::now();
-                take(runtime.name(), runtime.poll(is_current, locations), started);
+                polls.push((runtime.name(), runtime.poll(is_current, locations)));
             }
         }
+        polls
     }
 
     /// The sample's frames, innermost first.

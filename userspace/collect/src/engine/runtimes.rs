@@ -8,10 +8,11 @@ use std::{collections::HashMap, time::Instant};
 use allocbpf_images::procfs::MapsEntry;
 use allocbpf_profile::aggregate::StackKey;
 use allocbpf_runtime::{
-    Departure, Found, NoMaps, PollFigures, Polled, ProcessPoll, ProcessView, RuntimeMaps,
+    Departure, Found, NoMaps, PollFigures, ProcessPoll, ProcessView, RuntimeMaps,
 };
 
 use super::Collector;
+use crate::kernel::Kernel;
 
 impl Collector {
     /// Hands `pid` (mapping `maps`) to every runtime (`again`: only to those that asked
@@ -25,14 +26,9 @@ impl Collector {
             files: &self.images.cache,
         };
         let mut no_maps = NoMaps;
-        let kernel_maps: &mut dyn RuntimeMaps = match self.kernel.as_deref_mut() {
-            Some(kernel) => kernel,
-            None => &mut no_maps,
-        };
-        let found = match again {
-            true => (self.stacks).look_again(&view, kernel_maps, Instant::now()),
-            false => self.stacks.look_at(&view, kernel_maps),
-        };
+        let kernel_maps = kernel_maps(self.kernel.as_deref_mut(), &mut no_maps);
+        let again_at = again.then(Instant::now);
+        let found = self.stacks.look_at(&view, kernel_maps, again_at);
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
             let known = &mut tracked.info.runtimes;
             for found in found {
@@ -48,36 +44,38 @@ impl Collector {
     /// sampled allocations go into their processes' aggregates, objects in use replace
     /// the previous ones. A runtime's time counts its poll and the adding.
     pub(super) fn poll_runtimes(&mut self, force: bool) {
-        let processes = &mut self.processes;
-        let stats = &mut self.stats;
-        let tracked = std::cell::RefCell::new(&mut processes.tracked);
+        let tracked = &self.processes.tracked;
         let is_current = |pid: u32, start| {
-            (tracked.borrow().get(&pid)).is_some_and(|t| t.info.start_time == start)
+            tracked
+                .get(&pid)
+                .is_some_and(|t| t.info.start_time == start)
         };
-        let take = |name, polled: Polled, started: Instant| {
+        let polls = self.stacks.poll(Instant::now(), force, &is_current);
+        for (name, polled) in polls {
             // A runtime with nothing to read (no own sampler) counts nothing.
             let nothing = polled.processes.is_empty() && polled.figures == PollFigures::default();
-            if nothing && !stats.runtime_reads.contains_key(name) {
-                return;
+            if nothing && !self.stats.runtime_reads.contains_key(name) {
+                continue;
             }
+            let adding = Instant::now();
             for poll in polled.processes {
-                add_poll(&mut tracked.borrow_mut(), poll);
+                add_poll(&mut self.processes.tracked, poll);
             }
             let mut figures = polled.figures;
-            figures.ns = started.elapsed().as_nanos() as u64;
-            stats.runtime_reads.entry(name).or_default().add(figures);
-        };
-        self.stacks.poll(Instant::now(), force, &is_current, take);
+            figures.ns += adding.elapsed().as_nanos() as u64;
+            self.stats
+                .runtime_reads
+                .entry(name)
+                .or_default()
+                .add(figures);
+        }
     }
 
     /// Forgets what the frame resolver and every runtime hold of `pid`, and the kernel
     /// maps they filled as `why` requires.
     pub(super) fn forget_process(&mut self, pid: u32, why: Departure) {
         let mut no_maps = NoMaps;
-        let kernel_maps: &mut dyn RuntimeMaps = match self.kernel.as_deref_mut() {
-            Some(kernel) => kernel,
-            None => &mut no_maps,
-        };
+        let kernel_maps = kernel_maps(self.kernel.as_deref_mut(), &mut no_maps);
         self.stacks.forget(pid, why, kernel_maps);
     }
 
@@ -87,6 +85,17 @@ impl Collector {
         self.stats.descriptor_errors = self.images.cache.descriptor_errors()
             + self.stacks.descriptor_errors()
             + self.processes.build_ids.descriptor_errors();
+    }
+}
+
+/// The kernel's runtime maps, or `no_maps` once the kernel is gone (after stop).
+fn kernel_maps<'a>(
+    kernel: Option<&'a mut (dyn Kernel + 'static)>,
+    no_maps: &'a mut NoMaps,
+) -> &'a mut dyn RuntimeMaps {
+    match kernel {
+        Some(kernel) => kernel,
+        None => no_maps,
     }
 }
 

@@ -28,6 +28,9 @@ enum Known {
     Retry { next: Instant, attempts: u32 },
 }
 
+/// This runtime's [`Runtime::name`].
+pub const NAME: &str = "python";
+
 /// How often an interpreter whose runtime was not readable yet is looked at again.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 
@@ -83,7 +86,7 @@ impl PythonRuntime {
 
 impl Runtime for PythonRuntime {
     fn name(&self) -> &'static str {
-        "python"
+        NAME
     }
 
     /// One that it does not know is profiled natively; the log says why it has no
@@ -100,7 +103,7 @@ impl Runtime for PythonRuntime {
                 );
                 let labels = vec![("python_version", format!("3.{}", python.minor))];
                 let found = Found {
-                    runtime: "python",
+                    runtime: NAME,
                     labels,
                     source: None,
                 };
