@@ -107,3 +107,29 @@ pub fn rounds_arg(default: usize) -> Result<usize> {
 }
 
 pub use allocbpf_profile::estimate::median;
+
+/// User + system CPU seconds of process `pid` so far (`/proc/PID/stat`).
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_name = stat.rfind(')').context("stat")? + 2;
+    let fields: Vec<&str> = stat[after_name..].split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
+}
+
+/// `allocbpf --pid PID ARGS...` once it says it profiles, its stdout discarded; its
+/// stderr is read on (and kept alive) while it runs.
+pub fn attach_profiler(pid: u32, args: &[&str]) -> Result<(std::process::Child, crate::Lines)> {
+    let mut child = Command::new(crate::allocbpf_bin())
+        .args(["--pid", &pid.to_string()])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut stderr = crate::Lines::spawn(child.stderr.take().context("piped")?);
+    stderr.wait_for("allocbpf: profiling pid", Duration::from_secs(60))?;
+    Ok((child, stderr))
+}

@@ -8,6 +8,7 @@ pub mod accuracy;
 pub mod agent;
 pub mod allocators;
 pub mod bench;
+pub mod jvm;
 pub mod otelcol;
 pub mod protojson;
 pub mod pyroscope;

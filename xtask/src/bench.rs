@@ -156,6 +156,10 @@ pub enum Part {
     /// of buckets, and a Go program's throughput with and without allocbpf reading it
     /// every second (tests/src/bin/go_cost.rs).
     Go,
+    /// A Java program's allocation throughput (OpenJDK 17, TLABs and big arrays) bare,
+    /// under `--pid` and under the default agent, and the profiler's CPU per second of
+    /// it (tests/src/bin/jvm_cost.rs).
+    Jvm,
     /// How fast `allocbpf --pid` goes in and out: probes live after start, and exit
     /// after the duration, on a native target and Debian's python3 (medians;
     /// bench_latency.rs).
@@ -203,6 +207,11 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
     }
     if parts.contains(&Part::Go) {
         let mut command = crate::setup::e2e_bin("go_cost")?;
+        command.args(["--rounds", &rounds.min(5).to_string()]);
+        crate::util::run(&mut command)?;
+    }
+    if parts.contains(&Part::Jvm) {
+        let mut command = crate::setup::e2e_bin("jvm_cost")?;
         command.args(["--rounds", &rounds.min(5).to_string()]);
         crate::util::run(&mut command)?;
     }

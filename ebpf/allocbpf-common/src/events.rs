@@ -19,6 +19,10 @@ pub const SAMPLE_FLAG_PYTHON: u32 = 2;
 /// return address), and `[sp]` is no return address.
 pub const SAMPLE_FLAG_INLINED: u32 = 4;
 
+/// `SampleEvent::flags`: the record ends with a [`JavaCapture`](crate::java::JavaCapture)
+/// (samples of a registered JVM's Java heap: the record has no native stack).
+pub const SAMPLE_FLAG_JAVA: u32 = 8;
+
 /// The interpreter frames of a sampled thread: the last bytes of a sample record whose
 /// flags have [`SAMPLE_FLAG_PYTHON`].
 #[repr(C)]

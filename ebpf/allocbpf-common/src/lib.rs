@@ -9,12 +9,13 @@
 
 pub mod cookie;
 mod events;
+pub mod java;
 pub mod python;
 pub mod sampler;
 
 pub use events::{
     EventKind, LiveEvent, LostSample, ProcessEvent, PythonStack, SampleEvent, SAMPLE_FLAG_CERTAIN,
-    SAMPLE_FLAG_INLINED, SAMPLE_FLAG_PYTHON,
+    SAMPLE_FLAG_INLINED, SAMPLE_FLAG_JAVA, SAMPLE_FLAG_PYTHON,
 };
 
 /// Number of user stack frames captured per sample by `bpf_get_stack`.
@@ -107,10 +108,16 @@ pub enum AllocFn {
     /// `free(ptr)` and every deallocation entry (`operator delete` in all its forms,
     /// `sdallocx`, `dallocx`, `free_sized`, `free_aligned_sized`, `mi_free`...).
     Free = 16,
+    /// A HotSpot thread took a new TLAB (`AllocTracer::send_allocation_in_new_tlab`): the
+    /// size is the TLAB's, charged to the object whose allocation refilled it.
+    JavaTlab = 17,
+    /// A HotSpot object allocated outside any TLAB
+    /// (`AllocTracer::send_allocation_outside_tlab`): the size is the object's.
+    JavaOutsideTlab = 18,
 }
 
 /// Number of [`AllocFn`] variants.
-pub const ALLOC_FN_COUNT: usize = 17;
+pub const ALLOC_FN_COUNT: usize = 19;
 
 impl AllocFn {
     /// Every entry kind, in discriminant order.
@@ -132,6 +139,8 @@ impl AllocFn {
         AllocFn::SizedVariant,
         AllocFn::ResizeVariant,
         AllocFn::Free,
+        AllocFn::JavaTlab,
+        AllocFn::JavaOutsideTlab,
     ];
 
     /// A short name for logs and reports.
@@ -154,6 +163,8 @@ impl AllocFn {
             AllocFn::SizedVariant => "sized variant",
             AllocFn::ResizeVariant => "resize variant",
             AllocFn::Free => "free",
+            AllocFn::JavaTlab => "java new TLAB",
+            AllocFn::JavaOutsideTlab => "java outside TLAB",
         }
     }
 
@@ -191,6 +202,12 @@ pub enum Shape {
     /// (larger requests reach `malloc`, which counts them), never tracked as a block
     /// (the site has no return to read the block from), never a wrapper's nested call.
     SmallObject = 8,
+    /// HotSpot's Java heap, at its allocation tracer (`AllocTracer`): the bytes taken
+    /// (a TLAB's, or an object's outside one), the allocated object's `Klass*` and the
+    /// allocating `JavaThread*`. Counted and sampled like any size; never tracked as a
+    /// block (the garbage collector frees Java objects, no probed call does); the
+    /// sample carries the thread's Java stack instead of its native one.
+    JavaHeap = 9,
 }
 
 /// The largest request CPython's small-object allocator (pymalloc) serves itself
@@ -210,6 +227,7 @@ impl Shape {
             Shape::InPlace => "probe_in_place",
             Shape::Free => "probe_free",
             Shape::SmallObject => "probe_small_object",
+            Shape::JavaHeap => "probe_java_heap",
         }
     }
 
@@ -218,7 +236,7 @@ impl Shape {
         match self {
             Shape::Size | Shape::Pvalloc | Shape::InPlace | Shape::Free | Shape::SmallObject => 1,
             Shape::Array | Shape::Resize | Shape::PosixMemalign => 2,
-            Shape::ResizeArray => 3,
+            Shape::ResizeArray | Shape::JavaHeap => 3,
         }
     }
 }
@@ -503,4 +521,5 @@ mod pod {
     unsafe impl aya::Pod for super::LiveKey {}
     unsafe impl aya::Pod for super::ProcessGate {}
     unsafe impl aya::Pod for super::python::PythonWalk {}
+    unsafe impl aya::Pod for super::java::JavaWalk {}
 }

@@ -31,6 +31,10 @@ pub(crate) struct CallSite {
     pub(crate) sp: u64,
     /// The probed instruction's address if it is an inlined site, else 0.
     pub(crate) inlined_ip: u64,
+    /// A Java heap allocation's class and thread ([`Shape::JavaHeap`]).
+    ///
+    /// [`Shape::JavaHeap`]: allocbpf_common::Shape::JavaHeap
+    pub(crate) java: Option<crate::java::JavaCall>,
 }
 
 impl CallSite {
@@ -95,13 +99,18 @@ pub(crate) fn emit(
         epoch,
         rate,
     };
+    let java = site.java.and_then(|call| crate::java::emit(&header, call));
     // SAFETY: reading a `.rodata` global the loader set (constant to the verifier).
-    let sent = match unsafe { read_volatile(&STACK_COPY_BYTES) } {
-        0 => emit_fp(ctx, &header),
-        4096 => stack_copy::emit::<4096>(ctx, &header),
-        8192 => stack_copy::emit::<8192>(ctx, &header),
-        32768 => stack_copy::emit::<32768>(ctx, &header),
-        _ => stack_copy::emit::<16384>(ctx, &header),
+    let sent = if let Some(sent) = java {
+        sent
+    } else {
+        match unsafe { read_volatile(&STACK_COPY_BYTES) } {
+            0 => emit_fp(ctx, &header),
+            4096 => stack_copy::emit::<4096>(ctx, &header),
+            8192 => stack_copy::emit::<8192>(ctx, &header),
+            32768 => stack_copy::emit::<32768>(ctx, &header),
+            _ => stack_copy::emit::<16384>(ctx, &header),
+        }
     };
     // What recording it cost (the budget's price of this process's hits).
     let done_ns = unsafe { bpf_ktime_get_ns() };

@@ -31,6 +31,7 @@
 mod call;
 mod emit;
 mod header;
+mod java;
 mod live;
 mod lost;
 mod pressure;
@@ -215,6 +216,8 @@ pub(crate) struct CallArgs {
     pub(crate) old: u64,
     /// posix_memalign: where the new block's address will be stored.
     pub(crate) out: u64,
+    /// A Java heap allocation's class and thread.
+    pub(crate) java: Option<java::JavaCall>,
 }
 
 /// The common path of every allocation probe. `size` is 0 for calls that allocate
@@ -245,6 +248,7 @@ fn on_alloc(
     let site = emit::CallSite {
         sp: entry.sp,
         inlined_ip: if inlined { now.ip } else { 0 },
+        java: args.java,
     };
     let kind = cookie.function as u32;
     // Read once: the call, its sample and the sample counter share one epoch.
@@ -362,7 +366,7 @@ session_uprobe! {
     fn probe_resize(ctx) {
         let cookie = cookie_of(&ctx);
         let [old, size, _] = inputs(&ctx, &cookie);
-        on_alloc(&ctx, &cookie, Shape::Resize, size, CallArgs { old, out: 0 })
+        on_alloc(&ctx, &cookie, Shape::Resize, size, CallArgs { old, ..CallArgs::default() })
     }
 }
 
@@ -372,7 +376,7 @@ session_uprobe! {
         let cookie = cookie_of(&ctx);
         let [old, n, s] = inputs(&ctx, &cookie);
         let size = product(&ctx, &cookie, n, s);
-        on_alloc(&ctx, &cookie, Shape::ResizeArray, size, CallArgs { old, out: 0 })
+        on_alloc(&ctx, &cookie, Shape::ResizeArray, size, CallArgs { old, ..CallArgs::default() })
     }
 }
 
@@ -381,7 +385,7 @@ session_uprobe! {
     fn probe_posix_memalign(ctx) {
         let cookie = cookie_of(&ctx);
         let [out, size, _] = inputs(&ctx, &cookie);
-        on_alloc(&ctx, &cookie, Shape::PosixMemalign, size, CallArgs { old: 0, out })
+        on_alloc(&ctx, &cookie, Shape::PosixMemalign, size, CallArgs { out, ..CallArgs::default() })
     }
 }
 
@@ -402,6 +406,18 @@ session_uprobe! {
         let cookie = cookie_of(&ctx);
         let [size, _, _] = inputs(&ctx, &cookie);
         on_alloc(&ctx, &cookie, Shape::InPlace, size, CallArgs::default())
+    }
+}
+
+session_uprobe! {
+    /// [`Shape::JavaHeap`]: HotSpot's `AllocTracer::send_allocation_in_new_tlab(klass,
+    /// obj, tlab_bytes, object_bytes, thread)` and `send_allocation_outside_tlab(klass,
+    /// obj, object_bytes, thread)`: the bytes taken, the class, the thread.
+    fn probe_java_heap(ctx) {
+        let cookie = cookie_of(&ctx);
+        let [size, klass, thread] = inputs(&ctx, &cookie);
+        let java = Some(java::JavaCall { klass, thread });
+        on_alloc(&ctx, &cookie, Shape::JavaHeap, size, CallArgs { java, ..CallArgs::default() })
     }
 }
 

@@ -65,12 +65,12 @@ fn emit_record<const N: usize, const P: usize>(ctx: &ProbeContext, header: &Head
 }
 
 /// Copies user memory from `sp` up into `dst` (capacity `N`), page by page; returns the
-/// bytes copied.
+/// bytes copied (also the Java stack's copy, `java.rs`).
 ///
 /// # Safety
 /// `dst` must be valid for writes of `N` bytes.
 #[inline(always)]
-unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> usize {
+pub(crate) unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> usize {
     // Up to the next page boundary: 1..=4096 bytes.
     let first = PAGE - (sp as usize & (PAGE - 1));
     if first > N {

@@ -16,8 +16,7 @@ use std::{
 };
 
 use allocbpf_e2e::{
-    allocbpf_bin,
-    bench::{median, rounds_arg},
+    bench::{attach_profiler, median, rounds_arg},
     scratch_dir, workspace_root, Lines, Workload,
 };
 use allocbpf_go::process::{GoFile, GoProcess};
@@ -102,17 +101,7 @@ fn read_cost(
 fn throughput(binary: &Path, profiled: bool) -> Result<(f64, f64)> {
     let mut workload = Workload::start(binary, &["throughput", "5"])?;
     let profiler = match profiled {
-        true => {
-            let mut child = Command::new(allocbpf_bin())
-                .args(["--pid", &workload.pid.to_string(), "--output", "/dev/null"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()?;
-            let mut stderr = Lines::spawn(child.stderr.take().context("stderr")?);
-            stderr.wait_for("allocbpf: profiling pid", Duration::from_secs(60))?;
-            Some((child, stderr))
-        }
+        true => Some(attach_profiler(workload.pid, &["--output", "/dev/null"])?),
         false => None,
     };
     workload.go()?;

@@ -18,28 +18,17 @@ use std::{
 
 use allocbpf_e2e::{
     agent::{agent_workload, metric, scrape_within, AgentProcess},
-    bench::{median, rounds_arg},
+    bench::{cpu_seconds, median, rounds_arg},
     otelcol::{Collector, CollectorOptions},
     pyroscope::{Pyroscope, PyroscopeOptions},
     scratch_dir, Workload,
 };
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 const METRICS: &str = "127.0.0.1:19498";
 /// How long each measured run lasts, after its warm-up.
 const MEASURED: Duration = Duration::from_secs(15);
 const WARM_UP: Duration = Duration::from_secs(4);
-
-/// User + system CPU seconds of `pid` so far.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after_name = stat.rfind(')').context("stat")? + 2;
-    let fields: Vec<&str> = stat[after_name..].split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks / hz)
-}
 
 /// One measured run: (profiles per second, agent CPU seconds per second), counting
 /// delivered profiles if `pushing`, else stored ones.

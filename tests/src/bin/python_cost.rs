@@ -16,14 +16,13 @@
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
+    process::Child,
     time::{Duration, Instant},
 };
 
 use allocbpf_e2e::{
     agent::AgentProcess,
-    allocbpf_bin,
-    bench::{median, rounds_arg},
+    bench::{attach_profiler, median, rounds_arg},
     scratch_dir, workspace_root, Lines, Workload,
 };
 use anyhow::{Context, Result};
@@ -31,20 +30,9 @@ use anyhow::{Context, Result};
 /// Rounds of the workload's three sites (100 objects each) per run.
 const SITE_ROUNDS: &str = "20000";
 
-/// allocbpf profiling `pid` with `output` and `extra` flags, once it says it profiles;
-/// its stderr is read on (and kept alive) while it runs.
+/// allocbpf profiling `pid` with `output` and `extra` flags, once it says it profiles.
 fn attach(pid: u32, output: &[&str], extra: &[&str]) -> Result<(Child, Lines)> {
-    let mut child = Command::new(allocbpf_bin())
-        .args(["--pid", &pid.to_string()])
-        .args(output)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let mut stderr = Lines::spawn(child.stderr.take().context("piped")?);
-    stderr.wait_for("allocbpf: profiling pid", Duration::from_secs(60))?;
-    Ok((child, stderr))
+    attach_profiler(pid, &[output, extra].concat())
 }
 
 /// One timed run of the workload, with allocbpf attached as `profiler` says.

@@ -97,6 +97,10 @@ impl ProcessInfo {
         if let Some(id) = &self.container_id {
             labels.push(("container_id", id.clone()));
         }
+        if !self.runtimes.is_empty() {
+            let names: Vec<&str> = self.runtimes.iter().map(|found| found.runtime).collect();
+            labels.push(("runtime", names.join(",")));
+        }
         for found in &self.runtimes {
             labels.extend(found.labels.iter().cloned());
         }

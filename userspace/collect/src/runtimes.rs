@@ -3,6 +3,7 @@
 //! (a crate under `userspace/runtimes/`) is added here.
 
 use allocbpf_go::heap_profile::GoRuntime;
+use allocbpf_jvm::JvmRuntime;
 use allocbpf_python::runtime::PythonRuntime;
 use allocbpf_runtime::Runtime;
 
@@ -11,6 +12,7 @@ pub fn supported() -> Vec<Box<dyn Runtime>> {
     vec![
         Box::new(PythonRuntime::default()),
         Box::new(GoRuntime::default()),
+        Box::new(JvmRuntime::default()),
     ]
 }
 

@@ -7,7 +7,9 @@
 //! (gperftools, with its `tc_` aliases), mimalloc (unprefixed overrides and its own
 //! `mi_` API), a static executable's own malloc, and any library that defines C++
 //! `operator new`/`delete`. Extra prefixes (a renamed custom allocator's) can be added
-//! for the C API.
+//! for the C API. HotSpot's `libjvm.so` is one too: its allocation tracer is told of
+//! every TLAB a Java thread takes and every object allocated outside one, so the Java
+//! heap is counted and sampled in TLAB-sized chunks (docs/design.md, "The JVM").
 
 use allocbpf_common::{AllocFn, Shape};
 
@@ -62,6 +64,11 @@ const ARG1: &[Input] = &[Input::Arg(1)];
 const ARG0_ARG1: &[Input] = &[Input::Arg(0), Input::Arg(1)];
 const ARG0_ARG2: &[Input] = &[Input::Arg(0), Input::Arg(2)];
 const PRODUCT01: &[Input] = &[Input::Product(0, 1)];
+/// `send_allocation_in_new_tlab(klass, obj, tlab_bytes, object_bytes, thread)`: the
+/// bytes, the class, the thread.
+const JAVA_TLAB: &[Input] = &[Input::Arg(2), Input::Arg(0), Input::Arg(4)];
+/// `send_allocation_outside_tlab(klass, obj, object_bytes, thread)`.
+const JAVA_OUTSIDE: &[Input] = &[Input::Arg(2), Input::Arg(0), Input::Arg(3)];
 const ARG0_PRODUCT12: &[Input] = &[Input::Arg(0), Input::Product(1, 2)];
 
 use AllocFn as F;
@@ -201,7 +208,25 @@ pub const NAMED: &[EntrySpec] = &[
     python("PyMem_Calloc", F::Calloc, S::Array, PRODUCT01),
     python("PyMem_Realloc", F::Realloc, S::Resize, ARG0_ARG1),
     python("PyMem_Free", F::Free, S::Free, ARG0),
+    // HotSpot's allocation tracer (libjvm.so, JDK 11 on; local symbols of its .symtab,
+    // which Debian's and Temurin's builds keep).
+    entry(JVM_NEW_TLAB, F::JavaTlab, S::JavaHeap, JAVA_TLAB),
+    entry(
+        JVM_OUTSIDE_TLAB,
+        F::JavaOutsideTlab,
+        S::JavaHeap,
+        JAVA_OUTSIDE,
+    ),
 ];
+
+/// `AllocTracer::send_allocation_in_new_tlab(Klass*, HeapWord*, size_t, size_t,
+/// JavaThread*)`.
+pub const JVM_NEW_TLAB: &str =
+    "_ZN11AllocTracer27send_allocation_in_new_tlabEP5KlassPP12HeapWordImplmmP10JavaThread";
+
+/// `AllocTracer::send_allocation_outside_tlab(Klass*, HeapWord*, size_t, JavaThread*)`.
+pub const JVM_OUTSIDE_TLAB: &str =
+    "_ZN11AllocTracer28send_allocation_outside_tlabEP5KlassPP12HeapWordImplmP10JavaThread";
 
 /// Every (symbol, entry) pair searched in a file, given the user's extra prefixes.
 pub fn symbols(extra_prefixes: &[String]) -> Vec<(String, EntrySpec)> {
@@ -260,6 +285,9 @@ pub fn families(defines: impl Fn(&str) -> bool) -> Vec<&'static str> {
     }
     if any(&["_Znwm", "_Znam"]) {
         out.push("C++ operator new");
+    }
+    if any(&[JVM_NEW_TLAB, JVM_OUTSIDE_TLAB]) {
+        out.push("HotSpot Java heap");
     }
     out
 }

@@ -56,6 +56,9 @@ pub enum Frame {
     /// A Go function at a line, read from the process's own function table (the Go
     /// runtime's heap profile): an index into the session's [`SourceLocations`].
     Go(u32),
+    /// A Java method at a line, or a Java heap sample's allocated class (its leaf),
+    /// read from a JVM's own metadata: an index into the session's [`SourceLocations`].
+    Java(u32),
 }
 
 /// Where a frame read from a runtime's own tables was (a Python frame, a Go frame):
@@ -141,6 +144,12 @@ impl SourceLocations {
         self.functions(id, true)
     }
 
+    /// The functions of a Java frame, for reports: shown as `package.Class.method
+    /// (File.java:line)`; an allocated class, which has no file, by its name.
+    pub fn java_functions(&self, id: u32) -> Functions {
+        self.functions(id, true)
+    }
+
     /// The functions of a Go frame, for reports: shown by name, as native frames are.
     pub fn go_functions(&self, id: u32) -> Functions {
         self.functions(id, false)
@@ -155,7 +164,7 @@ impl SourceLocations {
                     name: location.function.clone(),
                     file: (!location.file.is_empty()).then(|| location.file.clone()),
                     line,
-                    shown: with_line
+                    shown: (with_line && !location.file.is_empty())
                         .then(|| python_shown_name(&location.function, &location.file, line)),
                 }
             }

@@ -10,7 +10,8 @@ use std::time::Instant;
 use allocbpf_probe::events::RawSample;
 use allocbpf_profile::frame::{Frame, SourceLocations};
 use allocbpf_runtime::{
-    Departure, Found, IsCurrent, Polled, ProcessView, Runtime, RuntimeMaps, SampleStack,
+    Departure, Found, IsCurrent, JavaThreadStack, Polled, ProcessView, Runtime, RuntimeMaps,
+    SampleStack,
 };
 
 use crate::normalize::AddressNormalizer;
@@ -124,6 +125,8 @@ impl StackResolver {
     pub fn resolve(&mut self, sample: &RawSample) -> Vec<Frame> {
         let unwound;
         let stack = match self.unwinder.as_mut() {
+            // A Java heap sample has no native stack to unwind: its runtime walks it.
+            _ if sample.java.is_some() => &sample.stack,
             Some(unwinder) if !sample.user_stack.is_empty() => {
                 let mut from_tables = unwinder.unwind(sample.pid, sample.regs, &sample.user_stack);
                 // At an inlined site the sampled function is a frame of its own (the
@@ -146,6 +149,13 @@ impl StackResolver {
             pid: sample.pid,
             addresses: stack,
             python: &sample.python,
+            java: sample.java.as_ref().map(|java| JavaThreadStack {
+                status: java.status,
+                klass: java.klass,
+                anchor: java.anchor,
+                base: java.base,
+                stack: &java.stack,
+            }),
         };
         for runtime in &mut self.runtimes {
             frames = runtime.merge_frames(&walked, frames, &mut self.locations);

@@ -111,6 +111,9 @@ impl FrameSymbolizer {
                 Frame::Go(id) => {
                     self.cache.insert(*frame, locations.go_functions(id));
                 }
+                Frame::Java(id) => {
+                    self.cache.insert(*frame, locations.java_functions(id));
+                }
             }
         }
         for (module_id, mut offsets) in by_module {

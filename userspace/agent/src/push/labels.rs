@@ -31,6 +31,7 @@ pub const MAX_LABEL_VALUE_LENGTH: usize = 2048;
 
 /// A profile's service name: the configured one, else the process's systemd unit
 /// (its cgroup's last component, `redis-server.service` naming `redis-server`), else
+/// a JVM's main class or jar (`java_main`: every JVM's command name is `java`), else
 /// its command name.
 pub fn service_name(configured: Option<&str>, labels: &[(String, String)]) -> String {
     if let Some(name) = configured {
@@ -49,7 +50,8 @@ pub fn service_name(configured: Option<&str>, labels: &[(String, String)]) -> St
         // A templated unit's instance (`getty@tty1`) is one service.
         .map(|unit| unit.split('@').next().unwrap_or(unit))
         .filter(|unit| !unit.is_empty());
-    unit.or_else(|| value("comm"))
+    unit.or_else(|| value("java_main"))
+        .or_else(|| value("comm"))
         .unwrap_or("unknown")
         .to_string()
 }
@@ -181,6 +183,18 @@ mod tests {
             ("cgroup", "/user.slice/session-4.scope"),
         ]);
         assert_eq!(service_name(None, &shell), "python3");
+        let jvm = pairs(&[
+            ("comm", "java"),
+            ("cgroup", "/user.slice/session-4.scope"),
+            ("java_main", "orders.jar"),
+        ]);
+        assert_eq!(service_name(None, &jvm), "orders.jar");
+        let jvm_unit = pairs(&[
+            ("comm", "java"),
+            ("cgroup", "/system.slice/kafka.service"),
+            ("java_main", "kafka.Kafka"),
+        ]);
+        assert_eq!(service_name(None, &jvm_unit), "kafka");
         assert_eq!(service_name(Some("checkout"), &unit), "checkout");
         assert_eq!(service_name(None, &[]), "unknown");
     }

@@ -27,9 +27,9 @@
 
 use std::time::{Duration, Instant};
 
-use allocbpf_common::GateState;
 /// How returns are observed with live tracking (what [`AttachedTarget::live_mode`] says).
 pub use allocbpf_common::LiveMode;
+use allocbpf_common::{AllocFn, GateState};
 use allocbpf_images::{
     discover::Silence,
     image::{AllocatorImage, ImageKey},
@@ -41,7 +41,7 @@ use allocbpf_probe::{
 };
 use allocbpf_profile::{
     aggregate::{SampledAllocation, StackKey},
-    estimate::interval_table::REFRESH_INTERVAL,
+    estimate::{attributed_sample, interval_table::REFRESH_INTERVAL},
     frame::Frame,
     report::Counters,
 };
@@ -256,9 +256,15 @@ impl Collector {
         // attaches the images not attached yet. One process: its images were attached
         // at start and the facts about its files are cached (the target's), so only
         // an image it mapped since it was resolved is examined and attached here.
+        // The runtimes look first: what they put in the kernel (a JVM's Java frames) is
+        // there before the probes they need fire. One process's images are attached by
+        // its start, after this first look.
         if admitted {
-            self.attach_images_of(pid, &maps);
             self.look_at_runtimes(pid, &maps, false);
+            let starting = matches!(self.scope, Scope::Process(_)) && self.target.is_none();
+            if !starting {
+                self.attach_images_of(pid, &maps);
+            }
         }
     }
 
@@ -501,13 +507,22 @@ impl Collector {
 
 /// What the estimator needs of `sample`: the ring buffer's sample less its stack (the
 /// key it is added under) and its window, which a budget sets.
+/// A JVM's new-TLAB sample stands for its object at the rate that gives it its TLAB's
+/// weight ([`attributed_sample`]).
 fn allocation_of(sample: &RawSample) -> SampledAllocation {
+    let tlab = (sample.java.as_ref()).filter(|_| sample.function == Some(AllocFn::JavaTlab));
+    let (size, offset, rate, certain) = match tlab {
+        Some(java) => {
+            attributed_sample(sample.size, java.object_bytes, sample.rate, sample.certain)
+        }
+        None => (sample.size, sample.offset, sample.rate, sample.certain),
+    };
     SampledAllocation {
         sample_id: sample.sample_id,
-        size: sample.size,
-        offset: sample.offset,
-        rate: sample.rate,
-        certain: sample.certain,
+        size,
+        offset,
+        rate,
+        certain,
         timestamp_ns: sample.timestamp_ns,
         window: None,
     }

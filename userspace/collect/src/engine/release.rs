@@ -79,7 +79,11 @@ impl Collector {
             .flat_map(|(key, _)| key.frames.iter())
             .filter_map(|frame| match frame {
                 Frame::Module { module, .. } => Some(*module),
-                Frame::Unknown(_) | Frame::Lost | Frame::Python(_) | Frame::Go(_) => None,
+                Frame::Unknown(_)
+                | Frame::Lost
+                | Frame::Python(_)
+                | Frame::Go(_)
+                | Frame::Java(_) => None,
             })
             .collect();
         let closed = self

@@ -160,6 +160,8 @@ impl Collector {
         // What resolving it found about its files: a rescan of its maps examines only
         // files mapped since (dlopen).
         self.images.cache = target.cache;
+        // Its runtimes look before its probes go in (`observe` attaches nothing yet).
+        self.observe(target.pid);
         for image in target.images {
             let links = match self.kernel().attach(&image) {
                 Ok(links) => links,

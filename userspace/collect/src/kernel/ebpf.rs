@@ -5,7 +5,7 @@ use std::{
     path::Path,
 };
 
-use allocbpf_common::{python::PythonWalk, GateState, ProcessGate, Totals};
+use allocbpf_common::{java::JavaWalk, python::PythonWalk, GateState, ProcessGate, Totals};
 use allocbpf_images::image::AllocatorImage;
 use allocbpf_probe::{
     events::{Event, EventReader},
@@ -220,6 +220,14 @@ impl RuntimeMaps for EbpfKernel {
 
     fn forget_python(&mut self, pid: u32) {
         self.sampler.forget_python(pid);
+    }
+
+    fn set_java(&mut self, pid: u32, walk: JavaWalk) -> Result<(), RuntimeMapError> {
+        (self.sampler.set_java(pid, walk)).map_err(|error| RuntimeMapError(error.to_string()))
+    }
+
+    fn forget_java(&mut self, pid: u32) {
+        self.sampler.forget_java(pid);
     }
 }
 

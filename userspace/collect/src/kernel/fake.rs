@@ -9,7 +9,9 @@ use std::{
     rc::Rc,
 };
 
-use allocbpf_common::{python::PythonWalk, GateState, LiveMode, ProcessGate, Totals};
+use allocbpf_common::{
+    java::JavaWalk, python::PythonWalk, GateState, LiveMode, ProcessGate, Totals,
+};
 use allocbpf_images::image::{AllocatorImage, ImageKey};
 use allocbpf_probe::{
     events::Event,
@@ -56,6 +58,8 @@ pub(crate) struct FakeState {
     pub forgotten: HashSet<u32>,
     /// Processes whose Python frames are walked.
     pub python: HashSet<u32>,
+    /// Pids whose Java frames are captured.
+    pub java: HashSet<u32>,
     /// The ring's pressure level.
     pub pressure_level: u32,
     /// Interval tables written.
@@ -298,6 +302,15 @@ impl RuntimeMaps for FakeKernel {
 
     fn forget_python(&mut self, pid: u32) {
         self.0.borrow_mut().python.remove(&pid);
+    }
+
+    fn set_java(&mut self, pid: u32, _walk: JavaWalk) -> Result<(), RuntimeMapError> {
+        self.0.borrow_mut().java.insert(pid);
+        Ok(())
+    }
+
+    fn forget_java(&mut self, pid: u32) {
+        self.0.borrow_mut().java.remove(&pid);
     }
 }
 

@@ -193,7 +193,9 @@ fn mappings(report: &Report, strings: &mut Strings) -> Vec<Mapping> {
         .flat_map(|stack| &stack.locations)
         .filter_map(|location| match location.frame {
             Frame::Module { module, .. } => Some(module),
-            Frame::Unknown(_) | Frame::Lost | Frame::Python(_) | Frame::Go(_) => None,
+            Frame::Unknown(_) | Frame::Lost | Frame::Python(_) | Frame::Go(_) | Frame::Java(_) => {
+                None
+            }
         })
         .collect();
     report
@@ -378,7 +380,7 @@ impl<'a> SampleBuilder<'a> {
                 (module as u64 + 1) * MODULE_SPAN + offset,
             ),
             Frame::Unknown(addr) => (0, addr),
-            Frame::Lost | Frame::Python(_) | Frame::Go(_) => (0, 0),
+            Frame::Lost | Frame::Python(_) | Frame::Go(_) | Frame::Java(_) => (0, 0),
         };
         let id = self.location_list.len() as u64 + 1;
         self.location_list.push(Location {

@@ -15,7 +15,10 @@
 
 use std::time::Instant;
 
-use allocbpf_common::python::{PythonFrameRecord, PythonWalk};
+use allocbpf_common::{
+    java::JavaWalk,
+    python::{PythonFrameRecord, PythonWalk},
+};
 use allocbpf_images::{discover::ImageCache, procfs::MapsEntry};
 use allocbpf_profile::frame::{Frame, SourceLocations};
 
@@ -56,6 +59,10 @@ pub trait RuntimeMaps {
     fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), RuntimeMapError>;
     /// Stops walking `pid`'s Python frames.
     fn forget_python(&mut self, pid: u32);
+    /// Has the program capture `pid`'s Java frames at its Java heap samples.
+    fn set_java(&mut self, pid: u32, walk: JavaWalk) -> Result<(), RuntimeMapError>;
+    /// Stops capturing `pid`'s Java frames.
+    fn forget_java(&mut self, pid: u32);
 }
 
 /// No kernel (after stop): nothing to write, nothing to forget.
@@ -67,6 +74,12 @@ impl RuntimeMaps for NoMaps {
     }
 
     fn forget_python(&mut self, _pid: u32) {}
+
+    fn set_java(&mut self, _pid: u32, _walk: JavaWalk) -> Result<(), RuntimeMapError> {
+        Err(RuntimeMapError("the probes are detached".to_string()))
+    }
+
+    fn forget_java(&mut self, _pid: u32) {}
 }
 
 /// One sample's stack as the kernel sent it, for [`Runtime::merge_frames`].
@@ -77,6 +90,24 @@ pub struct SampleStack<'a> {
     pub addresses: &'a [u64],
     /// The interpreter frames the eBPF program walked (Python processes only).
     pub python: &'a [PythonFrameRecord],
+    /// What a Java heap sample captured of its thread (JVMs only).
+    pub java: Option<JavaThreadStack<'a>>,
+}
+
+/// What a Java heap sample captured of its thread
+/// ([`JavaCapture`](allocbpf_common::java::JavaCapture)).
+#[derive(Clone, Copy, Debug)]
+pub struct JavaThreadStack<'a> {
+    /// A [`JavaStatus`](allocbpf_common::java::JavaStatus) as sent.
+    pub status: u32,
+    /// The allocated object's `Klass*`.
+    pub klass: u64,
+    /// The thread's last Java `sp`, `pc` and `fp`.
+    pub anchor: [u64; 3],
+    /// The address `stack` was copied from.
+    pub base: u64,
+    /// The stack from `base` up.
+    pub stack: &'a [u8],
 }
 
 /// Allocations a runtime's own sampler counted at one stack and size.

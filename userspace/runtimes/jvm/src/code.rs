@@ -1,0 +1,358 @@
+//! A JVM's code from outside: which pc is the interpreter's, which code blob holds a
+//! compiled pc (through the code heaps' segment maps, as `CodeHeap::find_blob` does),
+//! a blob's frame size, and a compiled method's scopes at a pc: the method and bytecode
+//! index of the frame and of every frame inlined into it, innermost first.
+//!
+//! Every read is bounded and every answer checked (a blob must lie in its heap, a pc
+//! descriptor table must fit its blob's data, a scope chain ends within
+//! [`MAX_INLINE_DEPTH`]); a forged or moving code cache yields fewer frames, never a
+//! hang.
+
+use std::collections::HashMap;
+
+use allocbpf_images::memory::ProcessMemory;
+
+use crate::{
+    layout::{CodeStart, DebugData, Layout},
+    stream::CompressedReader,
+    vmstructs::read_c_string,
+};
+
+/// Most code heaps read (HotSpot has up to three).
+const MAX_HEAPS: u64 = 8;
+
+/// Most segment-map steps back to a blob's start.
+const MAX_SEGMAP_STEPS: usize = 4096;
+
+/// Most pc descriptors read from one compiled method.
+const MAX_PC_DESCS: u64 = 65_536;
+
+/// Most scopes in one pc's chain (HotSpot inlines up to `MaxInlineLevel`, 15).
+pub const MAX_INLINE_DEPTH: usize = 32;
+
+/// Most pcs whose scopes one blob remembers.
+const MAX_PCS_PER_BLOB: usize = 1024;
+
+/// Most blobs remembered per process before the cache starts over.
+const MAX_BLOBS: usize = 16_384;
+
+/// One code heap: its reserved range and its segment map.
+#[derive(Clone, Copy, Debug)]
+struct Heap {
+    low: u64,
+    high: u64,
+    segmap: u64,
+    log2_segment: u32,
+}
+
+/// A code blob as a walk needs it.
+#[derive(Clone, Debug)]
+pub struct Blob {
+    /// Its address.
+    pub address: u64,
+    /// Its frame size in bytes (0: a frame the walk cannot step over).
+    pub frame_bytes: u64,
+    /// The first byte of its code.
+    pub code_begin: u64,
+    /// The `Method*` of a compiled Java method; `None` for stubs and adapters.
+    pub method: Option<u64>,
+    /// A compiled method's pc descriptors, `(pc offset, scope decode offset)`, sorted.
+    pc_descs: Vec<(i32, i32)>,
+    /// A compiled method's scopes data and metadata (`Method*` table) addresses.
+    scopes: (u64, u64),
+    metadata: (u64, u64),
+    /// The scopes read at each pc so far (a method has a few call sites).
+    read: std::cell::RefCell<HashMap<u64, Vec<Scope>>>,
+}
+
+/// A frame a compiled pc stands for: a method and a bytecode index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scope {
+    /// `Method*`.
+    pub method: u64,
+    /// Bytecode index (-1: the method's entry).
+    pub bci: i32,
+}
+
+/// A process's code: the interpreter's range, its code heaps and the blobs seen.
+pub struct CodeCache {
+    memory: ProcessMemory,
+    interpreter: (u64, u64),
+    heaps: Vec<Heap>,
+    blobs: HashMap<u64, Option<Blob>>,
+    /// The blob start of each pc looked up (a walk meets the same return addresses
+    /// again and again).
+    starts: HashMap<u64, Option<u64>>,
+}
+
+impl CodeCache {
+    /// Reads where `memory`'s interpreter and code heaps are.
+    pub fn read(memory: ProcessMemory, layout: &Layout) -> Option<CodeCache> {
+        let queue = memory.u64(layout.interpreter_code).ok()?;
+        let buffer = memory.u64(queue + layout.stub_buffer.0).ok()?;
+        let limit = memory.i32(queue + layout.stub_buffer.1).ok()?;
+        let limit = u64::try_from(limit).ok().filter(|&l| l > 0)?;
+        let array = memory.u64(layout.code_heaps).ok()?;
+        let len = memory.i32(array + layout.array_len).ok()?;
+        let data = memory.u64(array + layout.array_data).ok()?;
+        let mut heaps = Vec::new();
+        for index in 0..u64::try_from(len).ok()?.min(MAX_HEAPS) {
+            let heap = memory.u64(data + index * 8).ok()?;
+            let space = |field: u64| memory.u64(heap + field);
+            let low = space(layout.heap_memory + layout.space_low).ok()?;
+            let high = space(layout.heap_memory + layout.space_high).ok()?;
+            let segmap = space(layout.heap_segmap + layout.space_low).ok()?;
+            let log2 = memory.i32(heap + layout.heap_log2_segment).ok()?;
+            if low < high && (4..=16).contains(&log2) {
+                heaps.push(Heap {
+                    low,
+                    high,
+                    segmap,
+                    log2_segment: log2 as u32,
+                });
+            }
+        }
+        Some(CodeCache {
+            memory,
+            interpreter: (buffer, buffer.saturating_add(limit)),
+            heaps,
+            blobs: HashMap::new(),
+            starts: HashMap::new(),
+        })
+    }
+
+    /// True for a pc in the template interpreter.
+    pub fn is_interpreted(&self, pc: u64) -> bool {
+        (self.interpreter.0..self.interpreter.1).contains(&pc)
+    }
+
+    /// The blob holding `pc`, if any (remembered by its address).
+    pub fn blob_at(&mut self, pc: u64, layout: &Layout) -> Option<&Blob> {
+        if self.starts.len() >= MAX_BLOBS && !self.starts.contains_key(&pc) {
+            self.starts.clear();
+        }
+        let start = match self.starts.get(&pc) {
+            Some(start) => *start,
+            None => {
+                let start = self.blob_start(pc, layout);
+                self.starts.insert(pc, start);
+                start
+            }
+        }?;
+        if self.blobs.len() >= MAX_BLOBS && !self.blobs.contains_key(&start) {
+            self.blobs.clear();
+        }
+        if !self.blobs.contains_key(&start) {
+            let blob = read_blob(&self.memory, start, layout);
+            self.blobs.insert(start, blob);
+        }
+        self.blobs.get(&start)?.as_ref()
+    }
+
+    /// Forgets the blobs read (a compiled method may have been freed and its space
+    /// reused).
+    pub fn forget_blobs(&mut self) {
+        self.blobs.clear();
+        self.starts.clear();
+    }
+
+    /// The start of the blob at `pc`: its heap's segment map, followed back to the
+    /// block's first segment (`CodeHeap::find_block_for`).
+    fn blob_start(&mut self, pc: u64, layout: &Layout) -> Option<u64> {
+        let heap = *self.heaps.iter().find(|h| (h.low..h.high).contains(&pc))?;
+        let mut segment = (pc - heap.low) >> heap.log2_segment;
+        let mut byte = [0u8; 1];
+        for _ in 0..MAX_SEGMAP_STEPS {
+            self.memory.read(heap.segmap + segment, &mut byte).ok()?;
+            match byte[0] {
+                0xff => return None,
+                0 => {
+                    let block = heap.low + (segment << heap.log2_segment);
+                    return Some(block + layout.heap_block_size);
+                }
+                back => segment = segment.checked_sub(u64::from(back))?,
+            }
+        }
+        None
+    }
+}
+
+/// Reads the blob at `address`.
+fn read_blob(memory: &ProcessMemory, address: u64, layout: &Layout) -> Option<Blob> {
+    let name_pointer = memory.u64(address + layout.blob_name).ok()?;
+    let name = read_c_string(memory, name_pointer, 64).ok()?;
+    let frame_words = memory.i32(address + layout.blob_frame_size).ok()?;
+    let size = u64::try_from(memory.i32(address + layout.blob_size).ok()?).ok()?;
+    let code_begin = match layout.code_start {
+        CodeStart::Pointer(field) => memory.u64(address + field).ok()?,
+        CodeStart::Offset(field) => {
+            address + u64::try_from(memory.i32(address + field).ok()?).ok()?
+        }
+    };
+    if !(address..address + size).contains(&code_begin) {
+        return None;
+    }
+    let mut blob = Blob {
+        address,
+        frame_bytes: u64::try_from(frame_words).ok()?.min(1 << 16) * 8,
+        code_begin,
+        method: None,
+        pc_descs: Vec::new(),
+        scopes: (0, 0),
+        metadata: (0, 0),
+        read: Default::default(),
+    };
+    if name == "nmethod" {
+        let method = memory.u64(address + layout.nmethod_method).ok()?;
+        blob.method = (method != 0).then_some(method);
+        read_debug_data(memory, &mut blob, layout);
+    }
+    Some(blob)
+}
+
+/// Fills a compiled method's pc descriptors, scopes and metadata ranges; leaves them
+/// empty when they do not read back sensibly (the frame is then named by its method
+/// alone).
+fn read_debug_data(memory: &ProcessMemory, blob: &mut Blob, layout: &Layout) -> Option<()> {
+    let int =
+        |field: u64| -> Option<u64> { u64::try_from(memory.i32(blob.address + field).ok()?).ok() };
+    let (pcs, scopes, metadata) = match layout.debug_data {
+        DebugData::InBlob {
+            scopes_data_begin,
+            scopes_pcs_offset,
+            dependencies_offset,
+            metadata_offset,
+        } => {
+            let scopes_begin = memory.u64(blob.address + scopes_data_begin).ok()?;
+            let pcs = (
+                blob.address + int(scopes_pcs_offset)?,
+                blob.address + int(dependencies_offset)?,
+            );
+            (
+                pcs,
+                (scopes_begin, pcs.0),
+                (blob.address + int(metadata_offset)?, scopes_begin),
+            )
+        }
+        DebugData::Separate {
+            immutable_data,
+            scopes_pcs_offset,
+            scopes_data_offset,
+            immutable_data_size,
+            mutable_data,
+            relocation_size,
+            mutable_data_size,
+        } => {
+            let immutable = memory.u64(blob.address + immutable_data).ok()?;
+            let mutable = memory.u64(blob.address + mutable_data).ok()?;
+            let pcs = (
+                immutable + int(scopes_pcs_offset)?,
+                immutable + int(scopes_data_offset)?,
+            );
+            let scopes = (pcs.1, immutable + int(immutable_data_size)?);
+            let metadata = (
+                mutable + int(relocation_size)?,
+                mutable + int(mutable_data_size)?,
+            );
+            (pcs, scopes, metadata)
+        }
+    };
+    let (desc_size, pc_field, scope_field) = layout.pc_desc;
+    if pcs.1 < pcs.0 || scopes.1 < scopes.0 || metadata.1 < metadata.0 || desc_size < 8 {
+        return None;
+    }
+    let count = (pcs.1 - pcs.0) / desc_size;
+    if count > MAX_PC_DESCS {
+        return None;
+    }
+    let mut table = vec![0u8; (count * desc_size) as usize];
+    memory.read(pcs.0, &mut table).ok()?;
+    let field = |entry: &[u8], at: u64| -> Option<i32> {
+        let at = at as usize;
+        Some(i32::from_le_bytes(entry.get(at..at + 4)?.try_into().ok()?))
+    };
+    blob.pc_descs = (table.chunks_exact(desc_size as usize))
+        .map(|entry| Some((field(entry, pc_field)?, field(entry, scope_field)?)))
+        .collect::<Option<Vec<(i32, i32)>>>()?;
+    blob.scopes = scopes;
+    blob.metadata = metadata;
+    Some(())
+}
+
+impl Blob {
+    /// The scopes at `pc` in this compiled method, innermost first; just the method
+    /// itself when its debug data does not say.
+    pub fn scopes_at(&self, memory: &ProcessMemory, pc: u64, layout: &Layout) -> Vec<Scope> {
+        if let Some(scopes) = self.read.borrow().get(&pc) {
+            return scopes.clone();
+        }
+        let scopes = self.read_scopes_at(memory, pc, layout);
+        let mut read = self.read.borrow_mut();
+        if read.len() < MAX_PCS_PER_BLOB {
+            read.insert(pc, scopes.clone());
+        }
+        scopes
+    }
+
+    /// [`Blob::scopes_at`], read from the process.
+    fn read_scopes_at(&self, memory: &ProcessMemory, pc: u64, layout: &Layout) -> Vec<Scope> {
+        let fallback = || {
+            (self.method.into_iter())
+                .map(|method| Scope { method, bci: -1 })
+                .collect()
+        };
+        let Some(offset) = pc
+            .checked_sub(self.code_begin)
+            .and_then(|o| i32::try_from(o).ok())
+        else {
+            return fallback();
+        };
+        // A return address has its descriptor exactly; else the next one after it.
+        let index = self
+            .pc_descs
+            .partition_point(|&(pc_offset, _)| pc_offset < offset);
+        let Some(&(_, decode_offset)) = self.pc_descs.get(index) else {
+            return fallback();
+        };
+        match self.decode_scopes(memory, decode_offset, layout) {
+            Some(scopes) if !scopes.is_empty() => scopes,
+            _ => fallback(),
+        }
+    }
+
+    /// Follows the scope chain from `decode_offset`: each scope is its caller's
+    /// decode offset, its method's metadata index and its bytecode index.
+    fn decode_scopes(
+        &self,
+        memory: &ProcessMemory,
+        mut decode_offset: i32,
+        layout: &Layout,
+    ) -> Option<Vec<Scope>> {
+        let scopes_len = self.scopes.1 - self.scopes.0;
+        let metadata_len = (self.metadata.1 - self.metadata.0) / 8;
+        let mut out = Vec::new();
+        for _ in 0..MAX_INLINE_DEPTH {
+            let at = u64::try_from(decode_offset)
+                .ok()
+                .filter(|&at| at < scopes_len)?;
+            let mut bytes = [0u8; 3 * crate::stream::MAX_LENGTH];
+            let len = (bytes.len() as u64).min(scopes_len - at) as usize;
+            memory.read(self.scopes.0 + at, &mut bytes[..len]).ok()?;
+            let mut reader =
+                CompressedReader::new(&bytes[..len], 0, layout.unsigned5_excludes_zero);
+            let sender = reader.uint()?;
+            let index = u64::from(reader.uint()?);
+            let bci = reader.uint()? as i32 - 1;
+            if index == 0 || index > metadata_len {
+                return None;
+            }
+            let method = memory.u64(self.metadata.0 + (index - 1) * 8).ok()?;
+            out.push(Scope { method, bci });
+            if sender == 0 {
+                return Some(out);
+            }
+            decode_offset = i32::try_from(sender).ok()?;
+        }
+        Some(out)
+    }
+}

@@ -1,0 +1,170 @@
+//! Is a process a HotSpot JVM, and can allocbpf read it? Found from the file mapped as
+//! `libjvm.so` that exports HotSpot's structure tables (`gHotSpotVMStructs`...); its
+//! version and layout come from the tables themselves, read from the process's memory.
+//!
+//! Files are read through the kernel's link to the very file mapped
+//! (`allocbpf_images::procfs::open_mapped`: checked, size-capped), and once per file.
+
+use std::{collections::HashMap, path::Path};
+
+use allocbpf_images::{
+    allocators,
+    memory::ProcessMemory,
+    procfs::{self, MapsEntry},
+};
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use crate::{
+    code::CodeCache,
+    layout::{Layout, CONSTANTS, TYPES},
+    names::Names,
+    vmstructs::{TableSymbols, VmStructs, SYMBOLS},
+    JvmError,
+};
+
+/// Most libjvm files remembered (by device and inode).
+const MAX_FILES: usize = 64;
+
+/// What a libjvm file says, whichever process maps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JvmFile {
+    /// The `gHotSpotVM*` symbols' addresses in the file.
+    symbols: Vec<(&'static str, u64)>,
+    /// The lowest address of its loadable segments (mapped at file offset 0).
+    first_address: u64,
+    /// It defines HotSpot's allocation tracer (what the probes sit on): a stripped
+    /// build has the tables but not these local symbols.
+    pub tracer: bool,
+}
+
+/// How long the code and names read from a JVM are believed: compiled methods are
+/// freed and their space reused, classes unloaded, so what was read is read again now
+/// and then.
+pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A JVM allocbpf reads.
+pub struct JvmProcess {
+    /// Its memory.
+    pub memory: ProcessMemory,
+    /// Its structures' offsets.
+    pub layout: Layout,
+    /// Its interpreter and code heaps.
+    pub code: CodeCache,
+    /// Names read from it.
+    pub names: Names,
+    /// The libjvm it runs.
+    pub image: std::path::PathBuf,
+    /// Its libjvm defines the allocation tracer the probes sit on.
+    pub tracer: bool,
+    /// When the code and names read were last forgotten.
+    pub refreshed: std::time::Instant,
+}
+
+/// libjvm files examined, by (device, inode): `None` for a file that is none.
+#[derive(Default)]
+pub struct JvmFiles {
+    files: HashMap<(u64, u64), Option<JvmFile>>,
+    /// Opens that failed for want of descriptors so far.
+    pub descriptor_errors: u64,
+}
+
+impl JvmProcess {
+    /// Forgets what was read of its code and names once [`REFRESH_EVERY`] has passed.
+    pub fn refresh_due(&mut self) {
+        if self.refreshed.elapsed() >= REFRESH_EVERY {
+            self.code.forget_blobs();
+            self.names.clear();
+            self.refreshed = std::time::Instant::now();
+        }
+    }
+}
+
+impl JvmFiles {
+    /// The JVM in `pid`'s mappings: `Ok(None)` when it maps no `libjvm.so` exporting
+    /// HotSpot's tables.
+    pub fn discover(
+        &mut self,
+        pid: u32,
+        maps: &[MapsEntry],
+    ) -> Result<Option<JvmProcess>, JvmError> {
+        let Some((mapping, path)) = maps.iter().find_map(|m| {
+            let path = m.file_path()?;
+            (m.offset == 0 && path.file_name()? == "libjvm.so").then_some((m, path))
+        }) else {
+            return Ok(None);
+        };
+        let key = (mapping.device, mapping.inode);
+        if !self.files.contains_key(&key) {
+            if self.files.len() >= MAX_FILES {
+                self.files.clear();
+            }
+            let file = examine(pid, mapping, path, &mut self.descriptor_errors);
+            self.files.insert(key, file);
+        }
+        let Some(Some(file)) = self.files.get(&key) else {
+            return Ok(None);
+        };
+        let bias = mapping.range.start.wrapping_sub(file.first_address);
+        let symbols = TableSymbols {
+            addresses: (file.symbols.iter())
+                .map(|&(name, address)| (name, address.wrapping_add(bias)))
+                .collect(),
+        };
+        let memory = ProcessMemory::new(pid);
+        let vm = VmStructs::read(&memory, &symbols, TYPES, CONSTANTS)?;
+        let major_at = vm.address("Abstract_VM_Version", "_vm_major_version")?;
+        let major = (memory.i32(major_at)).map_err(|_| JvmError::Unreadable("the VM's version"))?;
+        let major = u32::try_from(major).map_err(|_| JvmError::Forged("the VM's version"))?;
+        let layout = Layout::from_tables(&vm, major)?;
+        let code =
+            CodeCache::read(memory, &layout).ok_or(JvmError::Unreadable("the code cache"))?;
+        Ok(Some(JvmProcess {
+            memory,
+            layout,
+            code,
+            names: Names::default(),
+            image: path.to_path_buf(),
+            tracer: file.tracer,
+            refreshed: std::time::Instant::now(),
+        }))
+    }
+}
+
+/// Reads one mapped libjvm: its table symbols, or `None` when it exports none; an open
+/// that fails for want of descriptors adds one to `descriptor_errors`.
+fn examine(
+    pid: u32,
+    mapping: &MapsEntry,
+    path: &Path,
+    descriptor_errors: &mut u64,
+) -> Option<JvmFile> {
+    let file = match procfs::open_mapped(pid, mapping) {
+        Ok(file) => file,
+        Err(error) => {
+            *descriptor_errors += u64::from(error.out_of_descriptors());
+            return None;
+        }
+    };
+    let data = procfs::read_mapped(&file, path).ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let symbols: Vec<(&'static str, u64)> = (SYMBOLS.iter())
+        .filter_map(|&wanted| {
+            let symbol = elf
+                .dynamic_symbols()
+                .find(|s| s.is_definition() && s.name() == Ok(wanted))?;
+            Some((wanted, symbol.address()))
+        })
+        .collect();
+    if symbols.len() != SYMBOLS.len() {
+        return None;
+    }
+    let first_address = elf.segments().map(|s| s.address()).min()?;
+    let tracer = elf
+        .symbols()
+        .any(|s| s.is_definition() && s.name() == Ok(allocators::JVM_NEW_TLAB));
+    Some(JvmFile {
+        symbols,
+        first_address,
+        tracer,
+    })
+}
