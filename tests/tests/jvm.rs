@@ -236,6 +236,11 @@ fn profile_run(mut workload: Workload, pid: u32, out: &Path) -> Result<(Value, F
 /// Profiles the workload on `home` by pid; checks its sites.
 fn by_pid(home: &str, major: &str) -> Result<()> {
     require_root();
+    ensure!(
+        Path::new(home).join("bin/java").exists(),
+        "no JDK {major} at {home} (docs/build.md: Temurin 25 comes from adoptium.net, \
+         Debian's 17 from `cargo xtask setup`)"
+    );
     let _one = one_profiler_at_a_time();
     let dir = scratch_dir(&format!("jvm-{major}"));
     let out = dir.join("profile.json");

@@ -48,8 +48,8 @@ const RUN_PACKAGES: &[&str] = &[
 /// Debian packages beyond [`RUN_PACKAGES`] and [`UNIT_TEST_PACKAGES`] that only the
 /// end-to-end tests and benchmarks use: their tools (g++ for workloads, gdb to compare
 /// stacks with, Go for `go tool pprof`, setpriv), the programs and allocators they
-/// profile (redis, jemalloc, mimalloc), a FUSE file system for the hostile-file tests
-/// (bindfs) and the font the statistics figures are drawn with.
+/// profile (redis, jemalloc, mimalloc, OpenJDK), a FUSE file system for the
+/// hostile-file tests (bindfs) and the font the statistics figures are drawn with.
 const TEST_PACKAGES: &[&str] = &[
     "g++",
     "make",
@@ -71,6 +71,8 @@ const TEST_PACKAGES: &[&str] = &[
     "prometheus",
     // A real Python program for the Python tests (pyflakes over the standard library).
     "python3-pyflakes",
+    // Debian's JDK for the JVM tests and benchmark (its javac compiles their workload).
+    "openjdk-17-jdk-headless",
 ];
 
 /// bpf-linker release and features that match Debian's rustc-web LLVM (22).
