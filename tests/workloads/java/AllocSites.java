@@ -15,9 +15,9 @@
 //
 // Each site's bytes per object are measured, not assumed, with the thread's own
 // allocation counter (com.sun.management.ThreadMXBean#getThreadAllocatedBytes).
-// Prints `site NAME COUNT BYTES_EACH` per site, `objects_share NAME SHARE`, and the
-// number of garbage collections during the run (each retires every TLAB), and the
-// run's nanoseconds (what the benchmark times).
+// Prints `site NAME COUNT BYTES_EACH` per site, the number of garbage collections
+// during the run (each retires every TLAB), and the run's nanoseconds (what the
+// benchmark times).
 //
 // Usage: java AllocSites ITERATIONS SEED BIG_ARRAYS
 import java.io.BufferedReader;

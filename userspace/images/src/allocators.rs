@@ -217,7 +217,29 @@ pub const NAMED: &[EntrySpec] = &[
         S::JavaHeap,
         JAVA_OUTSIDE,
     ),
+    // JDK 11 to 15 declare them with `HeapWord*` and `Thread*` (the same registers).
+    entry(JVM_NEW_TLAB_OLD, F::JavaTlab, S::JavaHeap, JAVA_TLAB),
+    entry(
+        JVM_OUTSIDE_TLAB_OLD,
+        F::JavaOutsideTlab,
+        S::JavaHeap,
+        JAVA_OUTSIDE,
+    ),
 ];
+
+/// The allocation tracer's new-TLAB entry under every name it has had: a libjvm that
+/// defines none is one whose Java heap cannot be probed (a stripped build).
+pub const JVM_NEW_TLAB_NAMES: [&str; 2] = [JVM_NEW_TLAB, JVM_NEW_TLAB_OLD];
+
+/// `AllocTracer::send_allocation_in_new_tlab(Klass*, HeapWord*, size_t, size_t,
+/// Thread*)` (JDK 11 to 15).
+pub const JVM_NEW_TLAB_OLD: &str =
+    "_ZN11AllocTracer27send_allocation_in_new_tlabEP5KlassP8HeapWordmmP6Thread";
+
+/// `AllocTracer::send_allocation_outside_tlab(Klass*, HeapWord*, size_t, Thread*)`
+/// (JDK 11 to 15).
+pub const JVM_OUTSIDE_TLAB_OLD: &str =
+    "_ZN11AllocTracer28send_allocation_outside_tlabEP5KlassP8HeapWordmP6Thread";
 
 /// `AllocTracer::send_allocation_in_new_tlab(Klass*, HeapWord*, size_t, size_t,
 /// JavaThread*)`.
@@ -286,7 +308,12 @@ pub fn families(defines: impl Fn(&str) -> bool) -> Vec<&'static str> {
     if any(&["_Znwm", "_Znam"]) {
         out.push("C++ operator new");
     }
-    if any(&[JVM_NEW_TLAB, JVM_OUTSIDE_TLAB]) {
+    if any(&[
+        JVM_NEW_TLAB,
+        JVM_OUTSIDE_TLAB,
+        JVM_NEW_TLAB_OLD,
+        JVM_OUTSIDE_TLAB_OLD,
+    ]) {
         out.push("HotSpot Java heap");
     }
     out

@@ -256,15 +256,16 @@ impl Collector {
         // attaches the images not attached yet. One process: its images were attached
         // at start and the facts about its files are cached (the target's), so only
         // an image it mapped since it was resolved is examined and attached here.
-        // The runtimes look first: what they put in the kernel (a JVM's Java frames) is
-        // there before the probes they need fire. One process's images are attached by
-        // its start, after this first look.
+        // The runtimes look after the files are examined (Go's look needs the images'
+        // facts). One process's start looks before attaching (its files were examined
+        // when it was resolved), so that what the runtimes put in the kernel (a JVM's
+        // Java frames) is there before its probes fire; its start attaches them.
         if admitted {
-            self.look_at_runtimes(pid, &maps, false);
             let starting = matches!(self.scope, Scope::Process(_)) && self.target.is_none();
             if !starting {
                 self.attach_images_of(pid, &maps);
             }
+            self.look_at_runtimes(pid, &maps, false);
         }
     }
 
@@ -508,14 +509,15 @@ impl Collector {
 /// What the estimator needs of `sample`: the ring buffer's sample less its stack (the
 /// key it is added under) and its window, which a budget sets.
 /// A JVM's new-TLAB sample stands for its object at the rate that gives it its TLAB's
-/// weight ([`attributed_sample`]).
+/// weight ([`attributed_sample`]); one that lost its capture in the ring of lost
+/// samples, for its TLAB's weight alone.
 fn allocation_of(sample: &RawSample) -> SampledAllocation {
-    let tlab = (sample.java.as_ref()).filter(|_| sample.function == Some(AllocFn::JavaTlab));
-    let (size, offset, rate, certain) = match tlab {
-        Some(java) => {
-            attributed_sample(sample.size, java.object_bytes, sample.rate, sample.certain)
+    let (size, offset, rate, certain) = match sample.function {
+        Some(AllocFn::JavaTlab) => {
+            let object = sample.java.as_ref().map_or(0, |java| java.object_bytes);
+            attributed_sample(sample.size, object, sample.rate, sample.certain)
         }
-        None => (sample.size, sample.offset, sample.rate, sample.certain),
+        _ => (sample.size, sample.offset, sample.rate, sample.certain),
     };
     SampledAllocation {
         sample_id: sample.sample_id,

@@ -189,6 +189,7 @@ impl Sampler {
         }
         for pid in pids {
             self.forget_python(*pid);
+            self.forget_java(*pid);
         }
         if let Some(map) = self.ebpf.map_mut("LIVE") {
             if let Ok(mut live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) {

@@ -14,11 +14,13 @@
 //! [`interval`] adds confidence intervals (the .NET document's approach 2); [`windows`]
 //! scales samples taken in observation windows up to the whole interval.
 
+pub mod attributed;
 pub mod interval;
 pub use allocbpf_sampling::interval_table;
 pub mod pace;
 pub mod windows;
 
+pub use attributed::attributed_sample;
 pub use interval::{Confidence, Interval, IntervalInputs};
 
 /// Probability that an allocation of `size` bytes is sampled at mean interval `rate`.
@@ -54,43 +56,6 @@ pub fn weight(size: u64, rate: u64, certain: bool) -> Weight {
         bytes: size as f64 / p,
         objects: 1.0 / p,
     }
-}
-
-/// A sample that stands for a chunk of bytes charged to the one object that took it
-/// (a JVM's new TLAB: `chunk` bytes, sampled by the countdown at mean interval `rate`,
-/// or with certainty), as the estimator takes it: that object's `object` bytes sampled
-/// at the mean interval that gives it the chunk's unbiased weight `W = chunk / p(chunk)`.
-///
-/// The object that crosses a chunk's end is, in a well-mixed allocation stream, each
-/// object with probability proportional to its bytes: each byte is charged with
-/// probability `1 / chunk`, and sampled with `p(chunk) / chunk`, a byte sampling
-/// process of mean interval `W` (docs/statistics.md, "JVM"). Taken as a sample of the
-/// object at mean interval `R'` with `S / (1 - exp(-S / R')) = W`, i.e.
-/// `R' = -S / ln(1 - S / W)`, its weight is `W` exactly, its object estimate `W / S`,
-/// and its interval that of a sampling process of mean interval about `W`. Returns
-/// `(size, offset, rate, certain)`; an object of at least `W` bytes (or not known)
-/// is the chunk's weight itself, known exactly.
-pub fn attributed_sample(
-    chunk: u64,
-    object: u64,
-    rate: u64,
-    certain: bool,
-) -> (u64, u64, u64, bool) {
-    let w = match certain {
-        true => chunk as f64,
-        false => weight(chunk, rate, false).bytes,
-    };
-    if object == 0 || object as f64 >= w {
-        return (w.round() as u64, 0, 0, true);
-    }
-    let s = object as f64;
-    let equivalent = (-s / (-s / w).ln_1p()).round() as u64;
-    (
-        object,
-        expected_offset(object, equivalent),
-        equivalent,
-        false,
-    )
 }
 
 /// The expected offset of a sampled allocation of `size` bytes at mean interval `rate`:
@@ -136,37 +101,6 @@ mod tests {
     /// The expected offset: about half a small allocation; for S = R,
     /// `R (1 - 1/(e - 1)) = 0.418 R`; and the interval's centre `rate + S - offset`
     /// equals the weight `S / p(S)` (derived in docs/statistics.md).
-    #[test]
-    fn an_attributed_sample_weighs_its_chunk() {
-        for (chunk, object, rate) in [
-            (2 << 20, 1040, 512 << 10),
-            (65_536, 40, 4096),
-            (1 << 20, 1 << 16, 1 << 19),
-        ] {
-            let (size, offset, equivalent, certain) = attributed_sample(chunk, object, rate, false);
-            assert!(!certain && size == object && offset <= object);
-            let expected = weight(chunk, rate, false).bytes;
-            let got = weight(size, equivalent, false);
-            assert!(
-                (got.bytes / expected - 1.0).abs() < 1e-6,
-                "{chunk} {object}: {} {expected}",
-                got.bytes
-            );
-            assert!((got.objects * object as f64 / expected - 1.0).abs() < 1e-6);
-        }
-        // Certain chunks weigh their bytes; an object as large as its chunk is the chunk.
-        let (size, _, equivalent, _) = attributed_sample(1 << 20, 100, 1, true);
-        assert!((weight(size, equivalent, false).bytes / (1u64 << 20) as f64 - 1.0).abs() < 1e-6);
-        assert_eq!(
-            attributed_sample(4096, 8192, 1 << 30, true),
-            (4096, 0, 0, true)
-        );
-        assert_eq!(
-            attributed_sample(4096, 0, 1 << 30, true),
-            (4096, 0, 0, true)
-        );
-    }
-
     #[test]
     fn expected_offsets() {
         let rate = 524_288;

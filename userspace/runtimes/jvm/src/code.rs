@@ -27,6 +27,13 @@ const MAX_SEGMAP_STEPS: usize = 4096;
 /// Most pc descriptors read from one compiled method.
 const MAX_PC_DESCS: u64 = 65_536;
 
+/// Largest `sizeof(PcDesc)` believed (HotSpot's is 16).
+const MAX_PC_DESC_BYTES: u64 = 64;
+
+/// Most pc descriptors the remembered blobs of one process hold together (8 bytes
+/// each): past it the blobs are forgotten and read again as needed.
+const MAX_REMEMBERED_PC_DESCS: usize = 2 << 20;
+
 /// Most scopes in one pc's chain (HotSpot inlines up to `MaxInlineLevel`, 15).
 pub const MAX_INLINE_DEPTH: usize = 32;
 
@@ -83,26 +90,35 @@ pub struct CodeCache {
     /// The blob start of each pc looked up (a walk meets the same return addresses
     /// again and again).
     starts: HashMap<u64, Option<u64>>,
+    /// Pc descriptors the remembered blobs hold.
+    pc_descs: usize,
 }
 
 impl CodeCache {
     /// Reads where `memory`'s interpreter and code heaps are.
     pub fn read(memory: ProcessMemory, layout: &Layout) -> Option<CodeCache> {
         let queue = memory.u64(layout.interpreter_code).ok()?;
-        let buffer = memory.u64(queue + layout.stub_buffer.0).ok()?;
-        let limit = memory.i32(queue + layout.stub_buffer.1).ok()?;
+        let buffer = memory.u64(queue.wrapping_add(layout.stub_buffer.0)).ok()?;
+        let limit = memory.i32(queue.wrapping_add(layout.stub_buffer.1)).ok()?;
         let limit = u64::try_from(limit).ok().filter(|&l| l > 0)?;
         let array = memory.u64(layout.code_heaps).ok()?;
-        let len = memory.i32(array + layout.array_len).ok()?;
-        let data = memory.u64(array + layout.array_data).ok()?;
+        let len = memory.i32(array.wrapping_add(layout.array_len)).ok()?;
+        let data = memory.u64(array.wrapping_add(layout.array_data)).ok()?;
         let mut heaps = Vec::new();
         for index in 0..u64::try_from(len).ok()?.min(MAX_HEAPS) {
-            let heap = memory.u64(data + index * 8).ok()?;
-            let space = |field: u64| memory.u64(heap + field);
-            let low = space(layout.heap_memory + layout.space_low).ok()?;
-            let high = space(layout.heap_memory + layout.space_high).ok()?;
-            let segmap = space(layout.heap_segmap + layout.space_low).ok()?;
-            let log2 = memory.i32(heap + layout.heap_log2_segment).ok()?;
+            let heap = memory.u64(data.wrapping_add(index * 8)).ok()?;
+            let field = |offset: u64| heap.wrapping_add(offset);
+            let space = |space: u64, offset: u64| field(space.wrapping_add(offset));
+            let low = memory
+                .u64(space(layout.heap_memory, layout.space_low))
+                .ok()?;
+            let high = memory
+                .u64(space(layout.heap_memory, layout.space_high))
+                .ok()?;
+            let segmap = memory
+                .u64(space(layout.heap_segmap, layout.space_low))
+                .ok()?;
+            let log2 = memory.i32(field(layout.heap_log2_segment)).ok()?;
             if low < high && (4..=16).contains(&log2) {
                 heaps.push(Heap {
                     low,
@@ -118,6 +134,7 @@ impl CodeCache {
             heaps,
             blobs: HashMap::new(),
             starts: HashMap::new(),
+            pc_descs: 0,
         })
     }
 
@@ -139,11 +156,14 @@ impl CodeCache {
                 start
             }
         }?;
-        if self.blobs.len() >= MAX_BLOBS && !self.blobs.contains_key(&start) {
-            self.blobs.clear();
-        }
         if !self.blobs.contains_key(&start) {
             let blob = read_blob(&self.memory, start, layout);
+            let descs = blob.as_ref().map_or(0, |b| b.pc_descs.len());
+            if self.blobs.len() >= MAX_BLOBS || self.pc_descs + descs > MAX_REMEMBERED_PC_DESCS {
+                self.blobs.clear();
+                self.pc_descs = 0;
+            }
+            self.pc_descs += descs;
             self.blobs.insert(start, blob);
         }
         self.blobs.get(&start)?.as_ref()
@@ -154,21 +174,29 @@ impl CodeCache {
     pub fn forget_blobs(&mut self) {
         self.blobs.clear();
         self.starts.clear();
+        self.pc_descs = 0;
     }
 
     /// The start of the blob at `pc`: its heap's segment map, followed back to the
-    /// block's first segment (`CodeHeap::find_block_for`).
+    /// block's first segment, which must be in use (`CodeHeap::find_block_for`).
     fn blob_start(&mut self, pc: u64, layout: &Layout) -> Option<u64> {
         let heap = *self.heaps.iter().find(|h| (h.low..h.high).contains(&pc))?;
         let mut segment = (pc - heap.low) >> heap.log2_segment;
         let mut byte = [0u8; 1];
         for _ in 0..MAX_SEGMAP_STEPS {
-            self.memory.read(heap.segmap + segment, &mut byte).ok()?;
+            self.memory
+                .read(heap.segmap.wrapping_add(segment), &mut byte)
+                .ok()?;
             match byte[0] {
                 0xff => return None,
                 0 => {
-                    let block = heap.low + (segment << heap.log2_segment);
-                    return Some(block + layout.heap_block_size);
+                    let block = heap.low.wrapping_add(segment << heap.log2_segment);
+                    let mut used = [0u8; 1];
+                    (self
+                        .memory
+                        .read(block.wrapping_add(layout.heap_block_used), &mut used))
+                    .ok()?;
+                    return (used[0] != 0).then(|| block.wrapping_add(layout.heap_block_size));
                 }
                 back => segment = segment.checked_sub(u64::from(back))?,
             }
@@ -179,17 +207,16 @@ impl CodeCache {
 
 /// Reads the blob at `address`.
 fn read_blob(memory: &ProcessMemory, address: u64, layout: &Layout) -> Option<Blob> {
-    let name_pointer = memory.u64(address + layout.blob_name).ok()?;
+    let at = |offset: u64| address.wrapping_add(offset);
+    let name_pointer = memory.u64(at(layout.blob_name)).ok()?;
     let name = read_c_string(memory, name_pointer, 64).ok()?;
-    let frame_words = memory.i32(address + layout.blob_frame_size).ok()?;
-    let size = u64::try_from(memory.i32(address + layout.blob_size).ok()?).ok()?;
+    let frame_words = memory.i32(at(layout.blob_frame_size)).ok()?;
+    let size = u64::try_from(memory.i32(at(layout.blob_size)).ok()?).ok()?;
     let code_begin = match layout.code_start {
-        CodeStart::Pointer(field) => memory.u64(address + field).ok()?,
-        CodeStart::Offset(field) => {
-            address + u64::try_from(memory.i32(address + field).ok()?).ok()?
-        }
+        CodeStart::Pointer(field) => memory.u64(at(field)).ok()?,
+        CodeStart::Offset(field) => at(u64::try_from(memory.i32(at(field)).ok()?).ok()?),
     };
-    if !(address..address + size).contains(&code_begin) {
+    if !(address..address.saturating_add(size)).contains(&code_begin) {
         return None;
     }
     let mut blob = Blob {
@@ -203,7 +230,7 @@ fn read_blob(memory: &ProcessMemory, address: u64, layout: &Layout) -> Option<Bl
         read: Default::default(),
     };
     if name == "nmethod" {
-        let method = memory.u64(address + layout.nmethod_method).ok()?;
+        let method = memory.u64(at(layout.nmethod_method)).ok()?;
         blob.method = (method != 0).then_some(method);
         read_debug_data(memory, &mut blob, layout);
     }
@@ -214,8 +241,8 @@ fn read_blob(memory: &ProcessMemory, address: u64, layout: &Layout) -> Option<Bl
 /// empty when they do not read back sensibly (the frame is then named by its method
 /// alone).
 fn read_debug_data(memory: &ProcessMemory, blob: &mut Blob, layout: &Layout) -> Option<()> {
-    let int =
-        |field: u64| -> Option<u64> { u64::try_from(memory.i32(blob.address + field).ok()?).ok() };
+    let at = |offset: u64| blob.address.wrapping_add(offset);
+    let int = |field: u64| -> Option<u64> { u64::try_from(memory.i32(at(field)).ok()?).ok() };
     let (pcs, scopes, metadata) = match layout.debug_data {
         DebugData::InBlob {
             scopes_data_begin,
@@ -223,15 +250,12 @@ fn read_debug_data(memory: &ProcessMemory, blob: &mut Blob, layout: &Layout) -> 
             dependencies_offset,
             metadata_offset,
         } => {
-            let scopes_begin = memory.u64(blob.address + scopes_data_begin).ok()?;
-            let pcs = (
-                blob.address + int(scopes_pcs_offset)?,
-                blob.address + int(dependencies_offset)?,
-            );
+            let scopes_begin = memory.u64(at(scopes_data_begin)).ok()?;
+            let pcs = (at(int(scopes_pcs_offset)?), at(int(dependencies_offset)?));
             (
                 pcs,
                 (scopes_begin, pcs.0),
-                (blob.address + int(metadata_offset)?, scopes_begin),
+                (at(int(metadata_offset)?), scopes_begin),
             )
         }
         DebugData::Separate {
@@ -243,22 +267,22 @@ fn read_debug_data(memory: &ProcessMemory, blob: &mut Blob, layout: &Layout) -> 
             relocation_size,
             mutable_data_size,
         } => {
-            let immutable = memory.u64(blob.address + immutable_data).ok()?;
-            let mutable = memory.u64(blob.address + mutable_data).ok()?;
+            let immutable = memory.u64(at(immutable_data)).ok()?;
+            let mutable = memory.u64(at(mutable_data)).ok()?;
+            let in_immutable = |field: u64| Some(immutable.wrapping_add(int(field)?));
+            let in_mutable = |field: u64| Some(mutable.wrapping_add(int(field)?));
             let pcs = (
-                immutable + int(scopes_pcs_offset)?,
-                immutable + int(scopes_data_offset)?,
+                in_immutable(scopes_pcs_offset)?,
+                in_immutable(scopes_data_offset)?,
             );
-            let scopes = (pcs.1, immutable + int(immutable_data_size)?);
-            let metadata = (
-                mutable + int(relocation_size)?,
-                mutable + int(mutable_data_size)?,
-            );
+            let scopes = (pcs.1, in_immutable(immutable_data_size)?);
+            let metadata = (in_mutable(relocation_size)?, in_mutable(mutable_data_size)?);
             (pcs, scopes, metadata)
         }
     };
     let (desc_size, pc_field, scope_field) = layout.pc_desc;
-    if pcs.1 < pcs.0 || scopes.1 < scopes.0 || metadata.1 < metadata.0 || desc_size < 8 {
+    let sane_size = (8..=MAX_PC_DESC_BYTES).contains(&desc_size);
+    if pcs.1 < pcs.0 || scopes.1 < scopes.0 || metadata.1 < metadata.0 || !sane_size {
         return None;
     }
     let count = (pcs.1 - pcs.0) / desc_size;
@@ -268,8 +292,10 @@ fn read_debug_data(memory: &ProcessMemory, blob: &mut Blob, layout: &Layout) -> 
     let mut table = vec![0u8; (count * desc_size) as usize];
     memory.read(pcs.0, &mut table).ok()?;
     let field = |entry: &[u8], at: u64| -> Option<i32> {
-        let at = at as usize;
-        Some(i32::from_le_bytes(entry.get(at..at + 4)?.try_into().ok()?))
+        let at = usize::try_from(at).ok()?;
+        Some(i32::from_le_bytes(
+            entry.get(at..at.checked_add(4)?)?.try_into().ok()?,
+        ))
     };
     blob.pc_descs = (table.chunks_exact(desc_size as usize))
         .map(|entry| Some((field(entry, pc_field)?, field(entry, scope_field)?)))
@@ -307,12 +333,16 @@ impl Blob {
         else {
             return fallback();
         };
-        // A return address has its descriptor exactly; else the next one after it.
+        // A return address has its descriptor exactly (`find_pc_desc`, not approximate).
         let index = self
             .pc_descs
             .partition_point(|&(pc_offset, _)| pc_offset < offset);
-        let Some(&(_, decode_offset)) = self.pc_descs.get(index) else {
-            return fallback();
+        let decode_offset = match self.pc_descs.get(index) {
+            // Offset 0 is the recorder's null scope.
+            Some(&(pc_offset, decode_offset)) if pc_offset == offset && decode_offset > 0 => {
+                decode_offset
+            }
+            _ => return fallback(),
         };
         match self.decode_scopes(memory, decode_offset, layout) {
             Some(scopes) if !scopes.is_empty() => scopes,
@@ -337,16 +367,20 @@ impl Blob {
                 .filter(|&at| at < scopes_len)?;
             let mut bytes = [0u8; 3 * crate::stream::MAX_LENGTH];
             let len = (bytes.len() as u64).min(scopes_len - at) as usize;
-            memory.read(self.scopes.0 + at, &mut bytes[..len]).ok()?;
+            memory
+                .read(self.scopes.0.wrapping_add(at), &mut bytes[..len])
+                .ok()?;
             let mut reader =
                 CompressedReader::new(&bytes[..len], 0, layout.unsigned5_excludes_zero);
             let sender = reader.uint()?;
             let index = u64::from(reader.uint()?);
-            let bci = reader.uint()? as i32 - 1;
+            let bci = (reader.uint()? as i32).wrapping_sub(1);
             if index == 0 || index > metadata_len {
                 return None;
             }
-            let method = memory.u64(self.metadata.0 + (index - 1) * 8).ok()?;
+            let method = memory
+                .u64(self.metadata.0.wrapping_add((index - 1) * 8))
+                .ok()?;
             out.push(Scope { method, bci });
             if sender == 0 {
                 return Some(out);

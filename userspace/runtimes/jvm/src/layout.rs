@@ -24,6 +24,7 @@ pub const TYPES: &[&str] = &[
     "CodeCache",
     "CodeHeap",
     "HeapBlock",
+    "HeapBlock::Header",
     "VirtualSpace",
     "CodeBlob",
     "CompiledMethod",
@@ -40,7 +41,6 @@ pub const TYPES: &[&str] = &[
 pub const CONSTANTS: &[&str] = &[
     "ConstMethod::_has_linenumber_table",
     "ConstMethodFlags::_misc_has_linenumber_table",
-    "frame::interpreter_frame_sender_sp_offset",
 ];
 
 /// Where a compiled frame's pc's code starts.
@@ -120,6 +120,8 @@ pub struct Layout {
     pub pool_holder: u64,
     /// `ConstantPool::_source_file_name_index` (u16).
     pub pool_source_file: u64,
+    /// `ConstantPool::_length` (int): its slots.
+    pub pool_length: u64,
     /// `sizeof(ConstantPool)`: its slots follow it.
     pub pool_size: u64,
     /// Address of `CodeCache::_heaps` (a `GrowableArray<CodeHeap*>*`).
@@ -136,9 +138,12 @@ pub struct Layout {
     pub heap_log2_segment: u64,
     /// `sizeof(HeapBlock)`: a blob follows its block header.
     pub heap_block_size: u64,
-    /// `VirtualSpace::_low`.
+    /// `HeapBlock::Header::_used` (bool): the block holds a blob, not free space.
+    pub heap_block_used: u64,
+    /// `VirtualSpace::_low_boundary`: where a heap's reserved range starts (constant,
+    /// where the committed top grows as the heap expands).
     pub space_low: u64,
-    /// `VirtualSpace::_high`.
+    /// `VirtualSpace::_high_boundary`: where it ends.
     pub space_high: u64,
     /// `CodeBlob::_name` (a C string).
     pub blob_name: u64,
@@ -158,7 +163,7 @@ pub struct Layout {
     pub interpreter_code: u64,
     /// `StubQueue::_stub_buffer` and `_buffer_limit` (int).
     pub stub_buffer: (u64, u64),
-    /// Compressed integers exclude the zero byte (HotSpot's `UNSIGNED5`, JDK 21 on).
+    /// Compressed integers exclude the zero byte (HotSpot's `UNSIGNED5`, JDK 20 on).
     pub unsigned5_excludes_zero: bool,
 }
 
@@ -189,8 +194,8 @@ impl Layout {
             last_sp: narrow(vm.offset("JavaFrameAnchor", "_last_Java_sp")?)?,
             last_pc: narrow(vm.offset("JavaFrameAnchor", "_last_Java_pc")?)?,
             last_fp: narrow(vm.offset("JavaFrameAnchor", "_last_Java_fp")?)?,
-            tlab_start: narrow(tlab + vm.offset("ThreadLocalAllocBuffer", "_start")?)?,
-            tlab_top: narrow(tlab + vm.offset("ThreadLocalAllocBuffer", "_top")?)?,
+            tlab_start: narrow(tlab.wrapping_add(vm.offset("ThreadLocalAllocBuffer", "_start")?))?,
+            tlab_top: narrow(tlab.wrapping_add(vm.offset("ThreadLocalAllocBuffer", "_top")?))?,
         };
         let (const_flags, has_line_numbers) = match vm.offset("ConstMethod", "_flags._flags") {
             Ok(offset) => (
@@ -242,6 +247,7 @@ impl Layout {
             const_method_size: vm.size("ConstMethod")?,
             pool_holder: vm.offset("ConstantPool", "_pool_holder")?,
             pool_source_file: vm.offset("ConstantPool", "_source_file_name_index")?,
+            pool_length: vm.offset("ConstantPool", "_length")?,
             pool_size: vm.size("ConstantPool")?,
             code_heaps: vm.address("CodeCache", "_heaps")?,
             // Not in every version's tables; the same layout throughout.
@@ -251,8 +257,10 @@ impl Layout {
             heap_segmap: vm.offset("CodeHeap", "_segmap")?,
             heap_log2_segment: vm.offset("CodeHeap", "_log2_segment_size")?,
             heap_block_size: vm.size("HeapBlock")?,
-            space_low: vm.offset("VirtualSpace", "_low")?,
-            space_high: vm.offset("VirtualSpace", "_high")?,
+            heap_block_used: (vm.offset("HeapBlock", "_header")?)
+                .wrapping_add(vm.offset("HeapBlock::Header", "_used")?),
+            space_low: vm.offset("VirtualSpace", "_low_boundary")?,
+            space_high: vm.offset("VirtualSpace", "_high_boundary")?,
             blob_name: vm.offset("CodeBlob", "_name")?,
             blob_frame_size: vm.offset("CodeBlob", "_frame_size")?,
             blob_size: vm.offset("CodeBlob", "_size")?,
@@ -269,7 +277,24 @@ impl Layout {
                 vm.offset("StubQueue", "_stub_buffer")?,
                 vm.offset("StubQueue", "_buffer_limit")?,
             ),
-            unsigned5_excludes_zero: major >= 21,
+            unsigned5_excludes_zero: major >= 20,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmstructs::Field;
+
+    #[test]
+    fn old_jdks_and_missing_fields_are_refused_saying_why() {
+        let vm = VmStructs::from_parts(&[("JavaThread", "_anchor", Field::Member(656))], &[], &[]);
+        assert!(matches!(
+            Layout::from_tables(&vm, 8),
+            Err(JvmError::TooOld(8))
+        ));
+        let error = Layout::from_tables(&vm, 17).unwrap_err().to_string();
+        assert!(error.contains("Thread::_tlab"), "{error}");
     }
 }

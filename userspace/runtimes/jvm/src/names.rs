@@ -66,11 +66,17 @@ impl MethodName {
     }
 }
 
+/// Most line number entries the remembered methods of one process hold together:
+/// past it they are forgotten and read again as needed.
+const MAX_REMEMBERED_LINES: usize = 1 << 20;
+
 /// Names read from one process, remembered by address.
 #[derive(Default)]
 pub struct Names {
     methods: HashMap<u64, Option<MethodName>>,
     classes: HashMap<u64, Option<String>>,
+    /// Line number entries the remembered methods hold.
+    lines: usize,
 }
 
 impl Names {
@@ -81,13 +87,17 @@ impl Names {
         layout: &Layout,
         method: u64,
     ) -> Option<&MethodName> {
-        if self.methods.len() >= MAX_NAMES && !self.methods.contains_key(&method) {
-            self.methods.clear();
+        if !self.methods.contains_key(&method) {
+            let name = read_method(memory, layout, method);
+            let lines = name.as_ref().map_or(0, |n| n.lines.len());
+            if self.methods.len() >= MAX_NAMES || self.lines + lines > MAX_REMEMBERED_LINES {
+                self.methods.clear();
+                self.lines = 0;
+            }
+            self.lines += lines;
+            self.methods.insert(method, name);
         }
-        self.methods
-            .entry(method)
-            .or_insert_with(|| read_method(memory, layout, method))
-            .as_ref()
+        self.methods.get(&method)?.as_ref()
     }
 
     /// The Java name of the class at `klass` (`byte[]`, `java.lang.String`).
@@ -98,7 +108,7 @@ impl Names {
         self.classes
             .entry(klass)
             .or_insert_with(|| {
-                let symbol = memory.u64(klass + layout.klass_name).ok()?;
+                let symbol = memory.u64(klass.wrapping_add(layout.klass_name)).ok()?;
                 Some(java_class_name(&read_symbol(memory, layout, symbol)?))
             })
             .as_deref()
@@ -108,6 +118,7 @@ impl Names {
     pub fn clear(&mut self) {
         self.methods.clear();
         self.classes.clear();
+        self.lines = 0;
     }
 }
 
@@ -118,11 +129,13 @@ fn read_symbol(memory: &ProcessMemory, layout: &Layout, symbol: u64) -> Option<S
     }
     let mut length = [0u8; 2];
     memory
-        .read(symbol + layout.symbol_length, &mut length)
+        .read(symbol.wrapping_add(layout.symbol_length), &mut length)
         .ok()?;
     let length = usize::from(u16::from_le_bytes(length)).min(MAX_SYMBOL);
     let mut body = vec![0u8; length];
-    memory.read(symbol + layout.symbol_body, &mut body).ok()?;
+    memory
+        .read(symbol.wrapping_add(layout.symbol_body), &mut body)
+        .ok()?;
     // Java's modified UTF-8: what is not plain UTF-8 is shown replaced.
     let text = String::from_utf8_lossy(&body).into_owned();
     (!text.is_empty() && !text.contains(|c: char| c.is_control())).then_some(text)
@@ -140,30 +153,43 @@ fn pool_symbol(memory: &ProcessMemory, layout: &Layout, pool: u64, index: u16) -
     if index == 0 {
         return None;
     }
-    let slot = pool + layout.pool_size + u64::from(index) * 8;
+    let mut length = [0u8; 4];
+    memory
+        .read(pool.wrapping_add(layout.pool_length), &mut length)
+        .ok()?;
+    if i32::from(index) >= i32::from_le_bytes(length) {
+        return None;
+    }
+    let slot = (pool.wrapping_add(layout.pool_size)).wrapping_add(u64::from(index) * 8);
     read_symbol(memory, layout, memory.u64(slot).ok()?)
 }
 
 /// Reads a method's names and line table.
 fn read_method(memory: &ProcessMemory, layout: &Layout, method: u64) -> Option<MethodName> {
-    let constant = memory.u64(method + layout.method_const).ok()?;
-    let pool = memory.u64(constant + layout.const_constants).ok()?;
+    let constant = memory.u64(method.wrapping_add(layout.method_const)).ok()?;
+    let pool = memory
+        .u64(constant.wrapping_add(layout.const_constants))
+        .ok()?;
     let name = pool_symbol(
         memory,
         layout,
         pool,
-        read_u16(memory, constant + layout.const_name_index)?,
+        read_u16(memory, constant.wrapping_add(layout.const_name_index))?,
     )?;
-    let holder = memory.u64(pool + layout.pool_holder).ok()?;
-    let class = read_symbol(memory, layout, memory.u64(holder + layout.klass_name).ok()?)?;
-    let source = read_u16(memory, pool + layout.pool_source_file)
+    let holder = memory.u64(pool.wrapping_add(layout.pool_holder)).ok()?;
+    let class = read_symbol(
+        memory,
+        layout,
+        memory.u64(holder.wrapping_add(layout.klass_name)).ok()?,
+    )?;
+    let source = read_u16(memory, pool.wrapping_add(layout.pool_source_file))
         .and_then(|index| pool_symbol(memory, layout, pool, index))
         .unwrap_or_default();
-    let code_size = read_u16(memory, constant + layout.const_code_size)?;
+    let code_size = read_u16(memory, constant.wrapping_add(layout.const_code_size))?;
     Some(MethodName {
         function: format!("{}.{name}", java_class_name(&class)),
         file: source,
-        code_base: constant + layout.const_method_size,
+        code_base: constant.wrapping_add(layout.const_method_size),
         code_size: u64::from(code_size),
         lines: read_lines(memory, layout, constant).unwrap_or_default(),
     })
@@ -175,12 +201,15 @@ fn read_method(memory: &ProcessMemory, layout: &Layout, method: u64) -> Option<M
 fn read_lines(memory: &ProcessMemory, layout: &Layout, constant: u64) -> Option<Vec<(u32, u32)>> {
     let (flags_at, width) = layout.const_flags;
     let mut flags = [0u8; 4];
-    memory.read(constant + flags_at, &mut flags[..width]).ok()?;
+    memory
+        .read(constant.wrapping_add(flags_at), &mut flags[..width])
+        .ok()?;
     if u32::from_le_bytes(flags) & layout.has_line_numbers == 0 {
         return Some(Vec::new());
     }
-    let code_size = read_u16(memory, constant + layout.const_code_size)?;
-    let table = constant + layout.const_method_size + u64::from(code_size);
+    let code_size = read_u16(memory, constant.wrapping_add(layout.const_code_size))?;
+    let table =
+        (constant.wrapping_add(layout.const_method_size)).wrapping_add(u64::from(code_size));
     let mut bytes = vec![0u8; MAX_LINE_TABLE_BYTES];
     let readable = read_prefix(memory, table, &mut bytes);
     let mut reader = CompressedReader::new(&bytes[..readable], 0, layout.unsigned5_excludes_zero);
@@ -208,7 +237,7 @@ fn read_prefix(memory: &ProcessMemory, address: u64, buffer: &mut [u8]) -> usize
     const PAGE: u64 = 4096;
     let mut done = 0;
     while done < buffer.len() {
-        let at = address + done as u64;
+        let at = address.wrapping_add(done as u64);
         let piece = ((PAGE - at % PAGE) as usize).min(buffer.len() - done);
         if memory.read(at, &mut buffer[done..done + piece]).is_err() {
             break;

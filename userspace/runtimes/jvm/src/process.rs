@@ -159,9 +159,11 @@ fn examine(
         return None;
     }
     let first_address = elf.segments().map(|s| s.address()).min()?;
-    let tracer = elf
-        .symbols()
-        .any(|s| s.is_definition() && s.name() == Ok(allocators::JVM_NEW_TLAB));
+    let tracer = elf.symbols().any(|s| {
+        s.is_definition()
+            && s.name()
+                .is_ok_and(|n| allocators::JVM_NEW_TLAB_NAMES.contains(&n))
+    });
     Some(JvmFile {
         symbols,
         first_address,

@@ -80,10 +80,9 @@ impl Runtime for JvmRuntime {
         };
         let jvm = match self.files.discover(pid, process.maps) {
             Ok(Some(jvm)) => jvm,
-            Ok(None) => {
-                self.processes.insert(pid, Known::Other);
-                return None;
-            }
+            // Not recorded: a launcher maps libjvm only once it has chosen it, and a
+            // later look may find it.
+            Ok(None) => return None,
             Err(JvmError::Unreadable(what)) if attempts < RETRIES => {
                 tracing::debug!("pid {pid}: a JVM not readable yet ({what}); looking again");
                 let next = Instant::now() + RETRY_EVERY;

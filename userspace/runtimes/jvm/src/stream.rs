@@ -1,7 +1,7 @@
 //! HotSpot's compressed integers (`CompressedReadStream`), in which compiled methods
 //! keep their scopes and methods their line number tables: a byte under `L` is a whole
 //! value, a larger one starts a value of up to five bytes, six more bits each. From
-//! JDK 21 the coding (`UNSIGNED5`) excludes the zero byte (`X = 1`, `L = 191`); before,
+//! JDK 20 the coding (`UNSIGNED5`) excludes the zero byte (`X = 1`, `L = 191`); before,
 //! `X = 0`, `L = 192`.
 
 /// Bytes one value takes at most.

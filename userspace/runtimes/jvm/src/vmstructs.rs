@@ -236,7 +236,7 @@ impl TableReader<'_> {
 
     /// The `width`-byte little-endian word `field` of `entry`.
     fn word_at(&self, entry: Entry, field: &str, width: usize) -> Result<u64, JvmError> {
-        let address = entry.address + self.field_offset(entry, field)?;
+        let address = entry.address.wrapping_add(self.field_offset(entry, field)?);
         let mut bytes = [0u8; 8];
         (self.memory.read(address, &mut bytes[..width]))
             .map_err(|_| JvmError::Unreadable("a table entry"))?;
@@ -273,7 +273,7 @@ pub fn read_c_string(memory: &ProcessMemory, address: u64, max: usize) -> Result
             return String::from_utf8(out).map_err(|_| JvmError::Forged("a name"));
         }
         out.extend_from_slice(&bytes);
-        at += piece as u64;
+        at = at.wrapping_add(piece as u64);
     }
     Err(JvmError::Forged("a name without its end"))
 }

@@ -91,7 +91,7 @@ pub fn walk(
             frames.push(JavaFrame::Interpreted { method, bcp });
             let (Some(caller_sp), Some(caller_pc), Some(caller_fp)) = (
                 slot(fp, INTERPRETER_SENDER_SP_SLOT),
-                stack.word(fp + 8),
+                slot(fp, 1),
                 stack.word(fp),
             ) else {
                 break;
@@ -110,10 +110,11 @@ pub fn walk(
             if blob.frame_bytes == 0 {
                 break;
             }
-            let caller_sp = unextended_sp + blob.frame_bytes;
-            let (Some(caller_pc), Some(caller_fp)) =
-                (stack.word(caller_sp - 8), stack.word(caller_sp - 16))
-            else {
+            let caller_sp = unextended_sp.wrapping_add(blob.frame_bytes);
+            let (Some(caller_pc), Some(caller_fp)) = (
+                stack.word(caller_sp.wrapping_sub(8)),
+                stack.word(caller_sp.wrapping_sub(16)),
+            ) else {
                 break;
             };
             unextended_sp = caller_sp;
