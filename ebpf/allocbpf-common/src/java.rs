@@ -30,6 +30,8 @@ pub struct JavaWalk {
     pub tlab_start: u32,
     /// ...and plus `ThreadLocalAllocBuffer::_top`: where its free space starts.
     pub tlab_top: u32,
+    /// `JavaThread::_stack_base`: the top of the thread's stack, where a copy can stop.
+    pub stack_base: u32,
 }
 
 /// What a Java capture holds ([`JavaCapture::status`]).

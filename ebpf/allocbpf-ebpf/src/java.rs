@@ -96,7 +96,14 @@ pub(crate) fn emit(header: &Header, call: JavaCall) -> Option<bool> {
                 } else {
                     let base = sp.wrapping_sub(8);
                     let stack = addr_of_mut!((*java).stack).cast::<u8>();
-                    let copied = copy_stack::<JAVA_STACK_BYTES>(stack, base);
+                    // Up to the thread's stack top: most Java stacks are far shorter
+                    // than the copy's room, and the copy is what a sample costs.
+                    let top = read_word(call.thread.wrapping_add(walk.stack_base as u64));
+                    let limit = match top {
+                        Some(top) if top > base => (top - base).min(JAVA_STACK_BYTES as u64),
+                        _ => JAVA_STACK_BYTES as u64,
+                    } as usize;
+                    let copied = copy_stack::<JAVA_STACK_BYTES>(stack, base, limit);
                     addr_of_mut!((*java).copied).write(copied as u32);
                     addr_of_mut!((*java).base).write(base);
                     if copied == 0 {

@@ -56,7 +56,7 @@ fn emit_record<const N: usize, const P: usize>(ctx: &ProbeContext, header: &Head
         write_header(event, header);
         addr_of_mut!((*event).regs).write([ip, sp, bp]);
         let stack = addr_of_mut!((*record).stack).cast::<u8>();
-        let copied = copy_stack::<N>(stack, sp);
+        let copied = copy_stack::<N>(stack, sp, N);
         addr_of_mut!((*event).user_stack_len).write(copied as u32);
         crate::python::fill::<P>(event, addr_of_mut!((*record).python), header);
     }
@@ -64,13 +64,14 @@ fn emit_record<const N: usize, const P: usize>(ctx: &ProbeContext, header: &Head
     true
 }
 
-/// Copies user memory from `sp` up into `dst` (capacity `N`), page by page; returns the
-/// bytes copied (also the Java stack's copy, `java.rs`).
+/// Copies user memory from `sp` up into `dst` (capacity `N`), page by page, stopping
+/// once `limit` bytes are in (the top of a stack known to end there); returns the bytes
+/// copied (also the Java stack's copy, `java.rs`).
 ///
 /// # Safety
 /// `dst` must be valid for writes of `N` bytes.
 #[inline(always)]
-pub(crate) unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> usize {
+pub(crate) unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64, limit: usize) -> usize {
     // Up to the next page boundary: 1..=4096 bytes.
     let first = PAGE - (sp as usize & (PAGE - 1));
     if first > N {
@@ -83,7 +84,7 @@ pub(crate) unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> usize 
     }
     let mut copied = first;
     for _ in 0..N / PAGE {
-        if copied > N - PAGE {
+        if copied > N - PAGE || copied >= limit {
             break;
         }
         // SAFETY: copied + PAGE <= N.

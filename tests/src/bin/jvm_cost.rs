@@ -23,8 +23,9 @@ const ITERATIONS: &str = "200000000";
 /// and the loop's, vary from run to run).
 const BIG_ARRAYS: &str = "0";
 
-/// A fixed heap: the collector's sizing does not change between runs.
-const JVM_OPTIONS: &[&str] = &["-Xms2g", "-Xmx2g"];
+/// A fixed heap, touched at start: the collector's sizing and first-touch page faults
+/// do not change between runs.
+const JVM_OPTIONS: &[&str] = &["-Xms2g", "-Xmx2g", "-XX:+AlwaysPreTouch"];
 
 /// One run: bytes allocated per second of the loop, the loop's seconds, and with
 /// `--pid`, allocbpf's CPU seconds.

@@ -196,6 +196,7 @@ impl Layout {
             last_fp: narrow(vm.offset("JavaFrameAnchor", "_last_Java_fp")?)?,
             tlab_start: narrow(tlab.wrapping_add(vm.offset("ThreadLocalAllocBuffer", "_start")?))?,
             tlab_top: narrow(tlab.wrapping_add(vm.offset("ThreadLocalAllocBuffer", "_top")?))?,
+            stack_base: narrow(vm.offset("JavaThread", "_stack_base")?)?,
         };
         let (const_flags, has_line_numbers) = match vm.offset("ConstMethod", "_flags._flags") {
             Ok(offset) => (
