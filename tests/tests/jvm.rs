@@ -18,7 +18,7 @@ use allocbpf_e2e::{
         one_agent_test, parse_stored_name, raw_pprof, start_filtered, stored_profiles, write_config,
     },
     compile_workload,
-    jvm::{classes, start_alloc_sites, JDK17, JDK25},
+    jvm::{classes, start_alloc_sites, truth, Site, JDK17, JDK25},
     one_profiler_at_a_time, require_root, scratch_dir, workload_source, Finished, Profiler,
     Workload,
 };
@@ -31,40 +31,6 @@ const ITERATIONS: &str = "80000000";
 
 /// Big arrays the second thread allocates (4 MiB each, outside any TLAB).
 const BIG_ARRAYS: &str = "600";
-
-/// What the workload printed of one site: objects and bytes each.
-#[derive(Debug)]
-struct Site {
-    name: String,
-    count: f64,
-    bytes_each: f64,
-}
-
-impl Site {
-    fn bytes(&self) -> f64 {
-        self.count * self.bytes_each
-    }
-}
-
-/// The workload's truth: its sites and the garbage collections during its run.
-fn truth(output: &str) -> Result<(Vec<Site>, f64)> {
-    let mut sites = Vec::new();
-    let mut collections = None;
-    for line in output.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        match fields.as_slice() {
-            ["site", name, count, each] => sites.push(Site {
-                name: name.to_string(),
-                count: count.parse()?,
-                bytes_each: each.parse()?,
-            }),
-            ["collections", n] => collections = Some(n.parse()?),
-            _ => {}
-        }
-    }
-    ensure!(sites.len() == 3, "workload output: {output}");
-    Ok((sites, collections.context("no collections line")?))
-}
 
 /// The leaf class and the function of each site, and the source line it allocates at.
 fn site_frames(name: &str) -> (&'static str, &'static str, &'static str) {

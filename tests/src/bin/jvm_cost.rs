@@ -11,7 +11,7 @@ use std::time::Duration;
 use allocbpf_e2e::{
     agent::AgentProcess,
     bench::{attach_profiler, cpu_seconds, median, rounds_arg},
-    jvm::{output_value, start_alloc_sites, JDK17},
+    jvm::{output_value, start_alloc_sites, truth, Site, JDK17},
     scratch_dir,
 };
 use anyhow::{Context, Result};
@@ -46,18 +46,7 @@ fn run(by_pid: bool) -> Result<(f64, f64, f64)> {
         .wait_for("loop_ns", Duration::from_secs(600))?;
     let output = workload.stdout.seen.join("\n");
     let seconds = output_value(&done, "loop_ns").context("loop_ns")? / 1e9;
-    let bytes: f64 = output
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            match fields.as_slice() {
-                ["site", _, count, each] => {
-                    Some(count.parse::<f64>().ok()? * each.parse::<f64>().ok()?)
-                }
-                _ => None,
-            }
-        })
-        .sum();
+    let bytes: f64 = truth(&output)?.0.iter().map(Site::bytes).sum();
     let mut cpu = 0.0;
     if let Some((child, _stderr)) = &profiler {
         cpu = cpu_seconds(child.id())? - cpu_at_go;

@@ -191,14 +191,20 @@ fn read_method(memory: &ProcessMemory, layout: &Layout, method: u64) -> Option<M
         file: source,
         code_base: constant.wrapping_add(layout.const_method_size),
         code_size: u64::from(code_size),
-        lines: read_lines(memory, layout, constant).unwrap_or_default(),
+        lines: read_lines(memory, layout, constant, code_size).unwrap_or_default(),
     })
 }
 
-/// A method's compressed line number table: it follows the bytecodes, which follow
+/// A method's compressed line number table (its bytecodes are `code_size` bytes): it
+/// follows the bytecodes, which follow
 /// the `ConstMethod`. Each entry is a byte with 5 bits of bytecode-index delta and 3
 /// of line delta, or `0xff` then both deltas as signed compressed integers; 0 ends it.
-fn read_lines(memory: &ProcessMemory, layout: &Layout, constant: u64) -> Option<Vec<(u32, u32)>> {
+fn read_lines(
+    memory: &ProcessMemory,
+    layout: &Layout,
+    constant: u64,
+    code_size: u16,
+) -> Option<Vec<(u32, u32)>> {
     let (flags_at, width) = layout.const_flags;
     let mut flags = [0u8; 4];
     memory
@@ -207,7 +213,6 @@ fn read_lines(memory: &ProcessMemory, layout: &Layout, constant: u64) -> Option<
     if u32::from_le_bytes(flags) & layout.has_line_numbers == 0 {
         return Some(Vec::new());
     }
-    let code_size = read_u16(memory, constant.wrapping_add(layout.const_code_size))?;
     let table =
         (constant.wrapping_add(layout.const_method_size)).wrapping_add(u64::from(code_size));
     let mut bytes = vec![0u8; MAX_LINE_TABLE_BYTES];

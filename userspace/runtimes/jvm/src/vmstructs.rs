@@ -192,9 +192,7 @@ struct Entry {
 impl TableReader<'_> {
     /// The value of the global `symbol` (a word in libjvm's data).
     fn global(&self, symbol: String) -> Result<u64, JvmError> {
-        let address = (self.symbols.addresses.iter())
-            .find(|(name, _)| **name == symbol)
-            .map(|(_, address)| *address)
+        let address = *(self.symbols.addresses.get(symbol.as_str()))
             .ok_or(JvmError::MissingSymbol(symbol))?;
         self.memory
             .u64(address)
