@@ -424,3 +424,68 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
+
+/// What an agent stored of one runtime workload's run ([`profile_workload_under_agent`]).
+pub struct AgentRun {
+    /// Its stored profiles merged by `allocbpf report` (JSON), the workload's stacks
+    /// only.
+    pub profile: serde_json::Value,
+    /// Its stored profiles as `go tool pprof -raw` prints them (their labels).
+    pub pprof: String,
+    /// What the workload printed.
+    pub output: String,
+}
+
+/// Runs `workload` (started, waiting for its go) under an agent that profiles only the
+/// processes whose command matches `comm`, with its budget off (the estimates are then
+/// full-time sampling's), once the agent has said `found` of it at its start-up scan
+/// (or later); stops the agent after the workload's exit. `name` names the scratch
+/// directory. The caller holds the profilers' lock.
+pub fn profile_workload_under_agent(
+    name: &str,
+    comm: &str,
+    mut workload: crate::Workload,
+    found: &str,
+) -> Result<AgentRun> {
+    let (_one, scratch, store) = one_agent_test(name);
+    let config = write_config(
+        &scratch,
+        &format!("comm = \"{comm}\"\nmetrics_address = \"off\"\n[budget]\nenabled = false\n"),
+    );
+    let mut agent = start_filtered(&config, &store, "2s", &[], &[]);
+    if !agent.stderr.seen.iter().any(|line| line.contains(found)) {
+        agent.stderr.wait_for(found, Duration::from_secs(30))?;
+    }
+    workload.go()?;
+    workload.wait(Duration::from_secs(180))?;
+    let output = workload.stdout.rest(Duration::from_secs(5));
+    thread::sleep(Duration::from_secs(3));
+    let pid = workload.pid;
+    agent.terminate(Duration::from_secs(30))?;
+    let mine: Vec<PathBuf> = (stored_profiles(&store).into_iter())
+        .filter(|p| parse_stored_name(p).2 == pid)
+        .collect();
+    anyhow::ensure!(
+        !mine.is_empty(),
+        "no profile of pid {pid} in {}",
+        store.display()
+    );
+    let pprof: String = mine.iter().map(|p| raw_pprof(p, &scratch)).collect();
+    let store_path = store.to_str().context("path")?;
+    let merged = crate::run_allocbpf(
+        &[
+            "report", "--store", store_path, "--comm", comm, "--format", "json",
+        ],
+        Duration::from_secs(60),
+    )?;
+    anyhow::ensure!(merged.code == Some(0), "{}", merged.stderr);
+    let mut profile: serde_json::Value = serde_json::from_str(&merged.stdout)?;
+    if let Some(stacks) = profile["stacks"].as_array_mut() {
+        stacks.retain(|s| s["pid"].as_u64() == Some(u64::from(pid)));
+    }
+    Ok(AgentRun {
+        profile,
+        pprof,
+        output,
+    })
+}

@@ -133,3 +133,97 @@ pub fn attach_profiler(pid: u32, args: &[&str]) -> Result<(std::process::Child, 
     stderr.wait_for("allocbpf: profiling pid", Duration::from_secs(60))?;
     Ok((child, stderr))
 }
+
+/// One run of a runtime's workload: bytes allocated per second of its loop, the loop's
+/// seconds, and with `--pid`, allocbpf's CPU seconds over it.
+pub type Run = (f64, f64, f64);
+
+/// Starts a runtime's workload (waiting for its go), and runs it to its end once
+/// `before_go` has been called with its pid: the figures of its [`Run`] less the
+/// profiler's CPU, and its output.
+pub trait Workloads {
+    /// Starts one run's workload.
+    fn start(&mut self) -> Result<crate::Workload>;
+    /// Bytes the run allocated and its loop's seconds, from its output.
+    fn figures(&self, output: &str) -> Result<(f64, f64)>;
+}
+
+/// One run of `workloads`: bare, or under `allocbpf --pid` (its CPU counted from the go
+/// on, its start, which reads the runtime's files, being not the loop's).
+pub fn run_once(workloads: &mut dyn Workloads, by_pid: bool) -> Result<Run> {
+    let mut workload = workloads.start()?;
+    let profiler = match by_pid {
+        true => Some(attach_profiler(workload.pid, &["--output", "/dev/null"])?),
+        false => None,
+    };
+    let cpu_at_go = match &profiler {
+        Some((child, _)) => cpu_seconds(child.id())?,
+        None => 0.0,
+    };
+    workload.go()?;
+    workload
+        .stdout
+        .wait_for("loop_ns", Duration::from_secs(600))?;
+    let output = workload.stdout.seen.join("\n");
+    let (bytes, seconds) = workloads.figures(&output)?;
+    let mut cpu = 0.0;
+    if let Some((child, _stderr)) = &profiler {
+        cpu = cpu_seconds(child.id())? - cpu_at_go;
+    }
+    workload.wait(Duration::from_secs(60))?;
+    if let Some((mut child, _)) = profiler {
+        child.wait()?;
+    }
+    Ok((bytes / seconds, seconds, cpu))
+}
+
+/// Runs `workloads` `rounds` times bare and under `--pid` (alternating), then under one
+/// `allocbpf agent` at its defaults, and prints the medians of their throughput, their
+/// ratios to bare and the profiler's CPU per second of the loop under `title`.
+pub fn compare_runs(
+    title: &str,
+    scratch: &std::path::Path,
+    rounds: usize,
+    workloads: &mut dyn Workloads,
+) -> Result<()> {
+    let (mut bare, mut pid, mut pid_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        bare.push(run_once(workloads, false)?.0);
+        let (rate, seconds, cpu) = run_once(workloads, true)?;
+        pid.push(rate);
+        pid_cpu.push(cpu / seconds);
+    }
+    let store = scratch.join("store");
+    let agent =
+        crate::agent::AgentProcess::start(&["--store", store.to_str().context("path")?], &[])?;
+    let agent_pid = agent.child.id();
+    let (mut under_agent, mut agent_cpu) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let before = cpu_seconds(agent_pid)?;
+        let (rate, seconds, _) = run_once(workloads, false)?;
+        under_agent.push(rate);
+        agent_cpu.push((cpu_seconds(agent_pid)? - before) / seconds);
+    }
+    agent.terminate(Duration::from_secs(60))?;
+    let base = median(&bare);
+    println!("{title}, median of {rounds}:");
+    for (name, runs) in [
+        ("bare", &bare),
+        ("--pid", &pid),
+        ("agent (defaults)", &under_agent),
+    ] {
+        let m = median(runs);
+        let gb: Vec<f64> = runs.iter().map(|r| r / 1e9).collect();
+        println!(
+            "  {name:<17} {:>6.2} GB/s  x{:.3} of bare   runs {gb:.2?}",
+            m / 1e9,
+            m / base
+        );
+    }
+    println!(
+        "  profiler CPU per second of the loop: --pid {:.3} s, agent {:.3} s",
+        median(&pid_cpu),
+        median(&agent_cpu)
+    );
+    Ok(())
+}

@@ -9,6 +9,7 @@ use std::{
 
 use anyhow::{ensure, Context, Result};
 
+pub use crate::truth::{output_value, parse_sites, Site};
 use crate::{scratch_dir, workload_source, Workload};
 
 /// Debian's OpenJDK 17 (its `javac` compiles the workload for both JDKs).
@@ -52,45 +53,9 @@ pub fn start_alloc_sites(
     )
 }
 
-/// The value of the workload's output line `key VALUE`.
-pub fn output_value(output: &str, key: &str) -> Option<f64> {
-    output.lines().find_map(|line| {
-        let (name, value) = line.split_once(' ')?;
-        (name == key).then(|| value.trim().parse().ok()).flatten()
-    })
-}
-
-/// What the workload printed of one site: objects and bytes each.
-#[derive(Debug)]
-pub struct Site {
-    /// The site's name (`smallArray`, `point`, `bigArray`).
-    pub name: String,
-    /// Objects it allocated.
-    pub count: f64,
-    /// Bytes each took.
-    pub bytes_each: f64,
-}
-
-impl Site {
-    /// Its bytes.
-    pub fn bytes(&self) -> f64 {
-        self.count * self.bytes_each
-    }
-}
-
 /// The workload's truth: its sites and the garbage collections during its run.
 pub fn truth(output: &str) -> Result<(Vec<Site>, f64)> {
-    let mut sites = Vec::new();
-    for line in output.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if let ["site", name, count, each] = fields.as_slice() {
-            sites.push(Site {
-                name: name.to_string(),
-                count: count.parse()?,
-                bytes_each: each.parse()?,
-            });
-        }
-    }
+    let sites = parse_sites(output)?;
     ensure!(sites.len() == 3, "workload output: {output}");
     let collections = output_value(output, "collections").context("no collections line")?;
     Ok((sites, collections))

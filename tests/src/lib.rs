@@ -9,6 +9,7 @@ pub mod agent;
 pub mod allocators;
 pub mod bench;
 pub mod jvm;
+pub mod node;
 pub mod otelcol;
 pub mod protojson;
 pub mod pyroscope;
@@ -16,6 +17,7 @@ pub mod simulate;
 pub mod sites;
 pub mod slow_proxy;
 pub mod stores;
+pub mod truth;
 
 use std::{
     io::Read,
@@ -300,12 +302,17 @@ pub fn stacks_with<'a>(json: &'a Value, function: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-/// Sum of `estimated_bytes` over `stacks`.
-pub fn estimated_bytes(stacks: &[&Value]) -> f64 {
+/// Sum of the numeric `field` over `stacks` (JSON; a missing value counts 0).
+pub fn sum_field(stacks: &[&Value], field: &str) -> f64 {
     stacks
         .iter()
-        .map(|s| s["estimated_bytes"].as_f64().unwrap_or(0.0))
+        .map(|s| s[field].as_f64().unwrap_or(0.0))
         .sum()
+}
+
+/// The summed `estimated_bytes` of `stacks`.
+pub fn estimated_bytes(stacks: &[&Value]) -> f64 {
+    sum_field(stacks, "estimated_bytes")
 }
 
 /// Runs `go tool pprof ARGS PROFILE` and returns its stdout; fails on a non-zero exit.
@@ -409,4 +416,24 @@ pub fn debian_root(suite: &str, include: &[&str]) -> Result<PathBuf> {
     ensure!(status.success(), "debootstrap {suite} failed: {status}");
     std::fs::write(&done, b"")?;
     Ok(root)
+}
+
+/// Profiles `workload` (by `pid`, its host pid) into a JSON profile at `out` from its
+/// go to its exit: the profile, allocbpf's run (which must succeed) and what the
+/// workload printed.
+pub fn profile_from_go(
+    mut workload: Workload,
+    pid: u32,
+    out: &Path,
+) -> Result<(Value, Finished, String)> {
+    let pid = pid.to_string();
+    let output_path = out.to_str().context("path")?;
+    let profiler = Profiler::attach(&["--pid", &pid, "--format", "json", "--output", output_path])?;
+    workload.go()?;
+    workload.wait(Duration::from_secs(180))?;
+    let output = workload.stdout.rest(Duration::from_secs(5));
+    let finished = profiler.finish(Duration::from_secs(60))?;
+    ensure!(finished.code == Some(0), "{}", finished.stderr);
+    let profile = serde_json::from_slice(&std::fs::read(out)?)?;
+    Ok((profile, finished, output))
 }

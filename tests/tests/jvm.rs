@@ -7,19 +7,13 @@
 //! Processes that impersonate a JVM (`workloads/jvm_forged.c`) are refused with a line
 //! and profiled natively. Run as root.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, process::Command};
 
 use allocbpf_e2e::{
-    agent::{
-        one_agent_test, parse_stored_name, raw_pprof, start_filtered, stored_profiles, write_config,
-    },
+    agent::profile_workload_under_agent,
     compile_workload,
     jvm::{classes, start_alloc_sites, truth, Site, JDK17, JDK25},
-    one_profiler_at_a_time, require_root, scratch_dir, workload_source, Finished, Profiler,
+    one_profiler_at_a_time, profile_from_go, require_root, scratch_dir, sum_field, workload_source,
     Workload,
 };
 use anyhow::{ensure, Context, Result};
@@ -81,13 +75,6 @@ fn stacks_of<'a>(profile: &'a Value, class: &str, function: &str) -> Vec<&'a Val
         .unwrap_or_default()
 }
 
-fn sum(stacks: &[&Value], field: &str) -> f64 {
-    stacks
-        .iter()
-        .map(|s| s[field].as_f64().unwrap_or(0.0))
-        .sum()
-}
-
 /// Checks each site's estimate, class and frames in `profile` against the workload's
 /// `output`.
 ///
@@ -131,14 +118,14 @@ fn check_sites(profile: &Value, output: &str, label: &str) -> Result<()> {
             "{label}: no frame {shown} in {stacks:?}"
         );
         if site.name != "bigArray" {
-            weight_sum += sum(&stacks, "estimated_bytes");
-            samples += sum(&stacks, "samples");
+            weight_sum += sum_field(&stacks, "estimated_bytes");
+            samples += sum_field(&stacks, "samples");
         }
-        estimates.push(sum(&stacks, "estimated_bytes"));
+        estimates.push(sum_field(&stacks, "estimated_bytes"));
         // Each sample stands for its object: its object estimate is its bytes' over
         // the object's size (the TLAB's size over it, had it not been attributed).
-        let objects = sum(&stacks, "estimated_objects");
-        let per_object = sum(&stacks, "estimated_bytes") / objects.max(1.0);
+        let objects = sum_field(&stacks, "estimated_objects");
+        let per_object = sum_field(&stacks, "estimated_bytes") / objects.max(1.0);
         ensure!(
             (per_object / site.bytes_each - 1.0).abs() < 0.01,
             "{label}: {} estimated {objects:.0} objects of {per_object:.0} bytes, not of {}",
@@ -194,22 +181,6 @@ fn start(home: &str, seed: &str) -> Result<Workload> {
     start_alloc_sites(home, &[], ITERATIONS, seed, BIG_ARRAYS)
 }
 
-/// Profiles `workload` (by `pid`, its host pid) into a JSON profile at `out` from its
-/// go to its exit: the profile, allocbpf's run (which must succeed) and what the
-/// workload printed.
-fn profile_run(mut workload: Workload, pid: u32, out: &Path) -> Result<(Value, Finished, String)> {
-    let pid = pid.to_string();
-    let output_path = out.to_str().context("path")?;
-    let profiler = Profiler::attach(&["--pid", &pid, "--format", "json", "--output", output_path])?;
-    workload.go()?;
-    workload.wait(Duration::from_secs(180))?;
-    let output = workload.stdout.rest(Duration::from_secs(5));
-    let finished = profiler.finish(Duration::from_secs(60))?;
-    ensure!(finished.code == Some(0), "{}", finished.stderr);
-    let profile = serde_json::from_slice(&std::fs::read(out)?)?;
-    Ok((profile, finished, output))
-}
-
 /// Profiles the workload on `home` by pid; checks its sites.
 fn by_pid(home: &str, major: &str) -> Result<()> {
     require_root();
@@ -223,7 +194,7 @@ fn by_pid(home: &str, major: &str) -> Result<()> {
     let out = dir.join("profile.json");
     let workload = start(home, "7")?;
     let pid = workload.pid;
-    let (profile, finished, output) = profile_run(workload, pid, &out)?;
+    let (profile, finished, output) = profile_from_go(workload, pid, &out)?;
     ensure!(
         finished.startup_line().contains("HotSpot Java heap"),
         "{}",
@@ -253,56 +224,21 @@ fn temurin_25_by_pid_sites_classes_inlined_frames_and_estimates() -> Result<()> 
 fn the_agent_profiles_a_jvm_with_its_labels_frames_and_estimates() -> Result<()> {
     // No other test's JVM (they are all `java`) runs while the agent looks.
     let _profilers = one_profiler_at_a_time();
-    let (_one, scratch, store) = one_agent_test("agent-jvm");
-    let config = write_config(
-        &scratch,
-        "comm = \"^java$\"\nmetrics_address = \"off\"\n[budget]\nenabled = false\n",
-    );
-    let mut workload = start(JDK17, "11")?;
-    let mut agent = start_filtered(&config, &store, "2s", &[], &[]);
-    // Said at its start-up scan, before "agent started", or later.
+    let workload = start(JDK17, "11")?;
     let found = format!("pid {}: HotSpot JDK 17", workload.pid);
-    if !agent.stderr.seen.iter().any(|line| line.contains(&found)) {
-        agent.stderr.wait_for(&found, Duration::from_secs(30))?;
-    }
-    workload.go()?;
-    workload.wait(Duration::from_secs(180))?;
-    let output = workload.stdout.rest(Duration::from_secs(5));
-    std::thread::sleep(Duration::from_secs(3));
-    let pid = workload.pid;
-    agent.terminate(Duration::from_secs(30))?;
-    let mine: Vec<PathBuf> = stored_profiles(&store)
-        .into_iter()
-        .filter(|p| parse_stored_name(p).2 == pid)
-        .collect();
-    ensure!(
-        !mine.is_empty(),
-        "no profile of the JVM (pid {pid}) in {}",
-        store.display()
-    );
-    let texts: Vec<String> = mine.iter().map(|p| raw_pprof(p, &scratch)).collect();
-    let all = texts.concat();
+    let run = profile_workload_under_agent("agent-jvm", "^java$", workload, &found)?;
     for label in [
         "runtime:[jvm]",
         "java_version:[17]",
         "java_main:[AllocSites]",
         "comm:[java]",
     ] {
-        ensure!(all.contains(label), "missing {label} in the JVM's profiles");
+        ensure!(
+            run.pprof.contains(label),
+            "missing {label} in the JVM's profiles"
+        );
     }
-    let store_path = store.to_str().context("path")?;
-    let merged = allocbpf_e2e::run_allocbpf(
-        &[
-            "report", "--store", store_path, "--comm", "^java$", "--format", "json",
-        ],
-        Duration::from_secs(60),
-    )?;
-    ensure!(merged.code == Some(0), "{}", merged.stderr);
-    let mut profile: Value = serde_json::from_str(&merged.stdout)?;
-    if let Some(stacks) = profile["stacks"].as_array_mut() {
-        stacks.retain(|s| s["pid"].as_u64() == Some(u64::from(pid)));
-    }
-    check_sites(&profile, &output, "JDK 17 under the agent")
+    check_sites(&run.profile, &run.output, "JDK 17 under the agent")
 }
 
 /// A process that maps a file named libjvm.so and exports HotSpot's table symbols, with
@@ -326,7 +262,7 @@ fn a_forged_jvm_is_refused_and_profiled_natively() -> Result<()> {
         let workload = Workload::start(&binary, &[mode])?;
         let pid = workload.pid;
         let out = dir.join(format!("{mode}.json"));
-        let (profile, finished, _) = profile_run(workload, pid, &out)?;
+        let (profile, finished, _) = profile_from_go(workload, pid, &out)?;
         ensure!(
             finished
                 .stderr
@@ -375,7 +311,7 @@ fn a_stripped_libjvm_is_said_and_profiled_natively() -> Result<()> {
     }
     let workload = start(home.to_str().context("path")?, "5")?;
     let pid = workload.pid;
-    let (profile, finished, _) = profile_run(workload, pid, &dir.join("profile.json"))?;
+    let (profile, finished, _) = profile_from_go(workload, pid, &dir.join("profile.json"))?;
     ensure!(
         finished
             .stderr
@@ -437,6 +373,6 @@ fn a_jvm_in_its_own_mount_and_pid_namespaces_is_profiled() -> Result<()> {
             .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1")),
         "{status}"
     );
-    let (profile, _, output) = profile_run(workload, pid, &dir.join("profile.json"))?;
+    let (profile, _, output) = profile_from_go(workload, pid, &dir.join("profile.json"))?;
     check_sites(&profile, &output, "JDK 17 in a container")
 }

@@ -160,6 +160,10 @@ pub enum Part {
     /// under `--pid` and under the default agent, and the profiler's CPU per second of
     /// it (tests/src/bin/jvm_cost.rs).
     Jvm,
+    /// A Node.js program's JS heap allocation throughput (Node.js 20: small objects,
+    /// large arrays, Buffers) bare, under `--pid` and under the default agent, and the
+    /// profiler's CPU per second of it (tests/src/bin/node_cost.rs).
+    Node,
     /// How fast `allocbpf --pid` goes in and out: probes live after start, and exit
     /// after the duration, on a native target and Debian's python3 (medians;
     /// bench_latency.rs).
@@ -212,6 +216,11 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
     }
     if parts.contains(&Part::Jvm) {
         let mut command = crate::setup::e2e_bin("jvm_cost")?;
+        command.args(["--rounds", &rounds.min(5).to_string()]);
+        crate::util::run(&mut command)?;
+    }
+    if parts.contains(&Part::Node) {
+        let mut command = crate::setup::e2e_bin("node_cost")?;
         command.args(["--rounds", &rounds.min(5).to_string()]);
         crate::util::run(&mut command)?;
     }

@@ -12,6 +12,7 @@ mod servers;
 mod setup;
 mod soak;
 mod test;
+mod tools;
 mod util;
 
 use anyhow::Result;

@@ -107,13 +107,15 @@ pub fn ensure_unit_test_packages() -> Result<()> {
 /// Installs whatever the tests and benchmarks need that is missing; does nothing
 /// (quickly) when all is there. Also builds the tests' OpenTelemetry Collector when
 /// missing and exports its path to the commands xtask starts afterwards as
-/// `ALLOCBPF_OTELCOL` ([`servers::ensure_otelcol`]).
+/// `ALLOCBPF_OTELCOL` ([`servers::ensure_otelcol`]), and Node.js 22 likewise
+/// ([`crate::tools::ensure_node22`]).
 pub fn ensure() -> Result<()> {
     ensure_run()?;
     install_missing(UNIT_TEST_PACKAGES)?;
     install_missing(TEST_PACKAGES)?;
     // Last: it needs no root, and Go from Debian's list above is not new enough for it.
     servers::ensure_otelcol()?;
+    crate::tools::ensure_node22()?;
     Ok(())
 }
 

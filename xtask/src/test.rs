@@ -174,7 +174,7 @@ impl Counts {
 /// each workspace library, the workspace crates it may link, directly or through
 /// another crate (linking any other is an error), and the outside crates it must not
 /// link. A crate links only those before it in the data flow; the runtimes
-/// (`allocbpf-python`, `allocbpf-go`, `allocbpf-jvm`) link neither each other nor anything that reads
+/// (`allocbpf-python`, `allocbpf-go`, `allocbpf-jvm`, `allocbpf-node`) link neither each other nor anything that reads
 /// samples, and only the engine's crate names them; the probe and the profile model
 /// share their vocabulary through `allocbpf-sampling`, not each other.
 const LAYERING: &[(&str, &[&str], &[&str])] = &[
@@ -195,6 +195,7 @@ const LAYERING: &[(&str, &[&str], &[&str])] = &[
     ("allocbpf-python", RUNTIME_LINKS, KERNEL_ASYNC_CLI),
     ("allocbpf-go", RUNTIME_LINKS, KERNEL_ASYNC_CLI),
     ("allocbpf-jvm", RUNTIME_LINKS, KERNEL_ASYNC_CLI),
+    ("allocbpf-node", RUNTIME_LINKS, KERNEL_ASYNC_CLI),
     (
         "allocbpf-probe",
         &["common", "sampling", "images"],
@@ -222,13 +223,14 @@ const STACKS_LINKS: &[&str] = &[
 
 /// What the engine may link: every layer below it and the runtimes.
 const COLLECT_LINKS: &[&str] = &[
-    "common", "sampling", "images", "profile", "runtime", "python", "go", "jvm", "probe", "stacks",
+    "common", "sampling", "images", "profile", "runtime", "python", "go", "jvm", "node", "probe",
+    "stacks",
 ];
 
 /// What the agent may link: the engine's and the exporters' layers.
 const AGENT_LINKS: &[&str] = &[
-    "common", "sampling", "images", "profile", "runtime", "python", "go", "jvm", "probe", "stacks",
-    "collect", "export",
+    "common", "sampling", "images", "profile", "runtime", "python", "go", "jvm", "node", "probe",
+    "stacks", "collect", "export",
 ];
 
 /// Workspace libraries the layering leaves alone: the end-to-end tests and their

@@ -10,6 +10,7 @@
 pub mod cookie;
 mod events;
 pub mod java;
+pub mod node;
 pub mod python;
 pub mod sampler;
 
@@ -114,10 +115,16 @@ pub enum AllocFn {
     /// A HotSpot object allocated outside any TLAB
     /// (`AllocTracer::send_allocation_outside_tlab`): the size is the object's.
     JavaOutsideTlab = 18,
+    /// V8's allocation-observer step on a Node.js heap space (its LAB handed out these
+    /// bytes since the previous step): the chunk, charged to the allocation that
+    /// reached the step.
+    JsHeapChunk = 19,
+    /// A V8 object in a large-object space: the size is the object's.
+    JsLargeObject = 20,
 }
 
 /// Number of [`AllocFn`] variants.
-pub const ALLOC_FN_COUNT: usize = 19;
+pub const ALLOC_FN_COUNT: usize = 21;
 
 impl AllocFn {
     /// Every entry kind, in discriminant order.
@@ -141,6 +148,8 @@ impl AllocFn {
         AllocFn::Free,
         AllocFn::JavaTlab,
         AllocFn::JavaOutsideTlab,
+        AllocFn::JsHeapChunk,
+        AllocFn::JsLargeObject,
     ];
 
     /// A short name for logs and reports.
@@ -165,6 +174,8 @@ impl AllocFn {
             AllocFn::Free => "free",
             AllocFn::JavaTlab => "java new TLAB",
             AllocFn::JavaOutsideTlab => "java outside TLAB",
+            AllocFn::JsHeapChunk => "js heap chunk",
+            AllocFn::JsLargeObject => "js large object",
         }
     }
 
@@ -208,6 +219,16 @@ pub enum Shape {
     /// block (the garbage collector frees Java objects, no probed call does); the
     /// sample carries the thread's Java stack instead of its native one.
     JavaHeap = 9,
+    /// V8's allocation-observer step (`SpaceWithLinearArea::AdvanceAllocationObservers`
+    /// in V8 11, `MainAllocator::AdvanceAllocationObservers` in V8 12): one input, the
+    /// space or allocator; the program reads the bytes its LAB handed out since the
+    /// previous step with the process's [`node::V8Heap`] offsets, and counts them as
+    /// one chunk. Never tracked as a block (the collector frees JS objects).
+    V8Lab = 10,
+    /// A V8 large-object space's `AllocateRaw`: one input, the object's size (a C
+    /// `int`, so its high half is not read). Counted only in processes with a
+    /// [`node::V8Heap`] entry; never tracked as a block.
+    V8Large = 11,
 }
 
 /// The largest request CPython's small-object allocator (pymalloc) serves itself
@@ -228,13 +249,21 @@ impl Shape {
             Shape::Free => "probe_free",
             Shape::SmallObject => "probe_small_object",
             Shape::JavaHeap => "probe_java_heap",
+            Shape::V8Lab => "probe_v8_lab",
+            Shape::V8Large => "probe_v8_large",
         }
     }
 
     /// Number of register inputs the program reads (at most [`cookie::MAX_INPUTS`]).
     pub const fn inputs(self) -> usize {
         match self {
-            Shape::Size | Shape::Pvalloc | Shape::InPlace | Shape::Free | Shape::SmallObject => 1,
+            Shape::Size
+            | Shape::Pvalloc
+            | Shape::InPlace
+            | Shape::Free
+            | Shape::SmallObject
+            | Shape::V8Lab
+            | Shape::V8Large => 1,
             Shape::Array | Shape::Resize | Shape::PosixMemalign => 2,
             Shape::ResizeArray | Shape::JavaHeap => 3,
         }
@@ -522,4 +551,5 @@ mod pod {
     unsafe impl aya::Pod for super::ProcessGate {}
     unsafe impl aya::Pod for super::python::PythonWalk {}
     unsafe impl aya::Pod for super::java::JavaWalk {}
+    unsafe impl aya::Pod for super::node::V8Heap {}
 }

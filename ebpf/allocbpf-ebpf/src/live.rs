@@ -52,10 +52,14 @@ pub(crate) fn on_entry(
     sample_id: u64,
     args: crate::CallArgs,
 ) -> bool {
-    if shape as u32 == Shape::InPlace as u32 || shape as u32 == Shape::JavaHeap as u32 {
+    if matches!(
+        shape,
+        Shape::InPlace | Shape::JavaHeap | Shape::V8Lab | Shape::V8Large
+    ) {
         // xallocx returns a size, not a block: the sampled bytes belong to a block
-        // that keeps its identity, so the sample is not tracked on its own. Java
-        // objects are freed by the garbage collector, which no probe sees.
+        // that keeps its identity, so the sample is not tracked on its own. Java and
+        // JavaScript objects are freed by their garbage collectors, which no probe
+        // sees.
         if sample_id != 0 {
             send(EventKind::Untracked, pid, sample_id);
         }

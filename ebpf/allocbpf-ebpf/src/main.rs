@@ -34,6 +34,7 @@ mod header;
 mod java;
 mod live;
 mod lost;
+mod node;
 mod pressure;
 mod process;
 mod python;
@@ -418,6 +419,33 @@ session_uprobe! {
         let [size, klass, thread] = inputs(&ctx, &cookie);
         let java = Some(java::JavaCall { klass, thread });
         on_alloc(&ctx, &cookie, Shape::JavaHeap, size, CallArgs { java, ..CallArgs::default() })
+    }
+}
+
+session_uprobe! {
+    /// [`Shape::V8Lab`]: V8's allocation-observer step on a space (or allocator) of a
+    /// registered Node.js process: the bytes its LAB handed out since the previous
+    /// step, counted as one chunk.
+    fn probe_v8_lab(ctx) {
+        let cookie = cookie_of(&ctx);
+        let [space, _, _] = inputs(&ctx, &cookie);
+        match node::lab_chunk(space) {
+            Some(chunk) => on_alloc(&ctx, &cookie, Shape::V8Lab, chunk, CallArgs::default()),
+            None => skip_return(),
+        }
+    }
+}
+
+session_uprobe! {
+    /// [`Shape::V8Large`]: an object allocated in a V8 large-object space of a
+    /// registered Node.js process.
+    fn probe_v8_large(ctx) {
+        let cookie = cookie_of(&ctx);
+        let [size, _, _] = inputs(&ctx, &cookie);
+        match node::large_object(size) {
+            Some(size) => on_alloc(&ctx, &cookie, Shape::V8Large, size, CallArgs::default()),
+            None => skip_return(),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 
 use allocbpf_go::heap_profile::GoRuntime;
 use allocbpf_jvm::JvmRuntime;
+use allocbpf_node::NodeRuntime;
 use allocbpf_python::runtime::PythonRuntime;
 use allocbpf_runtime::Runtime;
 
@@ -13,6 +14,7 @@ pub fn supported() -> Vec<Box<dyn Runtime>> {
         Box::new(PythonRuntime::default()),
         Box::new(GoRuntime::default()),
         Box::new(JvmRuntime::default()),
+        Box::new(NodeRuntime::default()),
     ]
 }
 

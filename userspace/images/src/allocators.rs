@@ -70,6 +70,7 @@ const JAVA_TLAB: &[Input] = &[Input::Arg(2), Input::Arg(0), Input::Arg(4)];
 /// `send_allocation_outside_tlab(klass, obj, object_bytes, thread)`.
 const JAVA_OUTSIDE: &[Input] = &[Input::Arg(2), Input::Arg(0), Input::Arg(3)];
 const ARG0_PRODUCT12: &[Input] = &[Input::Arg(0), Input::Product(1, 2)];
+const ARG2: &[Input] = &[Input::Arg(2)];
 
 use AllocFn as F;
 use Shape as S;
@@ -224,8 +225,48 @@ pub const NAMED: &[EntrySpec] = &[
         F::JavaOutsideTlab,
         S::JavaHeap,
         JAVA_OUTSIDE,
+    ), // V8's allocation-observer step and its large-object spaces (a Node.js binary's
+    // .symtab): counted only in processes the Node.js runtime registered (the probe
+    // programs read the offsets it found in the process's build).
+    entry(V8_LAB_STEP_11, F::JsHeapChunk, S::V8Lab, ARG0),
+    entry(V8_LAB_STEP_12, F::JsHeapChunk, S::V8Lab, ARG0),
+    // V8 11: `AllocateRaw(int)`; V8 12: `AllocateRaw(LocalHeap*, int)`. The variants
+    // with an `Executability` are what these call (and code space's), not probed.
+    entry(
+        "_ZN2v88internal19NewLargeObjectSpace11AllocateRawEi",
+        F::JsLargeObject,
+        S::V8Large,
+        ARG1,
+    ),
+    entry(
+        "_ZN2v88internal19OldLargeObjectSpace11AllocateRawEi",
+        F::JsLargeObject,
+        S::V8Large,
+        ARG1,
+    ),
+    entry(
+        "_ZN2v88internal19NewLargeObjectSpace11AllocateRawEPNS0_9LocalHeapEi",
+        F::JsLargeObject,
+        S::V8Large,
+        ARG2,
+    ),
+    entry(
+        "_ZN2v88internal19OldLargeObjectSpace11AllocateRawEPNS0_9LocalHeapEi",
+        F::JsLargeObject,
+        S::V8Large,
+        ARG2,
     ),
 ];
+
+/// `v8::internal::SpaceWithLinearArea::AdvanceAllocationObservers()` (V8 11: Node.js 20).
+pub const V8_LAB_STEP_11: &str =
+    "_ZN2v88internal19SpaceWithLinearArea26AdvanceAllocationObserversEv";
+
+/// `v8::internal::MainAllocator::AdvanceAllocationObservers()` (V8 12: Node.js 22).
+pub const V8_LAB_STEP_12: &str = "_ZN2v88internal13MainAllocator26AdvanceAllocationObserversEv";
+
+/// V8's allocation-observer step under every name it has had.
+pub const V8_LAB_STEP_NAMES: [&str; 2] = [V8_LAB_STEP_11, V8_LAB_STEP_12];
 
 /// The allocation tracer's new-TLAB entry under every name it has had: a libjvm that
 /// defines none is one whose Java heap cannot be probed (a stripped build).
@@ -315,6 +356,9 @@ pub fn families(defines: impl Fn(&str) -> bool) -> Vec<&'static str> {
         JVM_OUTSIDE_TLAB_OLD,
     ]) {
         out.push("HotSpot Java heap");
+    }
+    if any(&V8_LAB_STEP_NAMES) {
+        out.push("V8 JS heap");
     }
     out
 }

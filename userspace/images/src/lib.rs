@@ -18,6 +18,7 @@ pub mod allocators;
 pub mod discover;
 mod elf_header;
 pub mod elf_ranges;
+pub mod examined;
 pub mod image;
 pub mod memory;
 pub mod procfs;

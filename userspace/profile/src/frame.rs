@@ -59,6 +59,19 @@ pub enum Frame {
     /// A Java method at a line, or a Java heap sample's allocated class (its leaf),
     /// read from a JVM's own metadata: an index into the session's [`SourceLocations`].
     Java(u32),
+    /// A JavaScript function at a line, read from a V8 heap's own objects: an index
+    /// into the session's [`SourceLocations`].
+    JavaScript(u32),
+}
+
+impl Frame {
+    /// The module a native frame is in (`None` for any other frame).
+    pub fn module(&self) -> Option<u32> {
+        match *self {
+            Frame::Module { module, .. } => Some(module),
+            _ => None,
+        }
+    }
 }
 
 /// Where a frame read from a runtime's own tables was (a Python frame, a Go frame):
@@ -147,6 +160,12 @@ impl SourceLocations {
     /// The functions of a Java frame, for reports: shown as `package.Class.method
     /// (File.java:line)`; an allocated class, which has no file, by its name.
     pub fn java_functions(&self, id: u32) -> Functions {
+        self.functions(id, true)
+    }
+
+    /// The functions of a JavaScript frame, for reports: shown as `function
+    /// (file.js:line)`.
+    pub fn javascript_functions(&self, id: u32) -> Functions {
         self.functions(id, true)
     }
 

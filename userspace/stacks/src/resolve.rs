@@ -10,8 +10,8 @@ use std::time::Instant;
 use allocbpf_probe::events::RawSample;
 use allocbpf_profile::frame::{Frame, SourceLocations};
 use allocbpf_runtime::{
-    Departure, Found, IsCurrent, JavaThreadStack, Polled, ProcessView, Runtime, RuntimeMaps,
-    SampleStack,
+    Departure, Found, IsCurrent, JavaThreadStack, NativeStack, Polled, ProcessView, Runtime,
+    RuntimeMaps, SampleStack,
 };
 
 use crate::normalize::AddressNormalizer;
@@ -155,6 +155,10 @@ impl StackResolver {
                 anchor: java.anchor,
                 base: java.base,
                 stack: &java.stack,
+            }),
+            native: (!sample.user_stack.is_empty()).then_some(NativeStack {
+                regs: sample.regs,
+                stack: &sample.user_stack,
             }),
         };
         for runtime in &mut self.runtimes {

@@ -114,6 +114,10 @@ impl FrameSymbolizer {
                 Frame::Java(id) => {
                     self.cache.insert(*frame, locations.java_functions(id));
                 }
+                Frame::JavaScript(id) => {
+                    self.cache
+                        .insert(*frame, locations.javascript_functions(id));
+                }
             }
         }
         for (module_id, mut offsets) in by_module {

@@ -506,16 +506,25 @@ impl Collector {
     }
 }
 
+/// V8's tagged word: what a JS heap chunk's sample stands for (an object of that size).
+const JS_HEAP_WORD: u64 = 8;
+
 /// What the estimator needs of `sample`: the ring buffer's sample less its stack (the
 /// key it is added under) and its window, which a budget sets.
 /// A JVM's new-TLAB sample stands for its object at the rate that gives it its TLAB's
 /// weight ([`attributed_sample`]); one that lost its capture in the ring of lost
-/// samples, for its TLAB's weight alone.
+/// samples, for its TLAB's weight alone. A V8 LAB chunk stands for one tagged word of
+/// the allocation that ended it, at the rate that gives it the chunk's weight: the
+/// probe sees the chunk's bytes, never its objects, so a JS heap site's objects are
+/// counted in words (docs/statistics.md, "Node.js").
 fn allocation_of(sample: &RawSample) -> SampledAllocation {
     let (size, offset, rate, certain) = match sample.function {
         Some(AllocFn::JavaTlab) => {
             let object = sample.java.as_ref().map_or(0, |java| java.object_bytes);
             attributed_sample(sample.size, object, sample.rate, sample.certain)
+        }
+        Some(AllocFn::JsHeapChunk) => {
+            attributed_sample(sample.size, JS_HEAP_WORD, sample.rate, sample.certain)
         }
         _ => (sample.size, sample.offset, sample.rate, sample.certain),
     };

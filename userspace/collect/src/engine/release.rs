@@ -77,14 +77,7 @@ impl Collector {
             .values()
             .flat_map(|tracked| tracked.aggregate.stacks())
             .flat_map(|(key, _)| key.frames.iter())
-            .filter_map(|frame| match frame {
-                Frame::Module { module, .. } => Some(*module),
-                Frame::Unknown(_)
-                | Frame::Lost
-                | Frame::Python(_)
-                | Frame::Go(_)
-                | Frame::Java(_) => None,
-            })
+            .filter_map(Frame::module)
             .collect();
         let closed = self
             .stacks

@@ -5,7 +5,9 @@ use std::{
     path::Path,
 };
 
-use allocbpf_common::{java::JavaWalk, python::PythonWalk, GateState, ProcessGate, Totals};
+use allocbpf_common::{
+    java::JavaWalk, node::V8Heap, python::PythonWalk, GateState, ProcessGate, Totals,
+};
 use allocbpf_images::image::AllocatorImage;
 use allocbpf_probe::{
     events::{Event, EventReader},
@@ -228,6 +230,14 @@ impl RuntimeMaps for EbpfKernel {
 
     fn forget_java(&mut self, pid: u32) {
         self.sampler.forget_java(pid);
+    }
+
+    fn set_node(&mut self, pid: u32, heap: V8Heap) -> Result<(), RuntimeMapError> {
+        (self.sampler.set_node(pid, heap)).map_err(|error| RuntimeMapError(error.to_string()))
+    }
+
+    fn forget_node(&mut self, pid: u32) {
+        self.sampler.forget_node(pid);
     }
 }
 

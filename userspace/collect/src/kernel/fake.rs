@@ -10,7 +10,7 @@ use std::{
 };
 
 use allocbpf_common::{
-    java::JavaWalk, python::PythonWalk, GateState, LiveMode, ProcessGate, Totals,
+    java::JavaWalk, node::V8Heap, python::PythonWalk, GateState, LiveMode, ProcessGate, Totals,
 };
 use allocbpf_images::image::{AllocatorImage, ImageKey};
 use allocbpf_probe::{
@@ -60,6 +60,8 @@ pub(crate) struct FakeState {
     pub python: HashSet<u32>,
     /// Pids whose Java frames are captured.
     pub java: HashSet<u32>,
+    /// Pids whose V8 heap is sampled.
+    pub node: HashSet<u32>,
     /// The ring's pressure level.
     pub pressure_level: u32,
     /// Interval tables written.
@@ -311,6 +313,15 @@ impl RuntimeMaps for FakeKernel {
 
     fn forget_java(&mut self, pid: u32) {
         self.0.borrow_mut().java.remove(&pid);
+    }
+
+    fn set_node(&mut self, pid: u32, _heap: V8Heap) -> Result<(), RuntimeMapError> {
+        self.0.borrow_mut().node.insert(pid);
+        Ok(())
+    }
+
+    fn forget_node(&mut self, pid: u32) {
+        self.0.borrow_mut().node.remove(&pid);
     }
 }
 

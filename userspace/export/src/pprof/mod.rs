@@ -191,12 +191,7 @@ fn mappings(report: &Report, strings: &mut Strings) -> Vec<Mapping> {
         .stacks
         .iter()
         .flat_map(|stack| &stack.locations)
-        .filter_map(|location| match location.frame {
-            Frame::Module { module, .. } => Some(module),
-            Frame::Unknown(_) | Frame::Lost | Frame::Python(_) | Frame::Go(_) | Frame::Java(_) => {
-                None
-            }
-        })
+        .filter_map(|location| location.frame.module())
         .collect();
     report
         .modules
@@ -380,7 +375,11 @@ impl<'a> SampleBuilder<'a> {
                 (module as u64 + 1) * MODULE_SPAN + offset,
             ),
             Frame::Unknown(addr) => (0, addr),
-            Frame::Lost | Frame::Python(_) | Frame::Go(_) | Frame::Java(_) => (0, 0),
+            Frame::Lost
+            | Frame::Python(_)
+            | Frame::Go(_)
+            | Frame::Java(_)
+            | Frame::JavaScript(_) => (0, 0),
         };
         let id = self.location_list.len() as u64 + 1;
         self.location_list.push(Location {

@@ -416,6 +416,25 @@ pub fn descriptor_path(file: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
+/// The file `entry` of `pid`'s maps (at `path`) opened by [`open_mapped`] and read by
+/// [`read_mapped`]; `None` when it cannot be, an open that failed for want of
+/// descriptors adding one to `descriptor_errors` (what a runtime examining the files of
+/// the processes it looks at counts).
+pub fn read_mapped_file(
+    pid: u32,
+    entry: &MapsEntry,
+    path: &Path,
+    descriptor_errors: &mut u64,
+) -> Option<Vec<u8>> {
+    match open_mapped(pid, entry) {
+        Ok(file) => read_mapped(&file, path).ok(),
+        Err(error) => {
+            *descriptor_errors += u64::from(error.out_of_descriptors());
+            None
+        }
+    }
+}
+
 /// Reads `file` (opened by [`open_mapped`], at most [`MAX_MAPPED_FILE_BYTES`]) into a
 /// buffer of its size: all of it but the DWARF debug sections, which stay zero and take
 /// no memory ([`crate::elf_ranges`]). Anything but an ELF file is refused unread.

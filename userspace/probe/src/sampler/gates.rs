@@ -4,7 +4,8 @@
 use std::collections::{HashMap, HashSet};
 
 use allocbpf_common::{
-    java::JavaWalk, python::PythonWalk, GateState, LiveKey, ProcessCounts, ProcessGate,
+    java::JavaWalk, node::V8Heap, python::PythonWalk, GateState, LiveKey, ProcessCounts,
+    ProcessGate,
 };
 use aya::maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues};
 
@@ -190,6 +191,7 @@ impl Sampler {
         for pid in pids {
             self.forget_python(*pid);
             self.forget_java(*pid);
+            self.forget_node(*pid);
         }
         if let Some(map) = self.ebpf.map_mut("LIVE") {
             if let Ok(mut live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) {
@@ -236,6 +238,16 @@ impl Sampler {
     /// Stops capturing `pid`'s Java frames.
     pub fn forget_java(&mut self, pid: u32) {
         self.forget_process_entry::<JavaWalk>("JAVA", pid);
+    }
+
+    /// Has the program sample `pid`'s V8 heap with `heap`'s offsets.
+    pub fn set_node(&mut self, pid: u32, heap: V8Heap) -> Result<(), ProbeError> {
+        self.set_process_entry("NODE", pid, heap)
+    }
+
+    /// Stops sampling `pid`'s V8 heap.
+    pub fn forget_node(&mut self, pid: u32) {
+        self.forget_process_entry::<V8Heap>("NODE", pid);
     }
 
     /// Writes `pid`'s entry of the per-process hash map `name`.

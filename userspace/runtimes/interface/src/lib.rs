@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use allocbpf_common::{
     java::JavaWalk,
+    node::V8Heap,
     python::{PythonFrameRecord, PythonWalk},
 };
 use allocbpf_images::{discover::ImageCache, procfs::MapsEntry};
@@ -63,6 +64,10 @@ pub trait RuntimeMaps {
     fn set_java(&mut self, pid: u32, walk: JavaWalk) -> Result<(), RuntimeMapError>;
     /// Stops capturing `pid`'s Java frames.
     fn forget_java(&mut self, pid: u32);
+    /// Has the program sample `pid`'s V8 heap at V8's probes, with `heap`'s offsets.
+    fn set_node(&mut self, pid: u32, heap: V8Heap) -> Result<(), RuntimeMapError>;
+    /// Stops sampling `pid`'s V8 heap.
+    fn forget_node(&mut self, pid: u32);
 }
 
 /// No kernel (after stop): nothing to write, nothing to forget.
@@ -80,6 +85,12 @@ impl RuntimeMaps for NoMaps {
     }
 
     fn forget_java(&mut self, _pid: u32) {}
+
+    fn set_node(&mut self, _pid: u32, _heap: V8Heap) -> Result<(), RuntimeMapError> {
+        Err(RuntimeMapError("the probes are detached".to_string()))
+    }
+
+    fn forget_node(&mut self, _pid: u32) {}
 }
 
 /// One sample's stack as the kernel sent it, for [`Runtime::merge_frames`].
@@ -92,6 +103,18 @@ pub struct SampleStack<'a> {
     pub python: &'a [PythonFrameRecord],
     /// What a Java heap sample captured of its thread (JVMs only).
     pub java: Option<JavaThreadStack<'a>>,
+    /// The native stack as copied (auto and dwarf unwinding; empty with frame
+    /// pointers walked in the kernel), for runtimes whose frames live on it (V8's).
+    pub native: Option<NativeStack<'a>>,
+}
+
+/// A sample's user stack as the eBPF program copied it at the probe.
+#[derive(Clone, Copy, Debug)]
+pub struct NativeStack<'a> {
+    /// `ip`, `sp` and `bp` at the probe.
+    pub regs: [u64; 3],
+    /// The stack from `sp` up.
+    pub stack: &'a [u8],
 }
 
 /// What a Java heap sample captured of its thread

@@ -5,12 +5,8 @@
 //! Files are read through the kernel's link to the very file mapped
 //! (`allocbpf_images::procfs::open_mapped`: checked, size-capped), and once per file.
 
-use std::{collections::HashMap, path::Path};
-
 use allocbpf_images::{
-    allocators,
-    memory::ProcessMemory,
-    procfs::{self, MapsEntry},
+    allocators, examined::ExaminedFiles, memory::ProcessMemory, procfs::MapsEntry,
 };
 use object::{Object, ObjectSegment, ObjectSymbol};
 
@@ -21,9 +17,6 @@ use crate::{
     vmstructs::{TableSymbols, VmStructs, SYMBOLS},
     JvmError,
 };
-
-/// Most libjvm files remembered (by device and inode).
-const MAX_FILES: usize = 64;
 
 /// What a libjvm file says, whichever process maps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,12 +53,10 @@ pub struct JvmProcess {
     pub refreshed: std::time::Instant,
 }
 
-/// libjvm files examined, by (device, inode): `None` for a file that is none.
+/// libjvm files examined.
 #[derive(Default)]
 pub struct JvmFiles {
-    files: HashMap<(u64, u64), Option<JvmFile>>,
-    /// Opens that failed for want of descriptors so far.
-    pub descriptor_errors: u64,
+    files: ExaminedFiles<JvmFile>,
 }
 
 impl JvmProcess {
@@ -80,6 +71,11 @@ impl JvmProcess {
 }
 
 impl JvmFiles {
+    /// Opens that failed for want of descriptors so far.
+    pub fn descriptor_errors(&self) -> u64 {
+        self.files.descriptor_errors
+    }
+
     /// The JVM in `pid`'s mappings: `Ok(None)` when it maps no `libjvm.so` exporting
     /// HotSpot's tables.
     pub fn discover(
@@ -87,21 +83,8 @@ impl JvmFiles {
         pid: u32,
         maps: &[MapsEntry],
     ) -> Result<Option<JvmProcess>, JvmError> {
-        let Some((mapping, path)) = maps.iter().find_map(|m| {
-            let path = m.file_path()?;
-            (m.offset == 0 && path.file_name()? == "libjvm.so").then_some((m, path))
-        }) else {
-            return Ok(None);
-        };
-        let key = (mapping.device, mapping.inode);
-        if !self.files.contains_key(&key) {
-            if self.files.len() >= MAX_FILES {
-                self.files.clear();
-            }
-            let file = examine(pid, mapping, path, &mut self.descriptor_errors);
-            self.files.insert(key, file);
-        }
-        let Some(Some(file)) = self.files.get(&key) else {
+        let named = |name: &std::ffi::OsStr| name == "libjvm.so";
+        let Some((mapping, path, file)) = self.files.find(pid, maps, named, examine) else {
             return Ok(None);
         };
         let bias = mapping.range.start.wrapping_sub(file.first_address);
@@ -130,23 +113,8 @@ impl JvmFiles {
     }
 }
 
-/// Reads one mapped libjvm: its table symbols, or `None` when it exports none; an open
-/// that fails for want of descriptors adds one to `descriptor_errors`.
-fn examine(
-    pid: u32,
-    mapping: &MapsEntry,
-    path: &Path,
-    descriptor_errors: &mut u64,
-) -> Option<JvmFile> {
-    let file = match procfs::open_mapped(pid, mapping) {
-        Ok(file) => file,
-        Err(error) => {
-            *descriptor_errors += u64::from(error.out_of_descriptors());
-            return None;
-        }
-    };
-    let data = procfs::read_mapped(&file, path).ok()?;
-    let elf = object::File::parse(&*data).ok()?;
+/// Reads one parsed libjvm: its table symbols, or `None` when it exports none.
+fn examine(elf: &object::File<'_>) -> Option<JvmFile> {
     let symbols: Vec<(&'static str, u64)> = (SYMBOLS.iter())
         .filter_map(|&wanted| {
             let symbol = elf

@@ -211,6 +211,6 @@ impl Runtime for JvmRuntime {
     }
 
     fn descriptor_errors(&self) -> u64 {
-        self.files.descriptor_errors
+        self.files.descriptor_errors()
     }
 }

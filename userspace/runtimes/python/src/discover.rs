@@ -165,14 +165,7 @@ fn examine(
     path: &Path,
     descriptor_errors: &mut u64,
 ) -> Result<Option<InterpreterFile>, PythonError> {
-    let file = match procfs::open_mapped(pid, mapping) {
-        Ok(file) => file,
-        Err(error) => {
-            *descriptor_errors += u64::from(error.out_of_descriptors());
-            return Ok(None);
-        }
-    };
-    let Ok(data) = procfs::read_mapped(&file, path) else {
+    let Some(data) = procfs::read_mapped_file(pid, mapping, path, descriptor_errors) else {
         return Ok(None);
     };
     let Ok(elf) = object::File::parse(&*data) else {

@@ -1,0 +1,188 @@
+//! Which code object a return address is in. A frame of optimized code usually runs
+//! its function's current code (`JSFunction::code`), but not always: a loop entered
+//! by on-stack replacement runs code the function does not point to, and code the
+//! function replaced may still have frames. Such an address is found in the heap page
+//! of generated code it lies in: the `InstructionStream` that holds it starts on a
+//! code-aligned address below it with that type's map, and names its `Code`, whose
+//! instruction range must hold the address (so a word of machine code that merely
+//! looks like the map is never believed).
+
+use std::collections::HashMap;
+
+use crate::heap::{Heap, Memory};
+
+/// Bytes below a return address searched for its code's start at most.
+const MAX_SEARCH: u64 = 64 << 10;
+
+/// V8's heap pages are aligned to this: the search never crosses one's start.
+const PAGE: u64 = 256 << 10;
+
+/// The memory's page size: what is mapped or not.
+const SMALL_PAGE: u64 = 4096;
+
+/// Machine code starts on addresses aligned to this at least (V8's code alignment is
+/// 32 or 64 bytes on x86-64).
+const CODE_ALIGNMENT: u64 = 32;
+
+/// Addresses remembered at most; a full cache starts over.
+const MAX_CACHED: usize = 1 << 16;
+
+/// A code object and its instructions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeRange {
+    /// The `Code` (tagged).
+    pub code: u64,
+    /// Its first instruction's address.
+    pub start: u64,
+    /// Bytes of its instructions.
+    pub size: u64,
+    /// Its kind (`CodeKind`).
+    pub kind: u32,
+}
+
+impl CodeRange {
+    /// True when `pc`, a return address, is in these instructions.
+    pub fn holds(&self, pc: u64) -> bool {
+        pc > self.start && pc - self.start <= self.size
+    }
+}
+
+/// Code found by address in one process.
+#[derive(Default)]
+pub struct CodeFinder {
+    by_address: HashMap<u64, Option<CodeRange>>,
+    /// The `InstructionStream` map, once seen.
+    stream_map: Option<u64>,
+}
+
+impl CodeFinder {
+    /// Forgets what was found (code is freed and its space reused).
+    pub fn clear(&mut self) {
+        self.by_address.clear();
+    }
+
+    /// The code holding return address `pc`, trying `hint` (a `Code`, tagged) first.
+    pub fn code_at<M: Memory + ?Sized>(
+        &mut self,
+        heap: &Heap<'_, M>,
+        pc: u64,
+        hint: Option<u64>,
+    ) -> Option<CodeRange> {
+        if let Some(known) = self.by_address.get(&pc) {
+            return *known;
+        }
+        let found = hint
+            .and_then(|code| read_range(heap, code))
+            .filter(|range| range.holds(pc))
+            .or_else(|| self.search(heap, pc));
+        if self.by_address.len() >= MAX_CACHED {
+            self.by_address.clear();
+        }
+        self.by_address.insert(pc, found);
+        found
+    }
+
+    /// Searches the page below `pc` for the instruction stream holding it.
+    fn search<M: Memory + ?Sized>(&mut self, heap: &Heap<'_, M>, pc: u64) -> Option<CodeRange> {
+        let layout = heap.layout;
+        let header = layout.fields.stream_header as u64;
+        // The readable pages below `pc`, down to its heap page's start (whose header
+        // pages may not be mapped) or the search's bound.
+        let floor = (pc & !(PAGE - 1)).max(pc.saturating_sub(MAX_SEARCH));
+        let mut low = pc & !(SMALL_PAGE - 1);
+        let mut word = [0u8; 8];
+        while low >= floor + SMALL_PAGE && heap.memory.read(low - SMALL_PAGE, &mut word) {
+            low -= SMALL_PAGE;
+        }
+        let low = low.max(floor);
+        let mut window = vec![0u8; (pc - low) as usize];
+        if !heap.memory.read(low, &mut window) {
+            return None;
+        }
+        let word_at = |address: u64| -> Option<u64> {
+            let at = usize::try_from(address.checked_sub(low)?).ok()?;
+            Some(u64::from_le_bytes(window.get(at..at + 8)?.try_into().ok()?))
+        };
+        let mut start = (pc - 1) & !(CODE_ALIGNMENT - 1);
+        while start >= low + header {
+            let stream = start - header;
+            if let (Some(map), Some(code)) = (word_at(stream), word_at(stream + 8)) {
+                let is_stream_map = match self.stream_map {
+                    Some(known) => map == known,
+                    None => {
+                        crate::heap::is_object(map)
+                            && heap.instance_type(stream + 1)
+                                == Some(layout.types.instruction_stream)
+                    }
+                };
+                if is_stream_map {
+                    if let Some(range) = read_range(heap, code).filter(|r| r.start == start) {
+                        self.stream_map = Some(map);
+                        // The innermost stream below `pc` is the one: it holds `pc`
+                        // or `pc` is in no code.
+                        return range.holds(pc).then_some(range);
+                    }
+                }
+            }
+            start -= CODE_ALIGNMENT;
+        }
+        None
+    }
+}
+
+/// What the `Code` `code` (tagged) says of its instructions.
+fn read_range<M: Memory + ?Sized>(heap: &Heap<'_, M>, code: u64) -> Option<CodeRange> {
+    let fields = &heap.layout.fields;
+    heap.typed(code, heap.layout.types.code)?;
+    let start = heap.field(code, fields.code_start)?;
+    let kind = (heap.field(code, fields.code_flags)? as u32) & fields.code_kind_mask;
+    let size = heap.field(code, fields.code_size)? & 0xffff_ffff;
+    Some(CodeRange {
+        code,
+        start,
+        size,
+        kind,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::heap::tests::{layout, FakeMemory};
+
+    #[test]
+    fn code_is_found_below_its_address_and_decoys_are_not_believed() {
+        let layout = layout();
+        let mut memory = FakeMemory::default();
+        let stream_map = memory.map(0x1000, 252);
+        let code_map = memory.map(0x1100, 245);
+        // A page of generated code: zeros, a decoy map word at 0x7000_1000 (followed
+        // by no code), the real stream at 0x7000_2030 (instructions at 0x7000_2040).
+        let page = 0x7000_0000u64;
+        memory.put(page, &vec![0u8; 0x4000]);
+        memory.word(page + 0x1000, stream_map);
+        memory.word(page + 0x1008, 0x4242);
+        memory.word(page + 0x2030, stream_map);
+        memory.word(page + 0x2038, 0x9001);
+        // Its Code: instructions at 0x7000_2040, 0x100 bytes, Turbofan's kind.
+        memory.word(0x9000, code_map);
+        memory.word(0x9000 + 40, page + 0x2040);
+        memory.word(0x9000 + 48, 13);
+        memory.word(0x9000 + 56, 0x100);
+        let heap = Heap {
+            memory: &memory,
+            layout: &layout,
+        };
+        let mut finder = CodeFinder::default();
+        let found = finder.code_at(&heap, page + 0x2080, None).unwrap();
+        assert_eq!(
+            (found.code, found.start, found.size, found.kind),
+            (0x9001, page + 0x2040, 0x100, 13)
+        );
+        // Past its end: the stream below does not hold it, and the decoy is no code.
+        assert_eq!(finder.code_at(&heap, page + 0x2400, None), None);
+        assert_eq!(finder.code_at(&heap, page + 0x1800, None), None);
+        // A hint that does not hold the address is not believed either.
+        assert_eq!(finder.code_at(&heap, page + 0x3000, Some(0x9001)), None);
+    }
+}

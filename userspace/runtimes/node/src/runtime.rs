@@ -1,0 +1,192 @@
+//! Node.js as a [`Runtime`]: a node process whose binary allocbpf can read has its JS
+//! heap sampled at V8's allocation-observer step and large-object spaces (the probes
+//! count only processes with a `NODE` entry, written here), and every sample's stack,
+//! native or JS heap, has its JavaScript frames named as `function (file.js:line)` in
+//! place of the generated code or interpreter builtin they ran in.
+
+use std::{
+    collections::{HashMap, HashSet},
+    ops::Range,
+    time::{Duration, Instant},
+};
+
+use allocbpf_images::memory::ProcessMemory;
+use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
+use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
+
+use crate::{
+    heap::Heap,
+    names::Names,
+    process::NodeFiles,
+    v8dbg::Layout,
+    walk::{walk, Origin, StackCopy},
+};
+
+/// This runtime's [`Runtime::name`].
+pub const NAME: &str = "node";
+
+/// How long names read from a process are believed: the collector moves objects.
+const REFRESH_EVERY: Duration = Duration::from_secs(10);
+
+/// A node process allocbpf reads.
+struct NodeProcess {
+    memory: ProcessMemory,
+    layout: Layout,
+    names: Names,
+    /// Its embedded builtins, where mapped.
+    builtins: Option<Range<u64>>,
+    refreshed: Instant,
+}
+
+/// What is known of one process.
+enum Known {
+    /// Node.js, read.
+    Node(Box<NodeProcess>),
+    /// Not Node.js, or one allocbpf cannot read (said once).
+    Other,
+}
+
+/// The node processes of a session and the naming of their frames.
+#[derive(Default)]
+pub struct NodeRuntime {
+    processes: HashMap<u32, Known>,
+    files: NodeFiles,
+}
+
+impl Runtime for NodeRuntime {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn look_at(&mut self, process: &ProcessView<'_>, maps: &mut dyn RuntimeMaps) -> Option<Found> {
+        let pid = process.pid;
+        if self.processes.contains_key(&pid) {
+            return None;
+        }
+        let found = self.files.discover(pid, process.maps)?;
+        let [major, minor, build] = found.file.version;
+        let version = format!("{major}.{minor}.{build}");
+        let path = found.path.display();
+        let layout = match found.file.layout {
+            Ok(layout) => layout,
+            Err(error) => {
+                tracing::warn!(
+                    "pid {pid}: {path} exports V8 constants but is profiled as native code \
+                     only: {error}"
+                );
+                self.processes.insert(pid, Known::Other);
+                return None;
+            }
+        };
+        match found.file.heap {
+            Ok(heap) => match maps.set_node(pid, heap) {
+                Ok(()) if heap.lab == 0 => tracing::warn!(
+                    "pid {pid}: Node.js on V8 {version} ({path}): its JavaScript frames are \
+                     named and its JS heap's large objects sampled, not its small ones (V8 \
+                     12's allocator does not step its observers at every refill)"
+                ),
+                Ok(()) => tracing::info!(
+                    "pid {pid}: Node.js on V8 {version} ({path}): its JS heap is sampled, its \
+                     JavaScript frames named"
+                ),
+                Err(error) => tracing::warn!("pid {pid}: its JS heap is not sampled: {error}"),
+            },
+            Err(error) => tracing::warn!(
+                "pid {pid}: Node.js on V8 {version} ({path}): its JS heap is not sampled \
+                 ({error}); its JavaScript frames are named"
+            ),
+        }
+        let builtins = (found.file.builtins.as_ref())
+            .map(|r| r.start.wrapping_add(found.bias)..r.end.wrapping_add(found.bias));
+        self.processes.insert(
+            pid,
+            Known::Node(Box::new(NodeProcess {
+                memory: ProcessMemory::new(pid),
+                layout,
+                names: Names::default(),
+                builtins,
+                refreshed: Instant::now(),
+            })),
+        );
+        Some(Found {
+            runtime: NAME,
+            labels: vec![("v8_version", version)],
+            source: None,
+        })
+    }
+
+    fn merge_frames(
+        &mut self,
+        sample: &SampleStack<'_>,
+        mut native: Vec<Frame>,
+        locations: &mut SourceLocations,
+    ) -> Vec<Frame> {
+        let (Some(Known::Node(node)), Some(copied)) =
+            (self.processes.get_mut(&sample.pid), sample.native)
+        else {
+            return native;
+        };
+        if node.refreshed.elapsed() >= REFRESH_EVERY {
+            node.names.clear();
+            node.refreshed = Instant::now();
+        }
+        // Generated code is in no file: its frames are the ones no module covered.
+        let generated: HashSet<u64> = (sample.addresses.iter().zip(&native))
+            .filter(|(_, frame)| matches!(frame, Frame::Unknown(_)))
+            .map(|(&address, _)| address)
+            .collect();
+        let builtins = node.builtins.clone();
+        let origin = |pc: u64| match builtins.as_ref().is_some_and(|r| r.contains(&pc)) {
+            true => Origin::Builtins,
+            false if generated.contains(&pc) => Origin::Generated,
+            false => Origin::Native,
+        };
+        let heap = Heap {
+            memory: &node.memory,
+            layout: &node.layout,
+        };
+        let [_, sp, bp] = copied.regs;
+        let copy = StackCopy {
+            sp,
+            bytes: copied.stack,
+        };
+        // Each JavaScript frame replaces the native frame of its code's address (which
+        // names a builtin or nothing), with the functions inlined there before it.
+        let mut cursor = 0;
+        let mut replaced: Vec<(usize, Vec<Frame>)> = Vec::new();
+        for js in walk(&heap, &mut node.names, &copy, bp, &origin) {
+            let Some(index) = (sample.addresses.iter().skip(cursor)).position(|&a| a == js.pc)
+            else {
+                continue;
+            };
+            let index = cursor + index;
+            let named = node.names.frames(&heap, js.function, js.at);
+            let frames = named.into_iter().map(|named| {
+                Frame::JavaScript(locations.intern(SourceLocation {
+                    function: named.function,
+                    file: named.file,
+                    line: named.line,
+                }))
+            });
+            replaced.push((index, frames.collect()));
+            cursor = index + 1;
+        }
+        for (index, frames) in replaced.into_iter().rev() {
+            if index < native.len() {
+                native.splice(index..=index, frames);
+            }
+        }
+        native
+    }
+
+    fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
+        self.processes.remove(&pid);
+        if matches!(why, Departure::Exec | Departure::Reused) {
+            maps.forget_node(pid);
+        }
+    }
+
+    fn descriptor_errors(&self) -> u64 {
+        self.files.descriptor_errors()
+    }
+}
