@@ -22,6 +22,12 @@ use serde_json::Value;
 /// arrays and 11 thousand Buffers, 5 GB of JS heap in all.
 const BLOCKS: &str = "1000000";
 
+/// The profiler's default mean sampling interval.
+const RATE: f64 = 524288.0;
+
+/// A V8 heap page: the largest LAB chunk.
+const V8_PAGE: f64 = 262144.0;
+
 /// The lines of the workload's source that `function`'s body spans (from its
 /// `function` line to its closing brace).
 fn lines_of(function: &str) -> (u32, u32) {
@@ -83,15 +89,18 @@ struct Checked {
 /// The bound (docs/statistics.md, "Node.js"): a LAB chunk's weight `W` goes to the
 /// allocation that ended the chunk, which is each byte with probability `1/W` in the
 /// workload's well-mixed stream (blocks far smaller than a chunk, picked at random), so
-/// a site with `b` bytes gets a binomial number of chunks whose estimate has standard
-/// deviation at most `sqrt(b W)` (the Poisson bound); a large object sampled on its own
-/// is a Poisson byte sample of smaller variance. `W` is the mean weight of the site's
-/// samples. The chunks at the run's two ends are partly outside it (`2 W`). The
-/// estimate must lie within 5 standard deviations beyond that (a correct estimator
+/// a site with `b` bytes gets a binomial number of chunks whose estimate has variance
+/// at most `b W` (the Poisson bound); a large object or a Buffer sampled on its own is
+/// a Poisson byte sample, of variance at most `b W` too. Every weight `W = S / p(S)` is
+/// at most `R + S` (`x / (1 - exp(-x)) <= 1 + x`), `S` at most a V8 page (256 KiB) for
+/// a chunk, 160 KB for the workload's large objects and 8 KiB for its Buffers; `R` is
+/// the default rate, or the mean weight of the site's samples when the ring's pressure
+/// raised the interval. The chunks at the run's two ends are partly outside it (`2 W`).
+/// The estimate must lie within 5 standard deviations beyond that (a correct estimator
 /// fails with probability below 1e-6).
 fn check(label: &str, name: &str, estimate: f64, samples: f64, truth: f64) -> Result<Checked> {
     ensure!(samples > 0.0, "{label}: no sample of {name}");
-    let w = estimate / samples;
+    let w = (estimate / samples).max(RATE) + V8_PAGE;
     let sd = (truth * w).sqrt();
     let (lo, hi) = (truth - 5.0 * sd - 2.0 * w, truth + 5.0 * sd + 2.0 * w);
     eprintln!(

@@ -13,8 +13,9 @@ pub const MAX_NODE_PROCESSES: u32 = 4096;
 /// read) and is not counted.
 pub const MAX_LAB_CHUNK: u64 = 64 << 20;
 
-/// Largest object a large-object space allocation can be (V8 refuses more than about
-/// 1 GiB in one object); anything larger read from the call is not counted.
+/// Bound on a large-object space allocation's size (V8 refuses more than about 1 GiB in
+/// one object; a C `int` this large or larger is negative): anything at or above it
+/// read from the call is not counted.
 pub const MAX_LARGE_OBJECT: u64 = 1 << 31;
 
 /// Byte offsets, in one process's V8 build, of what the LAB step reads (keyed by pid

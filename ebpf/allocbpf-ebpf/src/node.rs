@@ -72,5 +72,5 @@ pub(crate) fn lab_chunk(space: u64) -> Option<u64> {
 pub(crate) fn large_object(size: u64) -> Option<u64> {
     registered()?;
     let size = size & 0xffff_ffff;
-    (size != 0 && size <= MAX_LARGE_OBJECT).then_some(size)
+    (size != 0 && size < MAX_LARGE_OBJECT).then_some(size)
 }

@@ -103,7 +103,7 @@ impl CodeFinder {
             let at = usize::try_from(address.checked_sub(low)?).ok()?;
             Some(u64::from_le_bytes(window.get(at..at + 8)?.try_into().ok()?))
         };
-        let mut start = (pc - 1) & !(CODE_ALIGNMENT - 1);
+        let mut start = pc.checked_sub(1)? & !(CODE_ALIGNMENT - 1);
         while start >= low + header {
             let stream = start - header;
             if let (Some(map), Some(code)) = (word_at(stream), word_at(stream + 8)) {
@@ -124,7 +124,10 @@ impl CodeFinder {
                     }
                 }
             }
-            start -= CODE_ALIGNMENT;
+            let Some(below) = start.checked_sub(CODE_ALIGNMENT) else {
+                break;
+            };
+            start = below;
         }
         None
     }

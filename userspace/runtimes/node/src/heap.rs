@@ -25,7 +25,7 @@ impl Memory for ProcessMemory {
 pub const MAX_NAME_CHARS: usize = 512;
 
 /// Longest script source scanned for its line ends, in characters.
-pub const MAX_SOURCE_CHARS: usize = 16 << 20;
+pub const MAX_SOURCE_CHARS: usize = 4 << 20;
 
 /// String parts followed at most for one string (cons, thin and sliced strings).
 const MAX_STRING_PARTS: usize = 1024;

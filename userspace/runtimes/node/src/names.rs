@@ -20,10 +20,17 @@ use crate::{
 const MAX_CACHED: usize = 1 << 16;
 
 /// Line ends all cached scripts keep at most together.
-const MAX_CACHED_LINE_ENDS: usize = 8 << 20;
+const MAX_CACHED_LINE_ENDS: usize = 4 << 20;
+
+/// Line ends one script keeps at most: a longer script's frames get no line (its line
+/// ends would be read again and again).
+const MAX_SCRIPT_LINE_ENDS: usize = 1 << 20;
 
 /// Largest source position table read.
-const MAX_TABLE_BYTES: usize = 1 << 20;
+const MAX_TABLE_BYTES: usize = 256 << 10;
+
+/// Decoded positions all cached tables keep at most together.
+const MAX_CACHED_POSITIONS: usize = 1 << 20;
 
 /// Functions inlined into one another followed at most at one position.
 const MAX_INLINED: usize = 64;
@@ -83,14 +90,13 @@ pub enum CodeOffset {
 /// The names read from one process.
 #[derive(Default)]
 pub struct Names {
-    /// Frames named, by function and place.
-    frames: HashMap<(u64, CodeOffset), Vec<Named>>,
     /// Instance types read, by object.
     types: HashMap<u64, Option<u16>>,
     code: CodeFinder,
     shared: HashMap<u64, Option<Shared>>,
     scripts: HashMap<u64, Script>,
     tables: HashMap<u64, Option<Arc<Vec<Position>>>>,
+    positions_kept: usize,
     line_ends_kept: usize,
 }
 
@@ -108,12 +114,7 @@ impl Names {
         function: u64,
         at: CodeOffset,
     ) -> Vec<Named> {
-        if let Some(known) = self.frames.get(&(function, at)) {
-            return known.clone();
-        }
-        let named = self.read_frames(heap, function, at);
-        bounded_insert(&mut self.frames, (function, at), named.clone());
-        named
+        self.read_frames(heap, function, at)
     }
 
     /// The instance type of the object `word` points to (cached).
@@ -294,6 +295,12 @@ impl Names {
             .and_then(|table| heap.byte_array(table, MAX_TABLE_BYTES))
             .filter(|bytes| !bytes.is_empty())
             .map(|bytes| Arc::new(positions::decode(&bytes)));
+        let kept = read.as_ref().map_or(0, |table| table.len());
+        if self.positions_kept + kept > MAX_CACHED_POSITIONS {
+            self.tables.clear();
+            self.positions_kept = 0;
+        }
+        self.positions_kept += kept;
         bounded_insert(&mut self.tables, owner, read.clone());
         read
     }
@@ -330,6 +337,7 @@ impl Names {
                 let units = heap.string_units(source, MAX_SOURCE_CHARS)?;
                 Some(positions::line_ends(&units))
             })
+            .filter(|ends: &Vec<u32>| ends.len() <= MAX_SCRIPT_LINE_ENDS)
             .map(Arc::new);
         let lines = line_ends.as_ref().map_or(0, |ends| ends.len());
         if self.line_ends_kept + lines > MAX_CACHED_LINE_ENDS || self.scripts.len() >= MAX_CACHED {

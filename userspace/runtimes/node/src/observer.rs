@@ -78,6 +78,10 @@ pub fn offsets(code: &[u8], address: u64) -> Result<V8Heap, NodeError> {
             }
             Code::Mov_r64_rm64 => {
                 let target = instruction.op0_register();
+                if target == Register::RDI {
+                    // `this` itself replaced: nothing after reads from it.
+                    break;
+                }
                 match based(instruction, 1) {
                     Some((Register::RDI, offset)) => {
                         from_this.insert(target, offset);
@@ -88,6 +92,9 @@ pub fn offsets(code: &[u8], address: u64) -> Result<V8Heap, NodeError> {
                     }
                     _ => {}
                 }
+                // Loaded from elsewhere: it no longer holds what `this` pointed to.
+                from_this.remove(&target);
+                continue;
             }
             Code::Mov_r32_rm32 => {
                 if let Some((base, offset)) = based(instruction, 1) {

@@ -144,12 +144,9 @@ pub fn read_file(elf: &object::File<'_>) -> Option<NodeFile> {
 
 /// `length` bytes at `address` of `elf`'s sections with file data.
 fn bytes_at<'d>(elf: &object::File<'d>, address: u64, length: u64) -> Option<&'d [u8]> {
-    let section = elf.sections().find(|s| {
-        address >= s.address()
-            && address
-                .checked_add(length)
-                .is_some_and(|end| end <= s.address() + s.size())
-    })?;
+    let section = elf
+        .sections()
+        .find(|s| crate::v8dbg::holds(s, address, length))?;
     let data = section.data().ok()?;
     let at = usize::try_from(address - section.address()).ok()?;
     data.get(at..at.checked_add(length as usize)?)

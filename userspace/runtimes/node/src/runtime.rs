@@ -16,7 +16,7 @@ use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, Samp
 
 use crate::{
     heap::Heap,
-    names::Names,
+    names::{CodeOffset, Names},
     process::NodeFiles,
     v8dbg::Layout,
     walk::{walk, Origin, StackCopy},
@@ -24,6 +24,12 @@ use crate::{
 
 /// This runtime's [`Runtime::name`].
 pub const NAME: &str = "node";
+
+/// Frames named remembered at most per process; a full cache starts over.
+const MAX_CACHED_FRAMES: usize = 1 << 16;
+
+/// JavaScript frames merged into one sample's stack at most.
+const MAX_MERGED_FRAMES: usize = 512;
 
 /// How long names read from a process are believed: the collector moves objects.
 const REFRESH_EVERY: Duration = Duration::from_secs(10);
@@ -33,6 +39,8 @@ struct NodeProcess {
     memory: ProcessMemory,
     layout: Layout,
     names: Names,
+    /// The frames each function at each place was named as (interned).
+    frames: HashMap<(u64, CodeOffset), Vec<Frame>>,
     /// Its embedded builtins, where mapped.
     builtins: Option<Range<u64>>,
     refreshed: Instant,
@@ -104,6 +112,7 @@ impl Runtime for NodeRuntime {
                 memory: ProcessMemory::new(pid),
                 layout,
                 names: Names::default(),
+                frames: HashMap::new(),
                 builtins,
                 refreshed: Instant::now(),
             })),
@@ -128,6 +137,7 @@ impl Runtime for NodeRuntime {
         };
         if node.refreshed.elapsed() >= REFRESH_EVERY {
             node.names.clear();
+            node.frames.clear();
             node.refreshed = Instant::now();
         }
         // Generated code is in no file: its frames are the ones no module covered.
@@ -151,25 +161,43 @@ impl Runtime for NodeRuntime {
             bytes: copied.stack,
         };
         // Each JavaScript frame replaces the native frame of its code's address (which
-        // names a builtin or nothing), with the functions inlined there before it.
+        // names a builtin or nothing), with the functions inlined there before it;
+        // every frame in V8's code keeps the place among the native frames.
         let mut cursor = 0;
         let mut replaced: Vec<(usize, Vec<Frame>)> = Vec::new();
-        for js in walk(&heap, &mut node.names, &copy, bp, &origin) {
-            let Some(index) = (sample.addresses.iter().skip(cursor)).position(|&a| a == js.pc)
-            else {
+        let mut merged = 0usize;
+        for (pc, js) in walk(&heap, &mut node.names, &copy, bp, &origin) {
+            let Some(index) = (sample.addresses.iter().skip(cursor)).position(|&a| a == pc) else {
                 continue;
             };
             let index = cursor + index;
-            let named = node.names.frames(&heap, js.function, js.at);
-            let frames = named.into_iter().map(|named| {
-                Frame::JavaScript(locations.intern(SourceLocation {
-                    function: named.function,
-                    file: named.file,
-                    line: named.line,
-                }))
-            });
-            replaced.push((index, frames.collect()));
             cursor = index + 1;
+            let Some(js) = js else { continue };
+            if merged >= MAX_MERGED_FRAMES {
+                break;
+            }
+            let frames = match node.frames.get(&(js.function, js.at)) {
+                Some(known) => known.clone(),
+                None => {
+                    let named = node.names.frames(&heap, js.function, js.at);
+                    let frames: Vec<Frame> = (named.into_iter())
+                        .map(|named| {
+                            Frame::JavaScript(locations.intern(SourceLocation {
+                                function: named.function,
+                                file: named.file,
+                                line: named.line,
+                            }))
+                        })
+                        .collect();
+                    if node.frames.len() >= MAX_CACHED_FRAMES {
+                        node.frames.clear();
+                    }
+                    node.frames.insert((js.function, js.at), frames.clone());
+                    frames
+                }
+            };
+            merged += frames.len();
+            replaced.push((index, frames));
         }
         for (index, frames) in replaced.into_iter().rev() {
             if index < native.len() {

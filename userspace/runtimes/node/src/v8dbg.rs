@@ -120,13 +120,7 @@ fn optional_type(c: &Constants, name: &'static str) -> Result<Option<u16>, NodeE
 /// The 32-bit signed value at `address` in `elf`'s sections (0 in a section without
 /// file data, the `.bss`).
 fn value_at(elf: &object::File<'_>, address: u64) -> Option<i64> {
-    let section = elf.sections().find(|s| {
-        let start = s.address();
-        address >= start
-            && address
-                .checked_add(4)
-                .is_some_and(|end| end <= start + s.size())
-    })?;
+    let section = elf.sections().find(|s| holds(s, address, 4))?;
     let data = section.data().ok()?;
     if data.is_empty() {
         return Some(0);
@@ -134,6 +128,14 @@ fn value_at(elf: &object::File<'_>, address: u64) -> Option<i64> {
     let at = (address - section.address()) as usize;
     let bytes: [u8; 4] = data.get(at..at + 4)?.try_into().ok()?;
     Some(i32::from_le_bytes(bytes) as i64)
+}
+
+/// True when `section` holds the `length` bytes at `address` (forged headers' sums
+/// that overflow hold nothing).
+pub(crate) fn holds(section: &object::Section<'_, '_>, address: u64, length: u64) -> bool {
+    let end = section.address().checked_add(section.size());
+    address >= section.address()
+        && (address.checked_add(length).zip(end)).is_some_and(|(last, limit)| last <= limit)
 }
 
 /// Instance types this reading tells apart.
@@ -170,7 +172,9 @@ pub struct Types {
 impl Types {
     /// True for a JavaScript function's type.
     pub fn is_function(&self, instance_type: u16) -> bool {
-        (self.js_function..self.js_function + JS_FUNCTION_TYPES).contains(&instance_type)
+        instance_type
+            .checked_sub(self.js_function)
+            .is_some_and(|n| n < JS_FUNCTION_TYPES)
     }
 }
 
@@ -379,7 +383,10 @@ impl Layout {
                     "class_JSFunction__code__Code",
                 ],
                 match version >= (11, 7) {
-                    true => function_shared - 8,
+                    true => function_shared.checked_sub(8).ok_or(NodeError::Forged(
+                        "class_JSFunction__shared__SharedFunctionInfo",
+                        function_shared as i64,
+                    ))?,
                     false => function_shared + 24,
                 },
             )?,
@@ -456,6 +463,13 @@ impl Layout {
             scope_context_locals: c.field(&["scopeinfo_idx_ncontextlocals"])?,
             scope_first_vars: c.field(&["scopeinfo_idx_first_vars"])?,
         };
+        // A stream's code is the word after its map: its instructions start after both.
+        if fields.stream_header < 16 {
+            return Err(NodeError::Forged(
+                "class_InstructionStream__instruction_start__uintptr_t",
+                fields.stream_header as i64,
+            ));
+        }
         if fields.sequential_chars != c.field(&["class_SeqTwoByteString__chars__char"])? {
             return Err(NodeError::Forged(
                 "class_SeqTwoByteString__chars__char",

@@ -59,16 +59,18 @@ impl StackCopy<'_> {
     }
 }
 
-/// The JavaScript frames of a stack copied at a probe where `[sp]` is the return
-/// address and `bp` the caller's frame pointer, innermost first. `origin` tells whose
-/// code an address is in; `names` caches the instance types read.
+/// The frames in V8's code of a stack copied at a probe where `[sp]` is the return
+/// address and `bp` the caller's frame pointer, innermost first: each one's address and
+/// its JavaScript frame, `None` for a frame that is none (a stub's, an exit's), so that
+/// the caller can keep its place among the native frames. `origin` tells whose code an
+/// address is in; `names` caches the instance types read.
 pub fn walk<M: Memory + ?Sized>(
     heap: &Heap<'_, M>,
     names: &mut Names,
     copy: &StackCopy<'_>,
     bp: u64,
     origin: &dyn Fn(u64) -> Origin,
-) -> Vec<JsFrame> {
+) -> Vec<(u64, Option<JsFrame>)> {
     let mut frames = Vec::new();
     let Some(mut pc) = copy.word(copy.sp) else {
         return frames;
@@ -82,9 +84,7 @@ pub fn walk<M: Memory + ?Sized>(
         };
         let code = origin(pc);
         if code != Origin::Native {
-            if let Some(frame) = js_frame(heap, names, copy, fp, pc, code) {
-                frames.push(frame);
-            }
+            frames.push((pc, js_frame(heap, names, copy, fp, pc, code)));
         }
         // Frames grow down: a caller's frame is above.
         if saved_fp <= fp {
@@ -184,13 +184,11 @@ mod tests {
             false => Origin::Native,
         };
         let frames = walk(&heap, &mut Names::default(), &copy, sp + 16, &origin);
-        assert_eq!(
-            frames,
-            vec![JsFrame {
-                pc: 0x90_0000,
-                function,
-                at: CodeOffset::Machine(0x90_0000)
-            }]
-        );
+        let js = JsFrame {
+            pc: 0x90_0000,
+            function,
+            at: CodeOffset::Machine(0x90_0000),
+        };
+        assert_eq!(frames, vec![(0x90_0000, Some(js))]);
     }
 }
