@@ -106,17 +106,6 @@ impl Names {
         *self = Names::default();
     }
 
-    /// Names the frame of `function` (a tagged `JSFunction`) at `at`: the functions
-    /// optimized code inlined at that point first (innermost first), then `function`.
-    pub fn frames<M: Memory + ?Sized>(
-        &mut self,
-        heap: &Heap<'_, M>,
-        function: u64,
-        at: CodeOffset,
-    ) -> Vec<Named> {
-        self.read_frames(heap, function, at)
-    }
-
     /// The instance type of the object `word` points to (cached).
     pub fn instance_type<M: Memory + ?Sized>(
         &mut self,
@@ -131,8 +120,9 @@ impl Names {
         read
     }
 
-    /// [`Names::frames`], read.
-    fn read_frames<M: Memory + ?Sized>(
+    /// Names the frame of `function` (a tagged `JSFunction`) at `at`: the functions
+    /// optimized code inlined at that point first (innermost first), then `function`.
+    pub fn frames<M: Memory + ?Sized>(
         &mut self,
         heap: &Heap<'_, M>,
         function: u64,

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use allocbpf_common::node::V8Heap;
 use allocbpf_images::{allocators::V8_LAB_STEP_NAMES, examined::ExaminedFiles, procfs::MapsEntry};
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSegment, ObjectSymbol};
 
 use crate::{
     observer,
@@ -144,10 +144,6 @@ pub fn read_file(elf: &object::File<'_>) -> Option<NodeFile> {
 
 /// `length` bytes at `address` of `elf`'s sections with file data.
 fn bytes_at<'d>(elf: &object::File<'d>, address: u64, length: u64) -> Option<&'d [u8]> {
-    let section = elf
-        .sections()
-        .find(|s| crate::v8dbg::holds(s, address, length))?;
-    let data = section.data().ok()?;
-    let at = usize::try_from(address - section.address()).ok()?;
+    let (data, at) = crate::v8dbg::section_at(elf, address, length)?;
     data.get(at..at.checked_add(length as usize)?)
 }

@@ -120,22 +120,29 @@ fn optional_type(c: &Constants, name: &'static str) -> Result<Option<u16>, NodeE
 /// The 32-bit signed value at `address` in `elf`'s sections (0 in a section without
 /// file data, the `.bss`).
 fn value_at(elf: &object::File<'_>, address: u64) -> Option<i64> {
-    let section = elf.sections().find(|s| holds(s, address, 4))?;
-    let data = section.data().ok()?;
+    let (data, at) = section_at(elf, address, 4)?;
     if data.is_empty() {
         return Some(0);
     }
-    let at = (address - section.address()) as usize;
     let bytes: [u8; 4] = data.get(at..at + 4)?.try_into().ok()?;
     Some(i32::from_le_bytes(bytes) as i64)
 }
 
-/// True when `section` holds the `length` bytes at `address` (forged headers' sums
-/// that overflow hold nothing).
-pub(crate) fn holds(section: &object::Section<'_, '_>, address: u64, length: u64) -> bool {
-    let end = section.address().checked_add(section.size());
-    address >= section.address()
-        && (address.checked_add(length).zip(end)).is_some_and(|(last, limit)| last <= limit)
+/// The file data of the section of `elf` that holds the `length` bytes at `address`,
+/// and where they start in it (empty for a section without file data, the `.bss`).
+/// Forged headers whose sums overflow hold nothing.
+pub(crate) fn section_at<'d>(
+    elf: &object::File<'d>,
+    address: u64,
+    length: u64,
+) -> Option<(&'d [u8], usize)> {
+    let section = elf.sections().find(|section| {
+        let end = section.address().checked_add(section.size());
+        address >= section.address()
+            && (address.checked_add(length).zip(end)).is_some_and(|(last, limit)| last <= limit)
+    })?;
+    let at = usize::try_from(address - section.address()).ok()?;
+    Some((section.data().ok()?, at))
 }
 
 /// Instance types this reading tells apart.

@@ -34,8 +34,6 @@ const MAX_FRAMES: usize = 256;
 /// A JavaScript frame found on the stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JsFrame {
-    /// The address the frame's code is at (its callee's return address).
-    pub pc: u64,
     /// Its `JSFunction` (tagged).
     pub function: u64,
     /// Where it is in its code.
@@ -140,7 +138,7 @@ fn js_frame<M: Memory + ?Sized>(
         }
         _ => CodeOffset::Machine(pc),
     };
-    Some(JsFrame { pc, function, at })
+    Some(JsFrame { function, at })
 }
 
 #[cfg(test)]
@@ -185,7 +183,6 @@ mod tests {
         };
         let frames = walk(&heap, &mut Names::default(), &copy, sp + 16, &origin);
         let js = JsFrame {
-            pc: 0x90_0000,
             function,
             at: CodeOffset::Machine(0x90_0000),
         };
