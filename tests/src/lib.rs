@@ -11,6 +11,7 @@ pub mod bench;
 pub mod jvm;
 pub mod node;
 pub mod otelcol;
+pub mod page;
 pub mod protojson;
 pub mod pyroscope;
 pub mod simulate;

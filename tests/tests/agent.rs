@@ -182,19 +182,20 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
             .all(|p| parse_stored_name(p).3.starts_with("agentwl")));
     }
     // `allocbpf report` merges what the agent stored.
-    let merged = allocbpf_e2e::run_allocbpf(
-        &[
+    let report = |format: &str, more: &[&str]| {
+        let mut args = vec![
             "report",
             "--store",
             store.to_str().unwrap(),
             "--comm",
             "^agentwl",
             "--format",
-            "json",
-        ],
-        Duration::from_secs(60),
-    )
-    .unwrap();
+            format,
+        ];
+        args.extend_from_slice(more);
+        allocbpf_e2e::run_allocbpf(&args, Duration::from_secs(60)).unwrap()
+    };
+    let merged = report("json", &[]);
     assert_eq!(merged.code, Some(0), "{}", merged.stderr);
     assert!(
         merged.stderr.contains("merged") && !merged.stderr.contains("merged 0 "),
@@ -208,6 +209,43 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         json["totals"]
     );
     assert!(merged.stdout.contains("agentwl_alloc_site"));
+
+    // The same store as one page: a timeline point per stored profile, in a browser.
+    let page = scratch.join("store.html");
+    let html = report("html", &["--output", page.to_str().unwrap()]);
+    assert_eq!(html.code, Some(0), "{}", html.stderr);
+    let data = allocbpf_e2e::page::page_data(&page).unwrap();
+    let timelines = data["timelines"].as_array().unwrap();
+    let points_of = |pid: u32| {
+        timelines
+            .iter()
+            .find(|t| t["pid"] == pid)
+            .map_or(0, |t| t["points"].as_array().unwrap().len())
+    };
+    assert!(
+        points_of(before.pid) >= 2 && points_of(inside.pid) >= 2,
+        "a point per stored profile of each workload: {timelines:?}"
+    );
+    let seen =
+        allocbpf_e2e::page::check_in_browser(&page, "agentwl_alloc_site", "report-store.png")
+            .unwrap();
+    // The page shows the timeline of the process that allocated most: its heap in use
+    // is drawn where it was followed (live tracking observed full time), from each
+    // profile's end.
+    let allocated = |t: &serde_json::Value| -> f64 {
+        t["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p[2].as_f64().unwrap())
+            .sum()
+    };
+    let shown = timelines
+        .iter()
+        .max_by(|a, b| allocated(a).total_cmp(&allocated(b)))
+        .unwrap();
+    let charts = if shown["live"] == true { 2 } else { 1 };
+    assert_eq!(seen.chart_points.len(), charts, "{seen:?}");
 }
 
 #[test]

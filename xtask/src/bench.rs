@@ -168,6 +168,10 @@ pub enum Part {
     /// after the duration, on a native target and Debian's python3 (medians;
     /// bench_latency.rs).
     Latency,
+    /// The HTML report: page size, time to write it, and in headless Chromium the time
+    /// to first paint, to load and to the drawn page's paint, for 100, 1,000 and 10,000
+    /// stacks against an empty page (tests/src/bin/report_bench.rs).
+    Report,
     /// Pushing: profiles per second delivered to a real OpenTelemetry Collector (and a
     /// real Pyroscope when `$ALLOCBPF_PYROSCOPE` names one) and the agent's CPU per
     /// delivered profile, at 1 and 100 processes (tests/src/bin/push_bench.rs).
@@ -226,6 +230,11 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
     }
     if parts.contains(&Part::Latency) {
         crate::bench_latency::latency(&allocbpf, rounds.max(5))?;
+    }
+    if parts.contains(&Part::Report) {
+        let mut command = crate::setup::e2e_bin("report_bench")?;
+        command.args(["--rounds", &rounds.clamp(3, 9).to_string()]);
+        crate::util::run(&mut command)?;
     }
     if parts.contains(&Part::Push) {
         let mut command = crate::setup::e2e_bin("push_bench")?;

@@ -58,13 +58,13 @@ enum Task {
         /// Which parts to run: malloc+free pairs (with unwinding throughput), every
         /// entry point of every allocator family, redis-benchmark, the default agent's
         /// cost to gcc compiles and redis, a Python program's runtime, reading Go
-        /// programs' heap profiles, a Java program's allocation throughput, how fast
-        /// `--pid` goes in and out; `push` (not in the default set): delivery to real
-        /// profile stores.
+        /// programs' heap profiles, a Java program's allocation throughput, a Node.js
+        /// program's, how fast `--pid` goes in and out, the HTML report's size and
+        /// paint; `push` (not in the default set): delivery to real profile stores.
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "pairs,entries,redis,agent,python,go,jvm,latency"
+            default_value = "pairs,entries,redis,agent,python,go,jvm,node,latency,report"
         )]
         parts: Vec<bench::Part>,
         /// The allocator families the entries part measures (default: every one

@@ -73,6 +73,10 @@ const TEST_PACKAGES: &[&str] = &[
     "python3-pyflakes",
     // Debian's JDK for the JVM tests and benchmark (its javac compiles their workload).
     "openjdk-17-jdk-headless",
+    // A real browser for the HTML report's tests and benchmark, driven headless through
+    // its WebDriver (tests/harness/src/browser.rs).
+    "chromium",
+    "chromium-driver",
 ];
 
 /// bpf-linker release and features that match Debian's rustc-web LLVM (22).

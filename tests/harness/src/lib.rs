@@ -18,6 +18,8 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
+pub mod browser;
+
 /// How long a workload may take to print its pid.
 const PID_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -7,7 +7,7 @@
 //! exact, not summed. Here they are only merged.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     path::Path,
     time::{Duration, SystemTime},
 };
@@ -17,10 +17,13 @@ use regex::Regex;
 use super::store::{age, list, StoreError};
 use allocbpf_collect::error::error_chain;
 use allocbpf_export::pprof::{self, decode_path, ProfileMeta, ReadProfile};
-use allocbpf_profile::aggregate::LiveCounts;
+use allocbpf_profile::aggregate::{LiveCounts, StackStats};
 use allocbpf_profile::estimate::Confidence;
 use allocbpf_profile::frame::{Frame, FunctionFrame};
-use allocbpf_profile::report::{Location, Report, StackReport, Totals};
+use allocbpf_profile::report::{
+    Location, ProcessSummary, ProcessTimeline, Report, StackReport, Totals,
+};
+use allocbpf_profile::timeline::{PeakCopy, Timeline, TimelinePoint};
 
 /// Merges the profiles stored under `store` that ended at most `since` ago and whose
 /// process's command name matches `comm` into one report; also returns how many were
@@ -52,7 +55,7 @@ pub fn merge_store(
         if comm.is_some_and(|re| !re.is_match(&profile_comm)) {
             continue;
         }
-        merger.add(&pprof::read(&profile), &meta);
+        merger.add(&pprof::read(&profile), &meta, &profile_comm);
         read += 1;
     }
     Ok((merger.finish(), read))
@@ -75,10 +78,25 @@ struct Merger {
     /// Stacks of each process's latest profile: in-use bytes are a snapshot, so only
     /// the latest counts (profiles arrive oldest first).
     latest: HashMap<u32, Vec<usize>>,
+    /// Per process, one timeline point per stored profile, oldest first.
+    points: BTreeMap<u32, Vec<StoredPoint>>,
+    processes: BTreeMap<u32, ProcessSummary>,
+}
+
+/// What one stored profile adds to its process's timeline.
+struct StoredPoint {
+    start_ns: i64,
+    end_ns: i64,
+    alloc: StackStats,
+    inuse_bytes: f64,
+    /// Time-sampled (an overhead budget).
+    time_sampled: bool,
+    /// Its stacks (indexes into the merger's), for the peak.
+    stacks: Vec<usize>,
 }
 
 impl Merger {
-    fn add(&mut self, profile: &ReadProfile, meta: &ProfileMeta) {
+    fn add(&mut self, profile: &ReadProfile, meta: &ProfileMeta, comm: &str) {
         self.live |= profile.live;
         self.rate = self.rate.max(profile.rate);
         self.exact_bytes += meta.exact_bytes.unwrap_or(0);
@@ -109,6 +127,28 @@ impl Merger {
             });
         }
         if let Some(pid) = pid_of_profile {
+            let mut point = StoredPoint {
+                start_ns: profile.time_nanos,
+                end_ns: profile.time_nanos + profile.duration_nanos,
+                alloc: StackStats::default(),
+                inuse_bytes: 0.0,
+                time_sampled: profile.samples.iter().any(|s| s.time_sampled),
+                stacks: this_profile.clone(),
+            };
+            for &stack in &this_profile {
+                let stats = &self.stacks[stack].stats;
+                point.alloc.merge(&StackStats {
+                    inuse_bytes: 0.0,
+                    inuse_objects: 0.0,
+                    ..*stats
+                });
+                point.inuse_bytes += stats.inuse_bytes;
+            }
+            self.points.entry(pid).or_default().push(point);
+            let summary = self.processes.entry(pid).or_default();
+            summary.name = comm.to_string();
+            summary.exact_bytes += meta.exact_bytes.unwrap_or(0);
+            summary.exact_calls += meta.exact_calls.unwrap_or(0);
             for old in self.latest.insert(pid, this_profile).unwrap_or_default() {
                 self.stacks[old].stats.inuse_bytes = 0.0;
                 self.stacks[old].stats.inuse_objects = 0.0;
@@ -127,6 +167,66 @@ impl Merger {
                 functions: chain.into(),
             })
             .clone()
+    }
+
+    /// One timeline per process: a point per stored profile (the in-use bytes are its
+    /// end's, without an interval: the store keeps no in-use interval inputs), the
+    /// peak at the profile that ended holding most, with its stacks.
+    fn timelines(&self, origin_ns: i64) -> Vec<ProcessTimeline> {
+        let at = |ns: i64| (ns - origin_ns).max(0) as u64;
+        self.points
+            .iter()
+            .map(|(&pid, stored)| {
+                let points: Vec<TimelinePoint> = stored
+                    .iter()
+                    .map(|p| TimelinePoint {
+                        start_ns: at(p.start_ns),
+                        end_ns: at(p.end_ns),
+                        alloc: p.alloc,
+                        inuse: StackStats {
+                            estimated_bytes: p.inuse_bytes,
+                            ..StackStats::default()
+                        },
+                        inuse_high: p.inuse_bytes,
+                    })
+                    .collect();
+                let peak = stored
+                    .iter()
+                    .filter(|p| self.live && p.inuse_bytes > 0.0)
+                    .max_by(|a, b| a.inuse_bytes.total_cmp(&b.inuse_bytes));
+                let mut timeline = Timeline {
+                    points,
+                    live: self.live,
+                    time_sampled: false,
+                    high: peak.map(|p| (at(p.end_ns), p.inuse_bytes)),
+                    peak: peak.map(|p| PeakCopy {
+                        at_ns: at(p.end_ns),
+                        inuse: StackStats {
+                            estimated_bytes: p.inuse_bytes,
+                            ..StackStats::default()
+                        },
+                        stacks: p
+                            .stacks
+                            .iter()
+                            .map(|&i| &self.stacks[i])
+                            .filter(|s| s.stats.inuse_bytes > 0.0)
+                            .map(|s| {
+                                let held = StackStats {
+                                    estimated_bytes: s.stats.inuse_bytes,
+                                    estimated_objects: s.stats.inuse_objects,
+                                    ..StackStats::default()
+                                };
+                                (s.locations.clone(), held)
+                            })
+                            .collect(),
+                    }),
+                };
+                if stored.iter().any(|p| p.time_sampled) {
+                    timeline.observed_part_time();
+                }
+                ProcessTimeline { pid, timeline }
+            })
+            .collect()
     }
 
     fn finish(mut self) -> Report {
@@ -148,6 +248,7 @@ impl Merger {
         self.stacks
             .sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
         let span = self.last_ns - self.first_ns.unwrap_or(self.last_ns);
+        let timelines = self.timelines(self.first_ns.unwrap_or(0));
         Report {
             rate: self.rate.max(1),
             confidence: Confidence::DEFAULT,
@@ -166,6 +267,8 @@ impl Merger {
                     .to_string()
             }),
             time_sampling: None,
+            timelines,
+            processes: std::mem::take(&mut self.processes),
         }
     }
 }

@@ -206,6 +206,8 @@ pub enum FormatArg {
     Folded,
     /// A flamegraph (inferno) of estimated bytes.
     Svg,
+    /// One self-contained HTML page: flame graph, tables, timeline (docs/operations.md).
+    Html,
 }
 
 impl From<FormatArg> for Format {
@@ -216,6 +218,7 @@ impl From<FormatArg> for Format {
             FormatArg::Pprof => Format::Pprof,
             FormatArg::Folded => Format::Folded,
             FormatArg::Svg => Format::Svg,
+            FormatArg::Html => Format::Html,
         }
     }
 }

@@ -11,11 +11,12 @@
 //! [`allocbpf_collect::kernel::EbpfObject`]. No library crate needs the BPF toolchain.
 
 mod cli;
+mod progress;
 mod sink;
 
 use std::process::ExitCode;
 
-use crate::cli::{Cli, Command, ReportArgs};
+use crate::cli::{Cli, Command, FormatArg, ReportArgs};
 use crate::sink::Sink;
 use allocbpf_collect::{
     budget::{self, BudgetOptions},
@@ -85,7 +86,17 @@ fn collect_options(cli: &Cli) -> CollectOptions {
             ..BudgetOptions::default()
         }),
         calibration: cli::calibration_child(),
+        // Only the HTML page shows a timeline: recorded only for it.
+        timeline: cli.format == FormatArg::Html,
     }
+}
+
+/// allocbpf's command line as typed (the HTML page's header shows it).
+fn command_line() -> String {
+    std::env::args_os()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Exit status when the target exited before its probes were live (docs/operations.md,
@@ -134,7 +145,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Scope::Process(pid),
         cli.duration,
         announce,
+        progress::printer(),
     ));
+    progress::clear();
     let run::Finished { report, stop, .. } = match finished {
         Err(CollectError::TargetExited { pid }) => {
             eprintln!("allocbpf: pid {pid} exited before its probes were live");
@@ -155,7 +168,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         );
         ExitCode::SUCCESS
     };
-    sink.write_with(|out| allocbpf_export::write(&report, cli.format.into(), out))?;
+    sink.write_with(|out| {
+        allocbpf_export::write(&report, cli.format.into(), &command_line(), out)
+    })?;
     Ok(code)
 }
 
@@ -184,7 +199,9 @@ fn run_report(args: &ReportArgs) -> Result<()> {
         "allocbpf: merged {merged} stored profile(s) from {}",
         args.store.display()
     );
-    sink.write_with(|out| allocbpf_export::write(&report, args.format.into(), out))?;
+    sink.write_with(|out| {
+        allocbpf_export::write(&report, args.format.into(), &command_line(), out)
+    })?;
     Ok(())
 }
 
@@ -206,7 +223,16 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
         budget: options.budget.or(Some(BudgetOptions::default())),
         ..options
     };
-    let finished = runtime()?.block_on(run::run(&EBPF, options, scope, cli.duration, announce))?;
+    let finished = runtime()?.block_on(run::run(
+        &EBPF,
+        options,
+        scope,
+        cli.duration,
+        announce,
+        progress::printer(),
+    ));
+    progress::clear();
+    let finished = finished?;
     let run::Finished { report, stop, host } = finished;
     if let Some(host) = host {
         eprintln!(
@@ -222,7 +248,9 @@ fn run_system_wide(cli: &Cli, sink: Sink) -> Result<()> {
             report.totals.samples, report.totals.drops
         ),
     }
-    sink.write_with(|out| allocbpf_export::write(&report, cli.format.into(), out))?;
+    sink.write_with(|out| {
+        allocbpf_export::write(&report, cli.format.into(), &command_line(), out)
+    })?;
     Ok(())
 }
 

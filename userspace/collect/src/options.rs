@@ -52,6 +52,10 @@ pub struct CollectOptions {
     pub budget: Option<BudgetOptions>,
     /// How to start the child that measures a probe hit's cost for the budget.
     pub calibration: CalibrationChild,
+    /// Record each process's timeline (allocation and heap in use over time, the
+    /// stacks at the peak) for its report; its cost is bounded per process
+    /// (`allocbpf_profile::timeline`).
+    pub timeline: bool,
 }
 
 impl Default for CollectOptions {
@@ -69,6 +73,7 @@ impl Default for CollectOptions {
             raw_samples: None,
             budget: None,
             calibration: CalibrationChild::default(),
+            timeline: false,
         }
     }
 }

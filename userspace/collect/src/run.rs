@@ -80,6 +80,24 @@ pub enum Started<'a> {
     },
 }
 
+/// Where a run is, told about once a second while it goes on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Progress {
+    /// Since collection started.
+    pub elapsed: Duration,
+    /// Samples aggregated so far.
+    pub samples: u64,
+    /// Samples lost so far (ring buffer full).
+    pub drops: u64,
+    /// The mean sampling interval in force now, bytes (raised under ring pressure).
+    pub interval: u64,
+    /// Processes followed now.
+    pub processes: u64,
+}
+
+/// How often [`Progress`] is told.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
 /// How a run ended.
 #[derive(Debug)]
 pub struct Finished {
@@ -122,14 +140,16 @@ fn wait_error<E: std::error::Error + Send + Sync + 'static>(
 
 /// Profiles `scope` through the kernel side `loader` loads until `duration` elapses, a
 /// signal arrives or (one process) the target exits; tells `tell` what is profiled
-/// once it is attached, and returns the report and why it stopped. Every process: one
-/// report of all of them (an empty one, with a note, if nothing allocated).
+/// once it is attached and `progress` where the run is every [`PROGRESS_EVERY`], and
+/// returns the report and why it stopped. Every process: one report of all of them
+/// (an empty one, with a note, if nothing allocated).
 pub async fn run(
     loader: &dyn KernelLoader,
     options: CollectOptions,
     scope: Scope,
     duration: Option<Duration>,
     mut tell: impl FnMut(&Started<'_>),
+    mut progress: impl FnMut(&Progress),
 ) -> Result<Finished, CollectError> {
     let (rate, confidence, live) = (options.rate, options.confidence, options.live.is_some());
     let started = std::time::Instant::now();
@@ -153,6 +173,7 @@ pub async fn run(
     }
     let mut sigterm = signal(SignalKind::terminate()).map_err(wait_error("SIGTERM handler"))?;
     let mut tick = tokio::time::interval(HOUSEKEEPING_TICK);
+    let mut progress_tick = tokio::time::interval(PROGRESS_EVERY);
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
     let stop = loop {
         if exited_during_attach {
@@ -176,6 +197,16 @@ pub async fn run(
             _ = tokio::signal::ctrl_c() => break StopReason::Signal,
             _ = sigterm.recv() => break StopReason::Signal,
             _ = tick.tick() => collector.housekeeping(),
+            _ = progress_tick.tick() => {
+                let drops = collector.counters().ring_buffer_drops;
+                progress(&Progress {
+                    elapsed: started.elapsed(),
+                    samples: collector.stats.samples,
+                    drops,
+                    interval: rate << collector.stats.pressure_level.min(32),
+                    processes: collector.processes_followed(),
+                });
+            }
             _ = window_wait(window_at) => collector.windows_tick(),
         }
     };

@@ -1,11 +1,12 @@
 //! Output formats. Every exporter reads a finished [`Report`] of the profile model
 //! ([`allocbpf_profile`]) and writes bytes: [`text`], [`json`], [`folded`] stacks, SVG
-//! flame graphs (inferno) and gzipped [`pprof`], which is also decoded for `allocbpf
+//! flame graphs (inferno), one self-contained [`html`] page and gzipped [`pprof`], which is also decoded for `allocbpf
 //! report`; a pprof profile converts to an OpenTelemetry profiles request ([`otlp`]).
 //! Nothing here knows how the report was collected.
 #![deny(missing_docs)]
 
 pub mod folded;
+pub mod html;
 pub mod json;
 pub mod otlp;
 pub mod pprof;
@@ -28,16 +29,39 @@ pub enum Format {
     Folded,
     /// A flamegraph (inferno) of estimated bytes.
     Svg,
+    /// One self-contained HTML page ([`html`]).
+    Html,
 }
 
-/// Writes `report` in `format`.
-pub fn write(report: &Report, format: Format, out: &mut dyn Write) -> std::io::Result<()> {
+/// Writes `report` in `format`; `command`: the command line that made it (the HTML
+/// page's header shows it).
+pub fn write(
+    report: &Report,
+    format: Format,
+    command: &str,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     match format {
         Format::Text => text::write(report, out),
         Format::Json => json::write(report, out),
         Format::Pprof => pprof::write(report, out),
         Format::Folded => folded::write(report, out),
         Format::Svg => folded::write_svg(report, out),
+        Format::Html => html::write(report, command, out),
+    }
+}
+
+/// Time sampling that observed a quarter of four periods, for the exporters' tests.
+#[cfg(test)]
+pub(crate) fn quarter_observed() -> allocbpf_profile::estimate::windows::TimeSampling {
+    allocbpf_profile::estimate::windows::TimeSampling {
+        observed_fraction: 0.25,
+        periods: 0..=3,
+        totals: Default::default(),
+        probe_share: None,
+        pace: None,
+        paced_processes: 0,
+        pace_slack: Default::default(),
     }
 }
 
@@ -87,6 +111,7 @@ pub(crate) fn test_report() -> Report {
             },
             inuse_bytes: 0.0,
             inuse_objects: 0.0,
+            inuse_inputs: Default::default(),
         },
     };
     Report {
@@ -129,5 +154,7 @@ pub(crate) fn test_report() -> Report {
         symbolized: true,
         note: None,
         time_sampling: None,
+        timelines: Vec::new(),
+        processes: Default::default(),
     }
 }

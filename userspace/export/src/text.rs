@@ -45,6 +45,24 @@ pub fn overload_note(report: &Report) -> Option<String> {
 
 /// Writes the summary and the top stacks by estimated bytes.
 pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    write_summary(report, out)?;
+    write_stacks(report, out)
+}
+
+/// The summary as lines: totals with their interval, and every note on what was not
+/// seen or not counted (the HTML page's header shows them too).
+pub fn summary_lines(report: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    // Writing into a vector cannot fail.
+    let _ = write_summary(report, &mut out);
+    String::from_utf8_lossy(&out)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Writes the summary: totals with their interval, notes, time sampling, in use.
+fn write_summary(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     let t = &report.totals;
     writeln!(
         out,
@@ -86,7 +104,6 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
             writeln!(out, "{effect}")?;
         }
     }
-    let live = report.live.is_some();
     if let Some(counts) = &report.live {
         writeln!(
             out,
@@ -102,6 +119,14 @@ pub fn write(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
             },
         )?;
     }
+    Ok(())
+}
+
+/// Writes the table of the top stacks.
+fn write_stacks(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let t = &report.totals;
+    let level = report.confidence.percent_label();
+    let live = report.live.is_some();
     let stacks = report.stacks_by_name();
     if stacks.is_empty() {
         writeln!(out, "no allocation was sampled")?;

@@ -8,6 +8,8 @@
 //!   tracking, per block until freed).
 //! - [`report`]: an aggregate with symbolized locations, exact kernel totals and health
 //!   counters: the input of every exporter.
+//! - [`timeline`]: one process's allocation and heap in use over time, and the stacks
+//!   at its peak, recorded at a bounded cost.
 //! - [`frame`]: the vocabulary stages share: a normalized frame (module, file offset,
 //!   or a runtime's source location), the functions at it, the table of source
 //!   locations (owned by whoever makes the frames), and the [`frame::Symbolize`] step
@@ -22,4 +24,5 @@ pub mod aggregate;
 pub mod estimate;
 pub mod frame;
 pub mod report;
+pub mod timeline;
 pub mod units;

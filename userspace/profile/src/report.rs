@@ -10,6 +10,7 @@ use crate::estimate::{
     Confidence, Interval, IntervalInputs,
 };
 use crate::frame::{Frame, Functions, Module, Symbolize};
+use crate::timeline::Timeline;
 
 pub use allocbpf_sampling::Counters;
 
@@ -67,7 +68,9 @@ impl LeakReport {
     }
 }
 
-fn names_of(locations: &[Location]) -> Vec<&str> {
+/// Function names of `locations` (innermost first), outermost first, inlined frames
+/// included.
+pub fn names_of(locations: &[Location]) -> Vec<&str> {
     locations
         .iter()
         .rev()
@@ -83,6 +86,26 @@ fn locations_of(frames: &[Frame], symbolizer: &dyn Symbolize) -> Vec<Location> {
             functions: symbolizer.functions(frame),
         })
         .collect()
+}
+
+/// What a report knows of one process besides its stacks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessSummary {
+    /// Its command name.
+    pub name: String,
+    /// Exact bytes it requested through the probed functions (0: not counted).
+    pub exact_bytes: u64,
+    /// Exact number of its probed calls.
+    pub exact_calls: u64,
+}
+
+/// One process's timeline, its peak's stacks symbolized.
+#[derive(Clone, Debug)]
+pub struct ProcessTimeline {
+    /// Process id.
+    pub pid: u32,
+    /// The timeline; times are nanoseconds since the report's start.
+    pub timeline: Timeline<Vec<Location>>,
 }
 
 /// Exact figures counted in the kernel, and sampling health.
@@ -195,6 +218,10 @@ pub struct Report {
     /// interval, the exact totals only for what the probes saw, and this says how much
     /// was observed and gives the total's interval with time sampling included.
     pub time_sampling: Option<TimeSampling>,
+    /// Per process, what it allocated and held over time (when recorded).
+    pub timelines: Vec<ProcessTimeline>,
+    /// The processes profiled, by pid: names and exact totals, where known.
+    pub processes: std::collections::BTreeMap<u32, ProcessSummary>,
 }
 
 impl Report {
@@ -268,6 +295,8 @@ impl Report {
                 paced_processes: u32::from(observed.pace.is_some()),
                 pace_slack: Default::default(),
             }),
+            timelines: Vec::new(),
+            processes: Default::default(),
         };
         if let Some(pace) = observed.and_then(|o| o.pace) {
             report.scale_estimates(pace.factor);
@@ -283,6 +312,42 @@ impl Report {
             };
         }
         report
+    }
+
+    /// Adds process `pid`'s timeline, recorded by `aggregate` (this report's), with
+    /// times made relative to `origin_ns` (the report's start, CLOCK_MONOTONIC) and the
+    /// peak's stacks symbolized by `symbolizer`; scaled like the report's estimates,
+    /// and marked observed part time if the report observed part of its time.
+    pub fn add_timeline(
+        &mut self,
+        pid: u32,
+        timeline: Timeline<usize>,
+        origin_ns: u64,
+        aggregate: &Aggregate,
+        symbolizer: &mut dyn Symbolize,
+    ) {
+        let mut timeline = timeline.map(origin_ns, |stack| {
+            aggregate
+                .stack_key(stack)
+                .map(|key| locations_of(&key.frames, symbolizer))
+                .unwrap_or_default()
+        });
+        if self
+            .time_sampling
+            .as_ref()
+            .is_some_and(|t| t.observed_fraction < 1.0)
+        {
+            timeline.observed_part_time();
+        }
+        if let Some(factor) = self
+            .time_sampling
+            .as_ref()
+            .and_then(|t| t.pace)
+            .map(|pace| pace.factor)
+        {
+            timeline.scale(factor);
+        }
+        self.timelines.push(ProcessTimeline { pid, timeline });
     }
 
     /// Multiplies every estimate (bytes, objects, in use, leaked, the per-period
@@ -335,6 +400,8 @@ impl Report {
             symbolized: true,
             note: Some(note.unwrap_or_else(|| "no profiled process allocated anything".into())),
             time_sampling: None,
+            timelines: Vec::new(),
+            processes: Default::default(),
         }
     }
 
@@ -365,6 +432,8 @@ impl Report {
                 merged.modules = report.modules;
             }
             merged.stacks.extend(report.stacks);
+            merged.timelines.extend(report.timelines);
+            merged.processes.extend(report.processes);
             if let (Some(a), Some(b)) = (merged.live.as_mut(), report.live) {
                 a.live_samples += b.live_samples;
                 a.freed_samples += b.freed_samples;

@@ -9,7 +9,7 @@ use std::{
 
 use allocbpf_common::Totals;
 use allocbpf_images::procfs;
-use allocbpf_profile::report::{Counters, KernelFigures, Observed, Report};
+use allocbpf_profile::report::{Counters, KernelFigures, Observed, ProcessSummary, Report};
 use allocbpf_runtime::Departure;
 use allocbpf_stacks::symbolize::FrameSymbolizer;
 
@@ -153,7 +153,7 @@ impl Collector {
                     .as_ref()
                     .filter(|_| profiles.is_empty())
                     .map(|target| target.silence.to_string());
-                let report = Report::build(
+                let mut report = Report::build(
                     &tracked.aggregate,
                     &mut self.stacks.symbolizer(&mut symbolizer),
                     self.options.rate,
@@ -165,6 +165,24 @@ impl Collector {
                         observed,
                     },
                     silence.as_deref(),
+                );
+                if let Some(timeline) = tracked.aggregate.timeline(now_ns) {
+                    let origin_ns = now_ns.saturating_sub(duration.as_nanos() as u64);
+                    report.add_timeline(
+                        pid,
+                        timeline,
+                        origin_ns,
+                        &tracked.aggregate,
+                        &mut self.stacks.symbolizer(&mut symbolizer),
+                    );
+                }
+                report.processes.insert(
+                    pid,
+                    ProcessSummary {
+                        name: tracked.info.comm_text().to_string(),
+                        exact_bytes: exact.bytes,
+                        exact_calls: exact.calls,
+                    },
                 );
                 profiles.push(ProcessProfile {
                     info: tracked.info.clone(),

@@ -344,9 +344,13 @@ impl Collector {
             match event {
                 Event::Sample(sample) => self.on_sample(sample),
                 // Sample ids are unique: only the entry that holds it retires it.
-                Event::Freed { pid, sample_id, .. } => {
+                Event::Freed {
+                    pid,
+                    sample_id,
+                    timestamp_ns,
+                } => {
                     for tracked in self.processes.entries_of(pid) {
-                        tracked.aggregate.freed(sample_id);
+                        tracked.aggregate.freed_at(sample_id, timestamp_ns);
                     }
                 }
                 Event::Untracked { pid, sample_id } => {
@@ -478,6 +482,11 @@ impl Collector {
         self.stats.pressure_level = level;
         self.stats.pressure_peak_level = self.stats.pressure_peak_level.max(level);
         self.refresh_file_counts();
+    }
+
+    /// How many processes are followed now.
+    pub fn processes_followed(&self) -> u64 {
+        self.processes.tracked.len() as u64
     }
 
     /// The kernel's counters now (zero if they cannot be read).

@@ -139,6 +139,8 @@ pub(crate) struct ProcessTable {
     pub build_ids: BuildIdCache,
     /// Memory maps the engine read of processes that were cut at their size cap.
     pub maps_cut: u64,
+    /// New entries record their timeline.
+    pub record_timelines: bool,
 }
 
 /// What [`ProcessTable::update`] did.
@@ -202,16 +204,20 @@ impl ProcessTable {
             self.depart(pid);
         }
         let reused = self.departed.contains_key(&pid);
+        let mut aggregate = if live {
+            Aggregate::with_live_tracking()
+        } else {
+            Aggregate::default()
+        };
+        if self.record_timelines {
+            aggregate.record_timeline();
+        }
         self.tracked.insert(
             pid,
             Tracked {
                 info,
                 admitted,
-                aggregate: if live {
-                    Aggregate::with_live_tracking()
-                } else {
-                    Aggregate::default()
-                },
+                aggregate,
                 exited: false,
                 images: Vec::new(),
                 mapped: Vec::new(),

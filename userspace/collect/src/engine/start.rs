@@ -110,12 +110,15 @@ impl Collector {
                 &options.allocator_prefixes,
                 crate::runtimes::supported(),
             ),
-            options,
             // A host scope never profiles allocbpf itself; `--pid` may name anything.
-            processes: match &scope {
-                Scope::Host { .. } => ProcessTable::ignoring(std::process::id()),
-                Scope::Process(_) => ProcessTable::default(),
+            processes: ProcessTable {
+                record_timelines: options.timeline,
+                ..match &scope {
+                    Scope::Host { .. } => ProcessTable::ignoring(std::process::id()),
+                    Scope::Process(_) => ProcessTable::default(),
+                }
             },
+            options,
             scope,
             kernel: Some(kernel),
             intake: Intake {

@@ -169,7 +169,6 @@ pub(super) mod tests {
     use super::*;
     use crate::pprof::decode_gzipped;
     use allocbpf_profile::aggregate::StackStats;
-    use allocbpf_profile::estimate::windows::TimeSampling;
     use allocbpf_profile::frame::{Frame, FunctionFrame};
     use allocbpf_profile::report::Location;
 
@@ -178,15 +177,7 @@ pub(super) mod tests {
     /// goes through its labels exactly.
     pub(in crate::pprof) fn stored_report() -> Report {
         let mut report = crate::test_report();
-        report.time_sampling = Some(TimeSampling {
-            observed_fraction: 0.25,
-            periods: 0..=3,
-            totals: Default::default(),
-            probe_share: None,
-            pace: None,
-            paced_processes: 0,
-            pace_slack: Default::default(),
-        });
+        report.time_sampling = Some(crate::quarter_observed());
         let mut odd = report.stacks[1].clone();
         odd.locations = vec![Location {
             frame: Frame::Module {

@@ -113,6 +113,7 @@ pub fn read(profile: &Profile) -> ReadProfile {
                 interval_inputs: inputs,
                 inuse_bytes: value(inuse_space),
                 inuse_objects: value(inuse_objects),
+                inuse_inputs: Default::default(),
             };
             let locations = sample
                 .location_id

@@ -9,6 +9,7 @@ use crate::estimate::{
     Confidence, Interval, IntervalInputs,
 };
 use crate::frame::Frame;
+use crate::timeline::{BlockWeight, Timeline, TimelineRecorder};
 
 /// What the estimator needs of one sampled allocation (the ring buffer's sample, less
 /// its stack, which is the [`StackKey`] it is added under).
@@ -68,6 +69,9 @@ pub struct StackStats {
     pub inuse_bytes: f64,
     /// Object weights of the samples still live.
     pub inuse_objects: f64,
+    /// What the interval on `inuse_bytes` needs: the inputs of the samples still live
+    /// (empty where in-use bytes come without them, as read back from a store).
+    pub inuse_inputs: IntervalInputs,
 }
 
 impl StackStats {
@@ -80,6 +84,17 @@ impl StackStats {
         self.interval_inputs.merge(&other.interval_inputs);
         self.inuse_bytes += other.inuse_bytes;
         self.inuse_objects += other.inuse_objects;
+        self.inuse_inputs.merge(&other.inuse_inputs);
+    }
+
+    /// The confidence interval on `inuse_bytes`, `None` without its inputs. The sampled
+    /// blocks still live are a group like any other: their bytes were tried byte by
+    /// byte, and whether a block is live does not depend on its sampling.
+    pub fn inuse_interval(&self, rate: u64, confidence: Confidence) -> Option<Interval> {
+        if self.inuse_inputs == IntervalInputs::default() {
+            return (self.inuse_bytes == 0.0).then_some(Interval { lo: 0.0, hi: 0.0 });
+        }
+        Some(self.inuse_inputs.interval(rate, confidence))
     }
 
     /// Accounts for `count` samples of `size` bytes (`offset` bytes before each sampled
@@ -107,6 +122,24 @@ impl StackStats {
         self.interval_inputs.add(size, offset, rate, certain);
     }
 
+    /// Takes back one sample [`StackStats::add`] accounted for with the same arguments
+    /// (a block freed: the figures of what is still in use).
+    pub fn remove(&mut self, size: u64, offset: u64, rate: u64, certain: bool, time_weight: f64) {
+        let w = weight(size, rate, certain);
+        self.samples = self.samples.saturating_sub(1);
+        self.interval_inputs.remove(size, offset, rate, certain);
+        if self.samples == 0 {
+            // Exactly nothing, not the float residue of adding and taking back.
+            self.estimated_bytes = 0.0;
+            self.estimated_objects = 0.0;
+            self.observed_bytes = 0.0;
+        } else {
+            self.estimated_bytes = (self.estimated_bytes - w.bytes * time_weight).max(0.0);
+            self.estimated_objects = (self.estimated_objects - w.objects * time_weight).max(0.0);
+            self.observed_bytes = (self.observed_bytes - w.bytes).max(0.0);
+        }
+    }
+
     /// The confidence interval on `estimated_bytes` for byte sampling. Under time
     /// sampling it is the observed windows' interval scaled up by the mean time weight:
     /// it does not cover the time sampling ([`crate::report::Report::time_sampling`]
@@ -131,6 +164,8 @@ struct LiveBlock {
     bytes: f64,
     objects: f64,
     allocated_ns: u64,
+    /// What it weighs, for the timeline's heap in use.
+    weight: BlockWeight,
 }
 
 /// Sampled blocks still live, grouped by stack, older than a minimum age.
@@ -192,6 +227,8 @@ pub struct Aggregate {
     /// Objects in use per stack as a runtime's own sampler counts them (the Go
     /// runtime's buckets): (size, sampled objects in use, rate), replaced at each read.
     runtime_in_use: HashMap<StackKey, Vec<(u64, u64, u64)>>,
+    /// The timeline, when recorded ([`Aggregate::record_timeline`]).
+    timeline: Option<TimelineRecorder>,
 }
 
 impl Aggregate {
@@ -201,6 +238,22 @@ impl Aggregate {
             live: Some(HashMap::new()),
             ..Self::default()
         }
+    }
+
+    /// Records the timeline from now on (what [`Aggregate::timeline`] returns).
+    pub fn record_timeline(&mut self) {
+        self.timeline = Some(TimelineRecorder::new(self.live.is_some()));
+    }
+
+    /// The timeline recorded so far, ending at `now_ns` (CLOCK_MONOTONIC); `None` when
+    /// not recorded. Its stacks are indexes for [`Aggregate::stack_key`].
+    pub fn timeline(&mut self, now_ns: u64) -> Option<Timeline<usize>> {
+        self.timeline.as_mut().map(|t| t.finish(now_ns))
+    }
+
+    /// The key of stack `index` (as the timeline names stacks).
+    pub fn stack_key(&self, index: usize) -> Option<&StackKey> {
+        self.stacks.get(index).map(|(key, _)| key)
     }
 
     /// Adds one sample under `key`.
@@ -230,6 +283,16 @@ impl Aggregate {
         if let Some(window) = sample.window {
             self.periods.add(window.period, w.bytes * time_weight);
         }
+        let block = BlockWeight {
+            size: sample.size,
+            offset: sample.offset,
+            rate: sample.rate,
+            certain: sample.certain,
+            time_weight,
+        };
+        if let Some(timeline) = self.timeline.as_mut() {
+            timeline.allocated(stack, sample.timestamp_ns, &block, self.live.is_some());
+        }
         if let Some(live) = self.live.as_mut() {
             live.insert(
                 sample.sample_id,
@@ -238,6 +301,7 @@ impl Aggregate {
                     bytes: w.bytes * time_weight,
                     objects: w.objects * time_weight,
                     allocated_ns: sample.timestamp_ns,
+                    weight: block,
                 },
             );
         }
@@ -270,14 +334,22 @@ impl Aggregate {
 
     /// A tracked block died.
     pub fn freed(&mut self, sample_id: u64) {
-        if self.retire(sample_id) {
+        if self.retire(sample_id, None) {
+            self.live_counts.freed_samples += 1;
+        }
+    }
+
+    /// A tracked block died at `timestamp_ns` (CLOCK_MONOTONIC): the timeline places
+    /// the fall of the heap in use then.
+    pub fn freed_at(&mut self, sample_id: u64, timestamp_ns: u64) {
+        if self.retire(sample_id, Some(timestamp_ns)) {
             self.live_counts.freed_samples += 1;
         }
     }
 
     /// A sample could not be tracked: it is not part of the live heap.
     pub fn untracked(&mut self, sample_id: u64) {
-        if self.retire(sample_id) {
+        if self.retire(sample_id, None) {
             self.live_counts.untracked_samples += 1;
         }
     }
@@ -289,11 +361,16 @@ impl Aggregate {
         let Some(live) = self.live.as_mut() else {
             return 0;
         };
-        let before = live.len();
-        live.retain(|&id, block| block.allocated_ns >= before_ns || tracked(id));
-        let lost = (before - live.len()) as u64;
-        self.live_counts.freed_samples += lost;
-        lost
+        let gone: Vec<u64> = live
+            .iter()
+            .filter(|(&id, block)| block.allocated_ns < before_ns && !tracked(id))
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &gone {
+            self.retire(id, None);
+        }
+        self.live_counts.freed_samples += gone.len() as u64;
+        gone.len() as u64
     }
 
     /// Under time sampling, at the end of an observation window: the blocks sampled
@@ -309,18 +386,23 @@ impl Aggregate {
             .filter(|(_, block)| block.allocated_ns < before_ns)
             .map(|(&id, _)| id)
             .collect();
-        for id in &expired {
-            live.remove(id);
+        for &id in &expired {
+            self.retire(id, None);
         }
         self.live_counts.expired_samples += expired.len() as u64;
         expired
     }
 
-    /// Drops a sample from the live set; false if it was not there (a lost sample).
-    fn retire(&mut self, sample_id: u64) -> bool {
-        self.live
-            .as_mut()
-            .is_some_and(|live| live.remove(&sample_id).is_some())
+    /// Drops a sample from the live set (and the timeline's heap in use, at
+    /// `timestamp_ns` if known); false if it was not there (a lost sample).
+    fn retire(&mut self, sample_id: u64, timestamp_ns: Option<u64>) -> bool {
+        let Some(block) = self.live.as_mut().and_then(|live| live.remove(&sample_id)) else {
+            return false;
+        };
+        if let Some(timeline) = self.timeline.as_mut() {
+            timeline.released(block.stack, timestamp_ns, &block.weight);
+        }
+        true
     }
 
     /// Computes in-use figures per stack, and with `min_age` the leak groups: blocks
@@ -330,9 +412,11 @@ impl Aggregate {
         for (_, stats) in &mut self.stacks {
             stats.inuse_bytes = 0.0;
             stats.inuse_objects = 0.0;
+            stats.inuse_inputs = IntervalInputs::default();
         }
         self.totals.inuse_bytes = 0.0;
         self.totals.inuse_objects = 0.0;
+        self.totals.inuse_inputs = IntervalInputs::default();
         self.finish_runtime_in_use();
         let Some(live) = self.live.as_ref() else {
             return;
@@ -343,8 +427,13 @@ impl Aggregate {
             let stats = &mut self.stacks[block.stack].1;
             stats.inuse_bytes += block.bytes;
             stats.inuse_objects += block.objects;
+            let w = &block.weight;
+            stats.inuse_inputs.add(w.size, w.offset, w.rate, w.certain);
             self.totals.inuse_bytes += block.bytes;
             self.totals.inuse_objects += block.objects;
+            self.totals
+                .inuse_inputs
+                .add(w.size, w.offset, w.rate, w.certain);
             let age = now_ns.saturating_sub(block.allocated_ns);
             if min_age.is_some_and(|min_age| u128::from(age) >= min_age.as_nanos()) {
                 let one = LeakStats {
@@ -372,11 +461,16 @@ impl Aggregate {
             };
             for &(size, count, rate) in counted {
                 let w = weight(size, rate, false);
+                let offset = crate::estimate::expected_offset(size, rate);
                 let stats = &mut self.stacks[stack].1;
                 stats.inuse_bytes += w.bytes * count as f64;
                 stats.inuse_objects += w.objects * count as f64;
+                stats.inuse_inputs.add_repeated(size, offset, rate, count);
                 self.totals.inuse_bytes += w.bytes * count as f64;
                 self.totals.inuse_objects += w.objects * count as f64;
+                self.totals
+                    .inuse_inputs
+                    .add_repeated(size, offset, rate, count);
             }
         }
     }
@@ -405,6 +499,9 @@ impl Aggregate {
         self.live_counts.untracked_samples = 0;
         self.live_counts.expired_samples = 0;
         self.periods.clear();
+        if let Some(timeline) = self.timeline.as_mut() {
+            timeline.restart();
+        }
         let Some(live) = self.live.as_mut() else {
             return;
         };
@@ -413,6 +510,9 @@ impl Aggregate {
             let next = remap.len();
             let new = *remap.entry(block.stack).or_insert(next);
             block.stack = new;
+        }
+        if let Some(timeline) = self.timeline.as_mut() {
+            timeline.renumber(&remap);
         }
         let mut kept: Vec<Option<(StackKey, StackStats)>> = vec![None; remap.len()];
         for (old_index, (key, _)) in old.into_iter().enumerate() {

@@ -102,6 +102,28 @@ impl IntervalInputs {
         (self.rate_sum / scale, scale)
     }
 
+    /// Takes back one sample [`IntervalInputs::add`] accounted for (a block leaving the
+    /// set in use): the inputs of the group without it.
+    pub fn remove(&mut self, size: u64, offset: u64, rate: u64, certain: bool) {
+        if certain {
+            self.certain_bytes = self.certain_bytes.saturating_sub(size);
+        } else {
+            self.counted_samples = self.counted_samples.saturating_sub(1);
+            self.untried_bytes = self
+                .untried_bytes
+                .saturating_sub(size.saturating_sub(offset));
+            self.sampled_bytes = self.sampled_bytes.saturating_sub(size);
+            // Sums of floats: clamped, and exactly zero when the group is empty again.
+            if self.counted_samples == 0 {
+                self.rate_sum = 0.0;
+                self.rate_square_sum = 0.0;
+            } else {
+                self.rate_sum = (self.rate_sum - rate as f64).max(0.0);
+                self.rate_square_sum = (self.rate_square_sum - (rate as f64).powi(2)).max(0.0);
+            }
+        }
+    }
+
     /// Adds another group's inputs.
     pub fn merge(&mut self, other: &IntervalInputs) {
         self.counted_samples += other.counted_samples;

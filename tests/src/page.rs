@@ -1,0 +1,161 @@
+//! The HTML report as people see it: opened in headless Chromium (Debian's), clicked
+//! and searched as a user would, its console and network read.
+
+use std::path::{Path, PathBuf};
+
+use allocbpf_harness::browser::Browser;
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+
+/// Where the tests keep their screenshots (artifacts of the run).
+pub fn artifacts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/test-artifacts")
+        .to_path_buf()
+}
+
+/// The data a page was drawn from (its embedded JSON).
+pub fn page_data(page: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(page)?;
+    let marker = r#"type="application/json">"#;
+    let start = text.find(marker).context("no data in the page")? + marker.len();
+    let end = start
+        + text[start..]
+            .find("</script>")
+            .context("unterminated data")?;
+    Ok(serde_json::from_str(&text[start..end])?)
+}
+
+/// What the browser saw of a page.
+#[derive(Debug)]
+pub struct Seen {
+    /// Flame-graph frames drawn at first.
+    pub frames: u64,
+    /// Texts of the frames drawn at first.
+    pub frame_texts: Vec<String>,
+    /// Texts of the stacks table's cells.
+    pub table_texts: Vec<String>,
+    /// Points of each drawn chart line (allocation rate, then heap in use).
+    pub chart_points: Vec<u64>,
+    /// Peak markers drawn.
+    pub peak_markers: u64,
+    /// Texts of the held-at-the-peak table's cells.
+    pub peak_texts: Vec<String>,
+}
+
+/// Opens `page` in Chromium and checks what every page must do, with `site` a
+/// function the profile names: it is named in the flame graph and the table; the
+/// flame graph and the timeline are drawn; a click on `site`'s frame zooms on it; a
+/// search for it highlights its frames; the console has no error and no request
+/// left the page. Saves a screenshot as `screenshot` under [`artifacts_dir`].
+pub fn check_in_browser(page: &Path, site: &str, screenshot: &str) -> Result<Seen> {
+    let browser = Browser::start(1400, 2400)?;
+    browser.open(page)?;
+    let texts = |css: &str| -> Result<Vec<String>> {
+        let found = browser.script(&format!(
+            "return [...document.querySelectorAll({css:?})].map(e => e.textContent)"
+        ))?;
+        Ok(found
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| t.as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default())
+    };
+    let frame_texts = texts("#flame-graph .frame")?;
+    let table_texts = texts("#stacks td")?;
+    let chart_points: Vec<u64> = browser
+        .script(
+            "return [...document.querySelectorAll('#timeline-charts polyline.estimate')]\
+             .map(l => l.getAttribute('points').trim().split(' ').filter(p => p).length)",
+        )?
+        .as_array()
+        .context("no charts")?
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    let peak_markers = browser
+        .script("return document.querySelectorAll('#timeline-charts circle.peak').length")?
+        .as_u64()
+        .unwrap_or(0);
+    let peak_texts = texts("#peak-stacks td")?;
+    let seen = Seen {
+        frames: frame_texts.len() as u64,
+        frame_texts,
+        table_texts,
+        chart_points,
+        peak_markers,
+        peak_texts,
+    };
+    ensure!(seen.frames > 2, "the flame graph is not drawn: {seen:?}");
+    ensure!(
+        seen.frame_texts.iter().any(|t| t.contains(site)),
+        "{site} is not named in the flame graph: {:?}",
+        seen.frame_texts
+    );
+    ensure!(
+        seen.table_texts.iter().any(|t| t.contains(site)),
+        "{site} is not named in the table"
+    );
+    ensure!(
+        !seen.chart_points.is_empty() && seen.chart_points[0] >= 2,
+        "the timeline is not drawn: {seen:?}"
+    );
+
+    // A click on the site's frame zooms on it: it spans the graph.
+    let node = browser.script(&format!(
+        "const f = [...document.querySelectorAll('#flame-graph .frame')]\
+           .find(f => f.textContent.includes({site:?})); return f ? f.dataset.node : null"
+    ))?;
+    let node = node
+        .as_str()
+        .context("no frame of the site to click")?
+        .to_string();
+    browser.click(&format!("#flame-graph .frame[data-node=\"{node}\"]"))?;
+    let zoom = browser.script(&format!(
+        "const g = document.getElementById('flame-graph').clientWidth;\
+         const f = document.querySelector('#flame-graph .frame[data-node=\"{node}\"]');\
+         return [window.allocbpf.state().zoom, f ? f.getBoundingClientRect().width / g : 0]"
+    ))?;
+    ensure!(
+        zoom[0].as_u64().map(|z| z.to_string()) == Some(node.clone()),
+        "the click did not zoom: {zoom}"
+    );
+    ensure!(
+        zoom[1].as_f64().unwrap_or(0.0) > 0.95,
+        "the zoomed frame does not span the graph: {zoom}"
+    );
+    browser.click("#reset")?;
+
+    // A search highlights the site's frames, and only frames that match.
+    browser.type_into("#search", site)?;
+    let matches = browser.script(
+        "return [...document.querySelectorAll('#flame-graph .frame.match')]\
+         .map(f => f.textContent)",
+    )?;
+    let matches = matches.as_array().context("no matches")?;
+    ensure!(!matches.is_empty(), "the search highlighted nothing");
+    let info = browser.script("return document.getElementById('flame-info').textContent")?;
+    ensure!(
+        info.as_str().unwrap_or("").starts_with("matched"),
+        "the search says nothing: {info}"
+    );
+
+    // Nothing left the page, and the console holds no error.
+    let requests =
+        browser.script("return performance.getEntriesByType('resource').map(r => r.name)")?;
+    ensure!(
+        requests.as_array().is_some_and(|r| r.is_empty()),
+        "requests left the page: {requests}"
+    );
+    let errors: Vec<(String, String)> = browser
+        .console()?
+        .into_iter()
+        .filter(|(level, _)| level == "SEVERE" || level == "WARNING")
+        .collect();
+    ensure!(errors.is_empty(), "console errors: {errors:?}");
+    browser.screenshot(&artifacts_dir().join(screenshot))?;
+    Ok(seen)
+}
