@@ -7,7 +7,7 @@ use allocbpf_e2e::{
     agent::agent_workload, allocbpf_bin, one_profiler_at_a_time, page, require_root, scratch_dir,
     Profiler, Workload,
 };
-use allocbpf_harness::workload_source;
+use allocbpf_harness::{browser::Browser, workload_source};
 
 /// Debian's interpreter (a program nobody here wrote).
 const DEBIAN_PYTHON: &str = "/usr/bin/python3.11";
@@ -146,4 +146,59 @@ fn progress_shows_on_a_terminal_only() {
     assert_eq!(piped.code, Some(0), "{}", piped.stderr);
     assert!(!piped.stderr.contains("\x1b[2K"), "{:?}", piped.stderr);
     assert!(!piped.stderr.contains(" samples ("), "{:?}", piped.stderr);
+}
+
+/// A process that allocates nothing while profiled makes a valid page: it opens
+/// without a console error, says why it is empty, and draws nothing it does not have.
+#[test]
+fn an_empty_profile_makes_a_page_without_errors() {
+    require_root();
+    let _one = one_profiler_at_a_time();
+    let scratch = scratch_dir("report-page-empty");
+    let out = scratch.join("empty.html");
+    // Debian's sleep: no allocation while it sleeps.
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let finished = allocbpf_e2e::run_allocbpf(
+        &[
+            "--pid",
+            &pid,
+            "--live",
+            "--duration",
+            "1s",
+            "--format",
+            "html",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_eq!(finished.code, Some(0), "{}", finished.stderr);
+    let browser = Browser::start(1200, 900).unwrap();
+    browser.open(&out).unwrap();
+    let summary = browser
+        .script("return document.querySelector('#header ul.notes').textContent")
+        .unwrap();
+    assert!(
+        summary.as_str().unwrap_or("").contains("note:"),
+        "the page does not say why it is empty: {summary}"
+    );
+    let rows = browser
+        .script("return document.querySelectorAll('#stacks tbody tr').length")
+        .unwrap();
+    assert_eq!(rows, 0);
+    browser.type_into("#search", "(unbalanced[").unwrap();
+    let errors: Vec<(String, String)> = browser
+        .console()
+        .unwrap()
+        .into_iter()
+        .filter(|(level, _)| level == "SEVERE" || level == "WARNING")
+        .collect();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    browser
+        .screenshot(&page::artifacts_dir().join("report-empty.png"))
+        .unwrap();
 }

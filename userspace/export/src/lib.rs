@@ -112,6 +112,7 @@ pub(crate) fn test_report() -> Report {
             inuse_bytes: 0.0,
             inuse_objects: 0.0,
             inuse_inputs: Default::default(),
+            inuse_observed_bytes: 0.0,
         },
     };
     Report {

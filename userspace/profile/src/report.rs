@@ -104,6 +104,9 @@ pub struct ProcessSummary {
 pub struct ProcessTimeline {
     /// Process id.
     pub pid: u32,
+    /// Its command name, when it is not the report's for the pid (a store's, where
+    /// a pid may have been reused).
+    pub name: Option<String>,
     /// The timeline; times are nanoseconds since the report's start.
     pub timeline: Timeline<Vec<Location>>,
 }
@@ -347,7 +350,11 @@ impl Report {
         {
             timeline.scale(factor);
         }
-        self.timelines.push(ProcessTimeline { pid, timeline });
+        self.timelines.push(ProcessTimeline {
+            pid,
+            name: None,
+            timeline,
+        });
     }
 
     /// Multiplies every estimate (bytes, objects, in use, leaked, the per-period

@@ -13,6 +13,9 @@ use allocbpf_profile::report::{names_of, ProcessTimeline, Report};
 
 use crate::text::summary_lines;
 
+/// Timelines a page holds: those of the processes that allocated most.
+pub const MAX_TIMELINES: usize = 100;
+
 /// Names interned in first-seen order.
 #[derive(Default)]
 struct Names {
@@ -70,9 +73,15 @@ impl Tree {
     }
 
     /// The tree as parallel arrays: per node its name, parent, samples, estimated
-    /// bytes allocated with their interval, and (`live`) in use with theirs. Every
-    /// node is kept: stacks name their leaf node.
-    fn to_json(&self, rate: u64, confidence: Confidence, live: bool) -> Value {
+    /// bytes allocated with their interval, and (`live`) in use with theirs (none
+    /// `without_inuse_intervals`). Every node is kept: stacks name their leaf node.
+    fn to_json(
+        &self,
+        rate: u64,
+        confidence: Confidence,
+        live: bool,
+        without_inuse_intervals: bool,
+    ) -> Value {
         let n = self.name.len();
         let (mut value, mut lo, mut hi) = (vec![], vec![], vec![]);
         let (mut inuse, mut inuse_lo, mut inuse_hi) = (vec![], vec![], vec![]);
@@ -82,7 +91,9 @@ impl Tree {
             lo.push(bytes(interval.lo));
             hi.push(bytes(interval.hi));
             if live {
-                let interval = stats.inuse_interval(rate, confidence);
+                let interval = (!without_inuse_intervals)
+                    .then(|| stats.inuse_interval(rate, confidence))
+                    .flatten();
                 inuse.push(bytes(stats.inuse_bytes));
                 inuse_lo.push(interval.map(|i| bytes(i.lo)));
                 inuse_hi.push(interval.map(|i| bytes(i.hi)));
@@ -113,6 +124,14 @@ fn bytes(value: f64) -> u64 {
     value.round().max(0.0) as u64
 }
 
+/// The interval of bytes held (a timeline's `StackStats` whose `estimated_bytes` are
+/// bytes in use): the estimator's, scaled like the estimate; `None` for bytes read
+/// back without their inputs (a store).
+fn held_interval(held: &StackStats, rate: u64, confidence: Confidence) -> Option<Interval> {
+    let without_inputs = held.interval_inputs == Default::default() && held.estimated_bytes > 0.0;
+    (!without_inputs).then(|| held.bytes_interval(rate, confidence))
+}
+
 fn interval_json(interval: Option<Interval>) -> Value {
     match interval {
         Some(i) => json!([bytes(i.lo), bytes(i.hi)]),
@@ -132,6 +151,23 @@ pub fn page_data(report: &Report, command: &str) -> Value {
     let rate = report.rate;
     let confidence = report.confidence;
     let live = report.live.is_some();
+    // In-use intervals need the live samples' inputs: none observed part time (blocks
+    // leave the followed set when their window closes, so in-use figures are not the
+    // heap's), none read back from a store (it keeps no such inputs).
+    let part_time = report
+        .time_sampling
+        .as_ref()
+        .is_some_and(|t| t.observed_fraction < 1.0);
+    let no_inuse_intervals = part_time
+        || report
+            .stacks
+            .iter()
+            .all(|s| s.stats.inuse_inputs == Default::default());
+    let inuse_interval = |stats: &StackStats| {
+        (!no_inuse_intervals)
+            .then(|| stats.inuse_interval(rate, confidence))
+            .flatten()
+    };
     let mut names = Names::default();
     let root = names.id("all");
     let mut tree = Tree::new(root);
@@ -151,8 +187,12 @@ pub fn page_data(report: &Report, command: &str) -> Value {
             "ci": interval_json(Some(report.interval(&stats))),
             "samples": stats.samples,
             "inuse": live.then(|| bytes(stats.inuse_bytes)),
-            "inuse_ci": live.then(|| interval_json(stats.inuse_interval(rate, confidence))),
+            "inuse_ci": live.then(|| interval_json(inuse_interval(&stats))),
         }));
+    }
+    // Processes that made no stack (a silent target) are listed too.
+    for &pid in report.processes.keys() {
+        per_process.entry(pid).or_default();
     }
     let processes: Vec<Value> = per_process
         .iter()
@@ -167,13 +207,24 @@ pub fn page_data(report: &Report, command: &str) -> Value {
                 "exact_bytes": summary.exact_bytes,
                 "exact_calls": summary.exact_calls,
                 "inuse": live.then(|| bytes(stats.inuse_bytes)),
-                "inuse_ci": live.then(|| interval_json(stats.inuse_interval(rate, confidence))),
+                "inuse_ci": live.then(|| interval_json(inuse_interval(stats))),
             })
         })
         .collect();
-    let timelines: Vec<Value> = report
-        .timelines
-        .iter()
+    // The processes that allocated most: a host's page stays small.
+    let allocated = |t: &&ProcessTimeline| -> f64 {
+        t.timeline
+            .points
+            .iter()
+            .map(|p| p.alloc.estimated_bytes)
+            .sum()
+    };
+    let mut ordered: Vec<&ProcessTimeline> = report.timelines.iter().collect();
+    ordered.sort_by(|a, b| allocated(b).total_cmp(&allocated(a)));
+    let timelines_omitted = ordered.len().saturating_sub(MAX_TIMELINES);
+    let timelines: Vec<Value> = ordered
+        .into_iter()
+        .take(MAX_TIMELINES)
         .map(|t| timeline_json(report, t, &mut names))
         .collect();
     let total = report.total_interval();
@@ -197,10 +248,11 @@ pub fn page_data(report: &Report, command: &str) -> Value {
         },
         "summary": summary_lines(report),
         "names": names.names,
-        "tree": tree.to_json(rate, confidence, live),
+        "tree": tree.to_json(rate, confidence, live, no_inuse_intervals),
         "stacks": stacks,
         "processes": processes,
         "timelines": timelines,
+        "timelines_omitted": timelines_omitted,
     })
 }
 
@@ -216,14 +268,9 @@ fn timeline_json(report: &Report, process: &ProcessTimeline, names: &mut Names) 
         .iter()
         .map(|p| {
             let alloc = (!timeline.time_sampled).then(|| p.alloc.bytes_interval(rate, confidence));
-            let inuse = timeline.live.then(|| {
-                let held = StackStats {
-                    inuse_bytes: p.inuse.estimated_bytes,
-                    inuse_inputs: p.inuse.interval_inputs,
-                    ..StackStats::default()
-                };
-                held.inuse_interval(rate, confidence)
-            });
+            let inuse = timeline
+                .live
+                .then(|| held_interval(&p.inuse, rate, confidence));
             json!([
                 seconds(p.start_ns),
                 seconds(p.end_ns),
@@ -241,14 +288,12 @@ fn timeline_json(report: &Report, process: &ProcessTimeline, names: &mut Names) 
         let stacks: Vec<Value> = peak
             .stacks
             .iter()
-            .take(MAX_PEAK_STACKS)
             .map(|(locations, held)| {
                 let frames: Vec<usize> = names_of(locations)
                     .into_iter()
                     .map(|n| names.id(n))
                     .collect();
-                let interval = (held.interval_inputs != Default::default())
-                    .then(|| held.bytes_interval(rate, confidence));
+                let interval = held_interval(held, rate, confidence);
                 json!({
                     "frames": frames,
                     "bytes": bytes(held.estimated_bytes),
@@ -257,19 +302,21 @@ fn timeline_json(report: &Report, process: &ProcessTimeline, names: &mut Names) 
                 })
             })
             .collect();
-        let interval = (peak.inuse.interval_inputs != Default::default())
-            .then(|| peak.inuse.bytes_interval(rate, confidence));
+        let interval = held_interval(&peak.inuse, rate, confidence);
         json!({
             "at_s": seconds(peak.at_ns),
             "bytes": bytes(peak.inuse.estimated_bytes),
             "ci": interval_json(interval),
             "stacks": stacks,
-            "more": peak.stacks.len().saturating_sub(MAX_PEAK_STACKS),
+            "more": peak.omitted,
         })
     });
     json!({
         "pid": process.pid,
-        "name": process_name(report, process.pid),
+        "name": match &process.name {
+            Some(name) => format!("{name} [{}]", process.pid),
+            None => process_name(report, process.pid),
+        },
         "live": timeline.live,
         "time_sampled": timeline.time_sampled,
         "high": timeline.high.map(|(ns, high)| json!([seconds(ns), bytes(high)])),
@@ -277,6 +324,3 @@ fn timeline_json(report: &Report, process: &ProcessTimeline, names: &mut Names) 
         "peak": peak,
     })
 }
-
-/// Stacks listed as held at a peak (the rest are counted).
-const MAX_PEAK_STACKS: usize = 50;

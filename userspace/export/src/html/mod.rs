@@ -22,7 +22,7 @@ const STYLE: &str = include_str!("report.css");
 /// remote script): the page works offline, and a name that slipped through as markup
 /// could not reach out.
 const CONTENT_SECURITY_POLICY: &str =
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:";
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'";
 
 /// JSON safe inside a `<script>` element: `<`, `>` and `&` escaped as JSON escapes
 /// (so no `</script>` can end it), and the two line separators JavaScript once

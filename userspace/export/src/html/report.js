@@ -53,6 +53,10 @@
   }
 
   const level = data.confidence + '%';
+  // Observed part time (an overhead budget): a stack's interval covers byte sampling in
+  // the observed windows, scaled up (the header's total covers time sampling too).
+  const partTime = data.time_sampled !== null && data.time_sampled < 1;
+  const stackCI = level + (partTime ? ' CI (observed windows)' : ' CI');
 
   // ---- Header -------------------------------------------------------------------
   function renderHeader() {
@@ -165,6 +169,10 @@
     };
     walk(flame.zoom, 0, false);
     const info = document.getElementById('flame-info');
+    if (v.value[0] <= 0) {
+      info.textContent = flame.view === 'alloc' ? 'nothing was sampled' : 'nothing sampled was in use at the end';
+      return;
+    }
     info.textContent = query
       ? 'matched ' + bytes(matched) + ' (' + (100 * matched / Math.max(v.value[flame.zoom], 1)).toFixed(1) + '% of the view)'
       : (flame.zoom ? 'zoomed on ' + nameOf(flame.zoom) + ': click "all" to reset' : 'click a frame to zoom');
@@ -182,8 +190,8 @@
     const what = flame.view === 'alloc' ? 'allocated' : 'in use';
     const ci = v.lo[node] === null ? null : [v.lo[node], v.hi[node]];
     tip.appendChild(el('div', { text: 'estimated ' + what + ': ' + bytes(v.value[node]) + ' (' + (100 * v.value[node] / root).toFixed(2) + '%)' }));
-    tip.appendChild(el('div', { text: level + ' CI: ' + interval(ci) }));
-    tip.appendChild(el('div', { text: 'samples: ' + v.samples[node] }));
+    tip.appendChild(el('div', { text: stackCI + ': ' + interval(ci) }));
+    tip.appendChild(el('div', { text: 'samples (allocated): ' + v.samples[node] }));
     tip.hidden = false;
     tip.style.left = Math.min(event.pageX + 12, document.body.scrollWidth - 320) + 'px';
     tip.style.top = (event.pageY + 12) + 'px';
@@ -273,34 +281,42 @@
   function renderTimeline(index) {
     const area = document.getElementById('timeline-charts');
     area.textContent = '';
+    const held = document.getElementById('peak-stacks');
+    held.textContent = '';
     const timeline = data.timelines[index];
     if (!timeline) {
       area.appendChild(el('p', { text: 'no timeline was recorded' }));
       return;
     }
     const pts = timeline.points;
+    if (!pts.length) {
+      area.appendChild(el('p', { class: 'muted', text: 'no timestamped sample in this process (a runtime\'s own counts, as Go\'s heap profile, are not in the timeline)' }));
+      return;
+    }
     // Allocation rate: bytes per second of each point, a step per point.
     const rateTitle = timeline.time_sampled
-      ? 'allocation rate (bytes/s), scaled up from observation windows: no band (the header\'s total interval covers time sampling)'
-      : 'allocation rate (bytes/s), ' + level + ' band';
+      ? 'allocation rate (bytes/s), scaled up from observation windows'
+      : 'allocation rate (bytes/s), pointwise ' + level + ' band';
+    if (timeline.time_sampled) {
+      area.appendChild(el('p', { class: 'muted', text: 'observed part time (overhead budget): each point is scaled up from its observation windows and has no band of its own; the header\'s total interval covers time sampling' }));
+    }
     area.appendChild(chart(rateTitle, pts, (p) => {
-      const d = Math.max(p[1] - p[0], 1e-9);
+      // At least a millisecond: a point cut short at the run's end is not a spike.
+      const d = Math.max(p[1] - p[0], 1e-3);
       return [p[2] / d, p[3] === null ? null : p[3] / d, p[4] === null ? null : p[4] / d, [p[0], p[1]]];
     }, []));
     if (timeline.time_sampled) {
       area.appendChild(el('p', { class: 'muted', text: 'heap in use: not followed under the overhead budget (a block leaves the followed set when its observation window closes, not when it is freed); profile one process by --pid with --live to follow it' }));
     } else if (timeline.live) {
       const marks = [];
-      if (timeline.high) marks.push([timeline.high[0], timeline.high[1], 'peak ' + bytes(timeline.high[1]) + ' at ' + seconds(timeline.high[0])]);
-      area.appendChild(chart('estimated heap in use, ' + level + ' band', pts, (p) => [p[5], p[6], p[7], [p[1]]], marks));
+      if (timeline.high) marks.push([timeline.high[0], timeline.high[1], 'highest estimate ' + bytes(timeline.high[1]) + ' at ' + seconds(timeline.high[0])]);
+      area.appendChild(chart('estimated heap in use, pointwise ' + level + ' band', pts, (p) => [p[5], p[6], p[7], [p[1]]], marks));
     } else {
       area.appendChild(el('p', { class: 'muted', text: 'heap in use: run with --live to follow it' }));
     }
-    const held = document.getElementById('peak-stacks');
-    held.textContent = '';
     const peak = timeline.peak;
     if (!peak) return;
-    held.appendChild(el('h3', { text: 'held at the peak: ' + bytes(peak.bytes) + ' (' + level + ' CI ' + interval(peak.ci) + ') at ' + seconds(peak.at_s) }));
+    held.appendChild(el('h3', { text: 'held at the peak (a moment within 2% of the highest estimate): ' + bytes(peak.bytes) + ' (' + level + ' CI ' + interval(peak.ci) + ') at ' + seconds(peak.at_s) }));
     const rows = peak.stacks.map((s) => ({ frames: s.frames, bytes: s.bytes, ci: s.ci, samples: s.samples }));
     held.appendChild(stackTable(rows, [
       ['site', (r) => leaf(r.frames), null],
@@ -316,6 +332,9 @@
     const order = data.timelines.map((t, i) => [i, t.points.reduce((s, p) => s + p[2], 0)]).sort((a, b) => b[1] - a[1]);
     for (const [i] of order) select.appendChild(el('option', { value: String(i), text: data.timelines[i].name }));
     select.addEventListener('change', () => renderTimeline(Number(select.value)));
+    if (data.timelines_omitted) {
+      select.parentNode.appendChild(el('span', { class: 'muted', text: ' the ' + data.timelines.length + ' processes that allocated most; ' + data.timelines_omitted + ' more not shown' }));
+    }
     renderTimeline(order.length ? order[0][0] : -1);
   }
 
@@ -392,7 +411,7 @@
       ['site', (r) => leaf(r.frames), null],
       ['stack (outermost first)', (r) => stackText(r.frames), null],
       ['estimated', (r) => bytes(r.bytes), (r) => r.bytes],
-      [level + ' CI', (r) => interval(r.ci), null],
+      [stackCI, (r) => interval(r.ci), null],
       ['samples', (r) => String(r.samples), (r) => r.samples],
     ];
     if (data.live) {
@@ -403,7 +422,7 @@
     const processColumns = [
       ['process', (r) => r.name, null],
       ['estimated', (r) => bytes(r.bytes), (r) => r.bytes],
-      [level + ' CI', (r) => interval(r.ci), null],
+      [stackCI, (r) => interval(r.ci), null],
       ['samples', (r) => String(r.samples), (r) => r.samples],
       ['exact bytes', (r) => bytes(r.exact_bytes), (r) => r.exact_bytes],
       ['exact calls', (r) => String(r.exact_calls), (r) => r.exact_calls],

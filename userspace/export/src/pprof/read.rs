@@ -114,6 +114,7 @@ pub fn read(profile: &Profile) -> ReadProfile {
                 inuse_bytes: value(inuse_space),
                 inuse_objects: value(inuse_objects),
                 inuse_inputs: Default::default(),
+                inuse_observed_bytes: 0.0,
             };
             let locations = sample
                 .location_id

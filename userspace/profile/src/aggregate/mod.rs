@@ -72,6 +72,10 @@ pub struct StackStats {
     /// What the interval on `inuse_bytes` needs: the inputs of the samples still live
     /// (empty where in-use bytes come without them, as read back from a store).
     pub inuse_inputs: IntervalInputs,
+    /// Byte weights of the samples still live before time weighting (and before a
+    /// pace correction): the in-use interval is computed on these and scaled up to
+    /// `inuse_bytes`, as `bytes_interval` is.
+    pub inuse_observed_bytes: f64,
 }
 
 impl StackStats {
@@ -85,16 +89,27 @@ impl StackStats {
         self.inuse_bytes += other.inuse_bytes;
         self.inuse_objects += other.inuse_objects;
         self.inuse_inputs.merge(&other.inuse_inputs);
+        self.inuse_observed_bytes += other.inuse_observed_bytes;
     }
 
-    /// The confidence interval on `inuse_bytes`, `None` without its inputs. The sampled
-    /// blocks still live are a group like any other: their bytes were tried byte by
-    /// byte, and whether a block is live does not depend on its sampling.
+    /// The confidence interval on `inuse_bytes`; `None` for in-use bytes that came
+    /// without their inputs (read back from a store). The sampled blocks still live
+    /// are a group like any other: their bytes were tried byte by byte, and whether a
+    /// block is live does not depend on its sampling. With no sampled block live the
+    /// interval still reaches up: unsampled blocks may be.
     pub fn inuse_interval(&self, rate: u64, confidence: Confidence) -> Option<Interval> {
-        if self.inuse_inputs == IntervalInputs::default() {
-            return (self.inuse_bytes == 0.0).then_some(Interval { lo: 0.0, hi: 0.0 });
+        if self.inuse_inputs == IntervalInputs::default() && self.inuse_bytes > 0.0 {
+            return None;
         }
-        Some(self.inuse_inputs.interval(rate, confidence))
+        let interval = self.inuse_inputs.interval(rate, confidence);
+        if self.inuse_observed_bytes <= 0.0 || self.inuse_bytes == self.inuse_observed_bytes {
+            return Some(interval);
+        }
+        let scale = self.inuse_bytes / self.inuse_observed_bytes;
+        Some(Interval {
+            lo: interval.lo * scale,
+            hi: interval.hi * scale,
+        })
     }
 
     /// Accounts for `count` samples of `size` bytes (`offset` bytes before each sampled
@@ -413,10 +428,12 @@ impl Aggregate {
             stats.inuse_bytes = 0.0;
             stats.inuse_objects = 0.0;
             stats.inuse_inputs = IntervalInputs::default();
+            stats.inuse_observed_bytes = 0.0;
         }
         self.totals.inuse_bytes = 0.0;
         self.totals.inuse_objects = 0.0;
         self.totals.inuse_inputs = IntervalInputs::default();
+        self.totals.inuse_observed_bytes = 0.0;
         self.finish_runtime_in_use();
         let Some(live) = self.live.as_ref() else {
             return;
@@ -428,12 +445,15 @@ impl Aggregate {
             stats.inuse_bytes += block.bytes;
             stats.inuse_objects += block.objects;
             let w = &block.weight;
+            let observed = weight(w.size, w.rate, w.certain).bytes;
             stats.inuse_inputs.add(w.size, w.offset, w.rate, w.certain);
+            stats.inuse_observed_bytes += observed;
             self.totals.inuse_bytes += block.bytes;
             self.totals.inuse_objects += block.objects;
             self.totals
                 .inuse_inputs
                 .add(w.size, w.offset, w.rate, w.certain);
+            self.totals.inuse_observed_bytes += observed;
             let age = now_ns.saturating_sub(block.allocated_ns);
             if min_age.is_some_and(|min_age| u128::from(age) >= min_age.as_nanos()) {
                 let one = LeakStats {
@@ -466,11 +486,13 @@ impl Aggregate {
                 stats.inuse_bytes += w.bytes * count as f64;
                 stats.inuse_objects += w.objects * count as f64;
                 stats.inuse_inputs.add_repeated(size, offset, rate, count);
+                stats.inuse_observed_bytes += w.bytes * count as f64;
                 self.totals.inuse_bytes += w.bytes * count as f64;
                 self.totals.inuse_objects += w.objects * count as f64;
                 self.totals
                     .inuse_inputs
                     .add_repeated(size, offset, rate, count);
+                self.totals.inuse_observed_bytes += w.bytes * count as f64;
             }
         }
     }

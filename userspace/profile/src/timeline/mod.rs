@@ -45,6 +45,9 @@ pub struct TimelinePoint {
     pub inuse_high: f64,
 }
 
+/// Stacks kept in a copy of the peak, the largest (the rest are counted).
+pub const MAX_PEAK_STACKS: usize = 50;
+
 /// The stacks that held memory at (or within [`PEAK_STEP`] of) the peak.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PeakCopy<S> {
@@ -52,9 +55,11 @@ pub struct PeakCopy<S> {
     pub at_ns: u64,
     /// In use then, in all: `estimated_bytes` are the bytes held.
     pub inuse: StackStats,
-    /// Each stack holding memory then, with what it held (`estimated_bytes`: bytes
-    /// held), largest first.
+    /// The stacks holding most memory then (at most [`MAX_PEAK_STACKS`]), with what
+    /// each held (`estimated_bytes`: bytes held), largest first.
     pub stacks: Vec<(S, StackStats)>,
+    /// Stacks that held memory then but are left out.
+    pub omitted: usize,
 }
 
 /// A finished timeline of one process.
@@ -103,6 +108,7 @@ impl<S> Timeline<S> {
                     .into_iter()
                     .map(|(s, stats)| (stack(s), stats))
                     .collect(),
+                omitted: peak.omitted,
             }),
         }
     }
@@ -252,8 +258,10 @@ impl TimelineRecorder {
     pub fn finish(&mut self, now_ns: u64) -> Timeline<usize> {
         self.copy_peak();
         let mut points = self.points.clone();
-        if let Some(last) = points.last_mut() {
-            last.end_ns = last.end_ns.min(now_ns.max(last.start_ns));
+        // The last point ends now, unless now is not past its start (a clock read
+        // before the last event's): then it keeps its stretch.
+        if let Some(last) = points.last_mut().filter(|last| now_ns > last.start_ns) {
+            last.end_ns = last.end_ns.min(now_ns);
         }
         Timeline {
             points,
@@ -322,10 +330,13 @@ impl TimelineRecorder {
             .map(|(stack, stats)| (stack, *stats))
             .collect();
         stacks.sort_by(|a, b| b.1.estimated_bytes.total_cmp(&a.1.estimated_bytes));
+        let omitted = stacks.len().saturating_sub(MAX_PEAK_STACKS);
+        stacks.truncate(MAX_PEAK_STACKS);
         self.peak = Some(PeakCopy {
             at_ns: self.high.map_or(0, |(at, _)| at),
             inuse: self.running,
             stacks,
+            omitted,
         });
     }
 

@@ -15,15 +15,15 @@ use std::{
 use regex::Regex;
 
 use super::store::{age, list, StoreError};
+use timelines::StoredTimelines;
+
+mod timelines;
 use allocbpf_collect::error::error_chain;
 use allocbpf_export::pprof::{self, decode_path, ProfileMeta, ReadProfile};
-use allocbpf_profile::aggregate::{LiveCounts, StackStats};
+use allocbpf_profile::aggregate::LiveCounts;
 use allocbpf_profile::estimate::Confidence;
 use allocbpf_profile::frame::{Frame, FunctionFrame};
-use allocbpf_profile::report::{
-    Location, ProcessSummary, ProcessTimeline, Report, StackReport, Totals,
-};
-use allocbpf_profile::timeline::{PeakCopy, Timeline, TimelinePoint};
+use allocbpf_profile::report::{Location, ProcessSummary, Report, StackReport, Totals};
 
 /// Merges the profiles stored under `store` that ended at most `since` ago and whose
 /// process's command name matches `comm` into one report; also returns how many were
@@ -78,21 +78,9 @@ struct Merger {
     /// Stacks of each process's latest profile: in-use bytes are a snapshot, so only
     /// the latest counts (profiles arrive oldest first).
     latest: HashMap<u32, Vec<usize>>,
-    /// Per process, one timeline point per stored profile, oldest first.
-    points: BTreeMap<u32, Vec<StoredPoint>>,
+    /// Per process, a point per stored profile, and its peak.
+    timelines: StoredTimelines,
     processes: BTreeMap<u32, ProcessSummary>,
-}
-
-/// What one stored profile adds to its process's timeline.
-struct StoredPoint {
-    start_ns: i64,
-    end_ns: i64,
-    alloc: StackStats,
-    inuse_bytes: f64,
-    /// Time-sampled (an overhead budget).
-    time_sampled: bool,
-    /// Its stacks (indexes into the merger's), for the peak.
-    stacks: Vec<usize>,
 }
 
 impl Merger {
@@ -127,24 +115,17 @@ impl Merger {
             });
         }
         if let Some(pid) = pid_of_profile {
-            let mut point = StoredPoint {
-                start_ns: profile.time_nanos,
-                end_ns: profile.time_nanos + profile.duration_nanos,
-                alloc: StackStats::default(),
-                inuse_bytes: 0.0,
-                time_sampled: profile.samples.iter().any(|s| s.time_sampled),
-                stacks: this_profile.clone(),
-            };
-            for &stack in &this_profile {
-                let stats = &self.stacks[stack].stats;
-                point.alloc.merge(&StackStats {
-                    inuse_bytes: 0.0,
-                    inuse_objects: 0.0,
-                    ..*stats
-                });
-                point.inuse_bytes += stats.inuse_bytes;
-            }
-            self.points.entry(pid).or_default().push(point);
+            let first = this_profile.first().copied().unwrap_or(0);
+            self.timelines.add(
+                pid,
+                comm,
+                (
+                    profile.time_nanos,
+                    profile.time_nanos + profile.duration_nanos,
+                ),
+                &self.stacks[first..],
+                profile.samples.iter().any(|s| s.time_sampled),
+            );
             let summary = self.processes.entry(pid).or_default();
             summary.name = comm.to_string();
             summary.exact_bytes += meta.exact_bytes.unwrap_or(0);
@@ -169,66 +150,6 @@ impl Merger {
             .clone()
     }
 
-    /// One timeline per process: a point per stored profile (the in-use bytes are its
-    /// end's, without an interval: the store keeps no in-use interval inputs), the
-    /// peak at the profile that ended holding most, with its stacks.
-    fn timelines(&self, origin_ns: i64) -> Vec<ProcessTimeline> {
-        let at = |ns: i64| (ns - origin_ns).max(0) as u64;
-        self.points
-            .iter()
-            .map(|(&pid, stored)| {
-                let points: Vec<TimelinePoint> = stored
-                    .iter()
-                    .map(|p| TimelinePoint {
-                        start_ns: at(p.start_ns),
-                        end_ns: at(p.end_ns),
-                        alloc: p.alloc,
-                        inuse: StackStats {
-                            estimated_bytes: p.inuse_bytes,
-                            ..StackStats::default()
-                        },
-                        inuse_high: p.inuse_bytes,
-                    })
-                    .collect();
-                let peak = stored
-                    .iter()
-                    .filter(|p| self.live && p.inuse_bytes > 0.0)
-                    .max_by(|a, b| a.inuse_bytes.total_cmp(&b.inuse_bytes));
-                let mut timeline = Timeline {
-                    points,
-                    live: self.live,
-                    time_sampled: false,
-                    high: peak.map(|p| (at(p.end_ns), p.inuse_bytes)),
-                    peak: peak.map(|p| PeakCopy {
-                        at_ns: at(p.end_ns),
-                        inuse: StackStats {
-                            estimated_bytes: p.inuse_bytes,
-                            ..StackStats::default()
-                        },
-                        stacks: p
-                            .stacks
-                            .iter()
-                            .map(|&i| &self.stacks[i])
-                            .filter(|s| s.stats.inuse_bytes > 0.0)
-                            .map(|s| {
-                                let held = StackStats {
-                                    estimated_bytes: s.stats.inuse_bytes,
-                                    estimated_objects: s.stats.inuse_objects,
-                                    ..StackStats::default()
-                                };
-                                (s.locations.clone(), held)
-                            })
-                            .collect(),
-                    }),
-                };
-                if stored.iter().any(|p| p.time_sampled) {
-                    timeline.observed_part_time();
-                }
-                ProcessTimeline { pid, timeline }
-            })
-            .collect()
-    }
-
     fn finish(mut self) -> Report {
         let mut totals = Totals {
             exact_bytes: self.exact_bytes,
@@ -248,7 +169,8 @@ impl Merger {
         self.stacks
             .sort_by(|a, b| b.stats.estimated_bytes.total_cmp(&a.stats.estimated_bytes));
         let span = self.last_ns - self.first_ns.unwrap_or(self.last_ns);
-        let timelines = self.timelines(self.first_ns.unwrap_or(0));
+        let timelines =
+            std::mem::take(&mut self.timelines).finish(self.first_ns.unwrap_or(0), self.live);
         Report {
             rate: self.rate.max(1),
             confidence: Confidence::DEFAULT,
