@@ -4,7 +4,15 @@
 use std::path::{Path, PathBuf};
 
 use allocbpf_harness::browser::Browser;
+use allocbpf_profile::{
+    aggregate::{Aggregate, SampledAllocation, StackKey},
+    estimate::Confidence,
+    frame::{Frame, FunctionFrame, Functions, Module, Symbolize},
+    report::{KernelFigures, Report},
+};
 use anyhow::{ensure, Context, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
 /// Where the tests keep their screenshots (artifacts of the run).
@@ -158,4 +166,93 @@ pub fn check_in_browser(page: &Path, site: &str, screenshot: &str) -> Result<See
     ensure!(errors.is_empty(), "console errors: {errors:?}");
     browser.screenshot(&artifacts_dir().join(screenshot))?;
     Ok(seen)
+}
+
+/// A synthetic report's mean sampling interval.
+const RATE: u64 = 512 * 1024;
+/// The span of a synthetic report's samples.
+pub const SYNTHETIC_SECONDS: u64 = 60;
+
+/// Names a frame id `fn_<id>` (a symbolizer of synthetic frames).
+struct Synthetic;
+
+impl Symbolize for Synthetic {
+    fn prepare(&mut self, _: &mut dyn Iterator<Item = &Frame>) {}
+    fn functions(&self, frame: &Frame) -> Functions {
+        let id = match frame {
+            Frame::Unknown(id) => *id,
+            _ => 0,
+        };
+        vec![FunctionFrame {
+            name: format!("namespace::module_{}::function_{id}", id % 37),
+            file: Some(format!("src/module_{}.cc", id % 37)),
+            line: Some((id % 900) as u32 + 1),
+            shown: None,
+        }]
+        .into()
+    }
+    fn symbolizes(&self) -> bool {
+        true
+    }
+    fn modules(&self) -> Vec<Module> {
+        Vec::new()
+    }
+}
+
+/// A report of `stacks` stacks of one process: stacks share prefixes (a tree, as real
+/// programs' do), each sampled a few times over a minute, half its blocks freed.
+pub fn synthetic_report(stacks: usize, seed: u64) -> Report {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut aggregate = Aggregate::with_live_tracking();
+    aggregate.record_timeline();
+    let mut id = 0u64;
+    let origin = 1_000_000_000u64;
+    for stack in 0..stacks {
+        let depth = rng.random_range(8..30usize);
+        // Outer frames from a small set (shared prefixes), inner ones of their own.
+        let frames: Vec<Frame> = (0..depth)
+            .map(|level| match level {
+                l if l >= depth - 3 => Frame::Unknown(1000 + (stack * 3 + l) as u64),
+                l => Frame::Unknown((l * 7 + rng.random_range(0..3usize)) as u64),
+            })
+            .rev()
+            .collect();
+        let key = StackKey { pid: 4242, frames };
+        for _ in 0..rng.random_range(1..5) {
+            id += 1;
+            let size = rng.random_range(16..65536u64);
+            aggregate.add(
+                key.clone(),
+                &SampledAllocation {
+                    sample_id: id,
+                    size,
+                    offset: size / 2,
+                    rate: RATE,
+                    certain: false,
+                    timestamp_ns: origin + rng.random_range(0..SYNTHETIC_SECONDS * 1_000_000_000),
+                    window: None,
+                },
+            );
+            if rng.random_bool(0.5) {
+                aggregate.freed(id);
+            }
+        }
+    }
+    let end = origin + SYNTHETIC_SECONDS * 1_000_000_000;
+    aggregate.finish(end, None);
+    let kernel = KernelFigures {
+        duration: std::time::Duration::from_secs(SYNTHETIC_SECONDS),
+        ..KernelFigures::default()
+    };
+    let mut report = Report::build(
+        &aggregate,
+        &mut Synthetic,
+        RATE,
+        Confidence::DEFAULT,
+        kernel,
+        None,
+    );
+    let timeline = aggregate.timeline(end).expect("recorded");
+    report.add_timeline(4242, timeline, origin, &aggregate, &mut Synthetic);
+    report
 }

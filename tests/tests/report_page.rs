@@ -202,3 +202,52 @@ fn an_empty_profile_makes_a_page_without_errors() {
         .screenshot(&page::artifacts_dir().join("report-empty.png"))
         .unwrap();
 }
+
+/// A page of thousands of thin stacks paints them on its canvas: hovering one shows
+/// its tooltip and clicking it zooms on it, as for the frames drawn as elements.
+#[test]
+fn thin_frames_on_the_canvas_hover_and_zoom() {
+    let scratch = scratch_dir("report-page-thin");
+    let out = scratch.join("thin.html");
+    let report = page::synthetic_report(3000, 3);
+    let mut bytes = Vec::new();
+    allocbpf_export::html::write(&report, "synthetic", &mut bytes).unwrap();
+    std::fs::write(&out, bytes).unwrap();
+    let browser = Browser::start(1400, 2400).unwrap();
+    browser.open(&out).unwrap();
+    let thin = browser
+        .script("return window.allocbpf.thinFrame(200)")
+        .unwrap();
+    let thin = thin.as_array().expect("frames are painted on the canvas");
+    let (x, y, node) = (
+        thin[0].as_f64().unwrap(),
+        thin[1].as_f64().unwrap(),
+        thin[2].as_u64().unwrap(),
+    );
+    browser.pointer_at(x, y, false).unwrap();
+    let tip = browser
+        .script(
+            "const t = document.getElementById('tooltip'); return t.hidden ? null : t.textContent",
+        )
+        .unwrap();
+    assert!(
+        tip.as_str().is_some_and(|t| t.contains("CI")),
+        "no tooltip over a thin frame: {tip}"
+    );
+    browser.pointer_at(x, y, true).unwrap();
+    let zoom = browser
+        .script("return window.allocbpf.state().zoom")
+        .unwrap();
+    assert_eq!(
+        zoom.as_u64(),
+        Some(node),
+        "the click on a thin frame did not zoom"
+    );
+    let errors: Vec<(String, String)> = browser
+        .console()
+        .unwrap()
+        .into_iter()
+        .filter(|(level, _)| level == "SEVERE" || level == "WARNING")
+        .collect();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+}

@@ -168,6 +168,25 @@ impl Browser {
         Ok(())
     }
 
+    /// Moves the pointer to (`x`, `y`) in the viewport, as a user would, and clicks
+    /// there if `click`.
+    pub fn pointer_at(&self, x: f64, y: f64, click: bool) -> Result<()> {
+        let mut actions = vec![
+            json!({"type": "pointerMove", "duration": 0, "origin": "viewport",
+            "x": x.round() as i64, "y": y.round() as i64}),
+        ];
+        if click {
+            actions.push(json!({"type": "pointerDown", "button": 0}));
+            actions.push(json!({"type": "pointerUp", "button": 0}));
+        }
+        self.post(
+            &self.session_path("/actions"),
+            &json!({"actions": [{"type": "pointer", "id": "mouse",
+                "parameters": {"pointerType": "mouse"}, "actions": actions}]}),
+        )?;
+        Ok(())
+    }
+
     /// Types `text` into the element `css` selects.
     pub fn type_into(&self, css: &str, text: &str) -> Result<()> {
         let id = self.element(css)?;

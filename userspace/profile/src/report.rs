@@ -89,7 +89,7 @@ fn locations_of(frames: &[Frame], symbolizer: &dyn Symbolize) -> Vec<Location> {
 }
 
 /// What a report knows of one process besides its stacks.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcessSummary {
     /// Its command name.
     pub name: String,
@@ -97,6 +97,8 @@ pub struct ProcessSummary {
     pub exact_bytes: u64,
     /// Exact number of its probed calls.
     pub exact_calls: u64,
+    /// The share of its time observed, under an overhead budget (`None`: full time).
+    pub observed: Option<f64>,
 }
 
 /// One process's timeline, its peak's stacks symbolized.

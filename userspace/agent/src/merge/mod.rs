@@ -81,6 +81,9 @@ struct Merger {
     /// Per process, a point per stored profile, and its peak.
     timelines: StoredTimelines,
     processes: BTreeMap<u32, ProcessSummary>,
+    /// Per process: observed time (each profile's duration times its observed share)
+    /// and time, in nanoseconds.
+    observed: BTreeMap<u32, (f64, f64)>,
 }
 
 impl Merger {
@@ -130,6 +133,11 @@ impl Merger {
             summary.name = comm.to_string();
             summary.exact_bytes += meta.exact_bytes.unwrap_or(0);
             summary.exact_calls += meta.exact_calls.unwrap_or(0);
+            // The share observed over all its profiles: weighted by their durations.
+            let observed = self.observed.entry(pid).or_default();
+            let duration = profile.duration_nanos.max(0) as f64;
+            observed.0 += meta.observed_fraction().unwrap_or(1.0) * duration;
+            observed.1 += duration;
             for old in self.latest.insert(pid, this_profile).unwrap_or_default() {
                 self.stacks[old].stats.inuse_bytes = 0.0;
                 self.stacks[old].stats.inuse_objects = 0.0;
@@ -151,6 +159,12 @@ impl Merger {
     }
 
     fn finish(mut self) -> Report {
+        for (pid, (observed, total)) in &self.observed {
+            let share = if *total > 0.0 { observed / total } else { 1.0 };
+            if let Some(summary) = self.processes.get_mut(pid) {
+                summary.observed = (share < 1.0).then_some(share);
+            }
+        }
         let mut totals = Totals {
             exact_bytes: self.exact_bytes,
             exact_calls: self.exact_calls,

@@ -182,6 +182,7 @@ impl Collector {
                         name: tracked.info.comm_text().to_string(),
                         exact_bytes: exact.bytes,
                         exact_calls: exact.calls,
+                        observed: report.time_sampling.as_ref().map(|t| t.observed_fraction),
                     },
                 );
                 profiles.push(ProcessProfile {

@@ -206,6 +206,7 @@ pub fn page_data(report: &Report, command: &str) -> Value {
                 "samples": stats.samples,
                 "exact_bytes": summary.exact_bytes,
                 "exact_calls": summary.exact_calls,
+                "observed": summary.observed,
                 "inuse": live.then(|| bytes(stats.inuse_bytes)),
                 "inuse_ci": live.then(|| interval_json(inuse_interval(stats))),
             })

@@ -12,6 +12,10 @@
   const TABLE_ROWS = 200;
   // Frames narrower than this many pixels are not drawn (their parent's width shows them).
   const MIN_FRAME_PX = 0.5;
+  // Frames narrower than this are painted on a canvas, not made DOM nodes: a page of
+  // thousands of thin stacks would otherwise lay out tens of thousands of elements.
+  // They are too thin for a name; hovering and clicking them still work.
+  const DOM_FRAME_PX = 6;
   const ROW_PX = 18;
 
   function el(tag, attrs, ...children) {
@@ -126,6 +130,9 @@
     return 'hsl(' + (10 + (h % 40)) + ',' + (70 + (h >> 8) % 20) + '%,' + (55 + (h >> 16) % 15) + '%)';
   }
 
+  // The thin frames painted on the canvas, per depth, left to right: [x, width, node].
+  let thin = [];
+
   function renderFlame() {
     tree = buildTree(flame.view);
     const graph = document.getElementById('flame-graph');
@@ -137,8 +144,25 @@
     const query = flame.search.toLowerCase();
     let matched = 0;
     const top = (d) => (flame.icicle ? d : rows - 1 - d) * ROW_PX;
+    const ratio = window.devicePixelRatio || 1;
+    const canvas = el('canvas', { class: 'thin-frames' });
+    canvas.width = Math.ceil(width * ratio);
+    canvas.height = Math.ceil(rows * ROW_PX * ratio);
+    canvas.style.width = width + 'px';
+    canvas.style.height = (rows * ROW_PX) + 'px';
+    graph.appendChild(canvas);
+    const paint = canvas.getContext('2d');
+    paint.scale(ratio, ratio);
+    thin = Array.from({ length: rows }, () => []);
     const frame = (node, x, w, dim) => {
       const name = nameOf(node);
+      if (w < DOM_FRAME_PX && !dim) {
+        const isMatch = query && name.toLowerCase().includes(query);
+        paint.fillStyle = isMatch ? '#e040e0' : color(name);
+        paint.fillRect(x, top(tree.depth[node]), Math.max(w - 0.5, 0.5), ROW_PX - 1);
+        thin[tree.depth[node]].push([x, w, node]);
+        return;
+      }
       const div = el('div', { class: 'frame' });
       div.dataset.node = node;
       div.style.left = x + 'px';
@@ -178,11 +202,29 @@
       : (flame.zoom ? 'zoomed on ' + nameOf(flame.zoom) + ': click "all" to reset' : 'click a frame to zoom');
   }
 
+  // The node under the pointer: a DOM frame's, or a thin frame's on the canvas.
+  function nodeAt(event) {
+    const target = event.target;
+    if (target.classList && target.classList.contains('frame')) return Number(target.dataset.node);
+    if (target.tagName !== 'CANVAS') return null;
+    const box = target.getBoundingClientRect();
+    const x = event.clientX - box.left;
+    const row = Math.floor((event.clientY - box.top) / ROW_PX);
+    const depth = flame.icicle ? row : thin.length - 1 - row;
+    const frames = thin[depth] || [];
+    // Left to right: the last frame starting at or before x.
+    let lo = 0, hi = frames.length - 1, found = null;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (frames[mid][0] <= x) { found = frames[mid]; lo = mid + 1; } else { hi = mid - 1; }
+    }
+    return found && x <= found[0] + found[1] ? found[2] : null;
+  }
+
   function showTooltip(event) {
     const tip = document.getElementById('tooltip');
-    const target = event.target;
-    if (!target.classList || !target.classList.contains('frame')) { tip.hidden = true; return; }
-    const node = Number(target.dataset.node);
+    const node = nodeAt(event);
+    if (node === null) { tip.hidden = true; return; }
     const v = tree.v;
     const root = Math.max(v.value[0], 1);
     tip.textContent = '';
@@ -200,9 +242,9 @@
   function setupFlame() {
     const graph = document.getElementById('flame-graph');
     graph.addEventListener('click', (event) => {
-      const target = event.target;
-      if (!target.classList.contains('frame')) return;
-      flame.zoom = Number(target.dataset.node);
+      const node = nodeAt(event);
+      if (node === null) return;
+      flame.zoom = node;
       renderFlame();
     });
     graph.addEventListener('mousemove', showTooltip);
@@ -426,6 +468,7 @@
       ['samples', (r) => String(r.samples), (r) => r.samples],
       ['exact bytes', (r) => bytes(r.exact_bytes), (r) => r.exact_bytes],
       ['exact calls', (r) => String(r.exact_calls), (r) => r.exact_calls],
+      ['observed', (r) => (r.observed === null || r.observed === undefined ? 'all the time' : (100 * r.observed).toFixed(2) + '%'), (r) => (r.observed === null || r.observed === undefined ? 1 : r.observed)],
     ];
     if (data.live) processColumns.push(['in use', (r) => bytes(r.inuse), (r) => r.inuse]);
     document.getElementById('processes').appendChild(stackTable(data.processes, processColumns, 1, 0));
@@ -439,6 +482,16 @@
   window.addEventListener('resize', renderFlame);
   // What the browser tests and the benchmark read: when the page was drawn, and when
   // that drawing was first painted (the frame after the next: its paint is done).
-  window.allocbpf = { drawnAt: performance.now(), paintedAt: null, state: () => Object.assign({}, flame) };
+  // thinFrame(i): the i-th frame painted on the canvas, as [x, y] of its middle in the
+  // viewport and its node (null past the last).
+  const thinFrame = (i) => {
+    const all = thin.flatMap((row, depth) => row.map((f) => [f, depth]));
+    if (i >= all.length) return null;
+    const [[x, w, node], depth] = all[i];
+    const box = document.querySelector('#flame-graph canvas').getBoundingClientRect();
+    const row = flame.icicle ? depth : thin.length - 1 - depth;
+    return [box.left + x + w / 2, box.top + row * ROW_PX + ROW_PX / 2, node];
+  };
+  window.allocbpf = { drawnAt: performance.now(), paintedAt: null, state: () => Object.assign({}, flame), thinFrame };
   requestAnimationFrame(() => requestAnimationFrame(() => { window.allocbpf.paintedAt = performance.now(); }));
 })();
