@@ -34,6 +34,15 @@ pub fn page_data(page: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&text[start..end])?)
 }
 
+/// The browser console's errors and warnings since the last read: (level, message).
+pub fn console_errors(browser: &Browser) -> Result<Vec<(String, String)>> {
+    Ok(browser
+        .console()?
+        .into_iter()
+        .filter(|(level, _)| level == "SEVERE" || level == "WARNING")
+        .collect())
+}
+
 /// What the browser saw of a page.
 #[derive(Debug)]
 pub struct Seen {
@@ -158,11 +167,7 @@ pub fn check_in_browser(page: &Path, site: &str, screenshot: &str) -> Result<See
         requests.as_array().is_some_and(|r| r.is_empty()),
         "requests left the page: {requests}"
     );
-    let errors: Vec<(String, String)> = browser
-        .console()?
-        .into_iter()
-        .filter(|(level, _)| level == "SEVERE" || level == "WARNING")
-        .collect();
+    let errors = console_errors(&browser)?;
     ensure!(errors.is_empty(), "console errors: {errors:?}");
     browser.screenshot(&artifacts_dir().join(screenshot))?;
     Ok(seen)

@@ -191,12 +191,7 @@ fn an_empty_profile_makes_a_page_without_errors() {
         .unwrap();
     assert_eq!(rows, 0);
     browser.type_into("#search", "(unbalanced[").unwrap();
-    let errors: Vec<(String, String)> = browser
-        .console()
-        .unwrap()
-        .into_iter()
-        .filter(|(level, _)| level == "SEVERE" || level == "WARNING")
-        .collect();
+    let errors = page::console_errors(&browser).unwrap();
     assert!(errors.is_empty(), "console errors: {errors:?}");
     browser
         .screenshot(&page::artifacts_dir().join("report-empty.png"))
@@ -243,11 +238,6 @@ fn thin_frames_on_the_canvas_hover_and_zoom() {
         Some(node),
         "the click on a thin frame did not zoom"
     );
-    let errors: Vec<(String, String)> = browser
-        .console()
-        .unwrap()
-        .into_iter()
-        .filter(|(level, _)| level == "SEVERE" || level == "WARNING")
-        .collect();
+    let errors = page::console_errors(&browser).unwrap();
     assert!(errors.is_empty(), "console errors: {errors:?}");
 }

@@ -364,13 +364,7 @@ impl Report {
     /// byte weights (the byte-sampling intervals scale with the ratio of estimated to
     /// observed bytes, so they follow).
     fn scale_estimates(&mut self, factor: f64) {
-        let scale = |stats: &mut StackStats| {
-            stats.estimated_bytes *= factor;
-            stats.estimated_objects *= factor;
-            stats.inuse_bytes *= factor;
-            stats.inuse_objects *= factor;
-        };
-        self.stacks.iter_mut().for_each(|s| scale(&mut s.stats));
+        self.stacks.iter_mut().for_each(|s| s.stats.scale(factor));
         let totals = &mut self.totals;
         totals.estimated_bytes *= factor;
         totals.inuse_bytes *= factor;

@@ -8,41 +8,13 @@ use allocbpf_profile::aggregate::StackStats;
 use allocbpf_profile::report::{Location, ProcessTimeline, StackReport};
 use allocbpf_profile::timeline::{PeakCopy, Timeline, TimelinePoint, MAX_POINTS};
 
-/// One stored profile's point.
-#[derive(Clone, Copy)]
-struct StoredPoint {
-    start_ns: i64,
-    end_ns: i64,
-    alloc: StackStats,
-    /// Bytes in use at its end.
-    inuse_bytes: f64,
-    /// Time-sampled (an overhead budget).
-    time_sampled: bool,
-}
-
-impl StoredPoint {
-    /// `self` followed by `next`, as one point.
-    fn then(mut self, next: &StoredPoint) -> StoredPoint {
-        self.end_ns = next.end_ns;
-        self.alloc.merge(&next.alloc);
-        self.inuse_bytes = next.inuse_bytes;
-        self.time_sampled |= next.time_sampled;
-        self
-    }
-}
-
-/// The peak so far of one process: when, how much, and the stacks held then.
-struct StoredPeak {
-    at_ns: i64,
-    bytes: f64,
-    held: Vec<(Vec<Location>, StackStats)>,
-}
-
-/// One process's points and peak.
+/// One process's points (times in Unix nanoseconds) and peak.
 #[derive(Default)]
 struct Stored {
-    points: Vec<StoredPoint>,
-    peak: Option<StoredPeak>,
+    points: Vec<TimelinePoint>,
+    /// Some profile was time-sampled (an overhead budget).
+    time_sampled: bool,
+    peak: Option<PeakCopy<Vec<Location>>>,
 }
 
 impl Stored {
@@ -60,6 +32,16 @@ impl Stored {
     }
 }
 
+/// Bytes held, as a timeline's `StackStats` carries them (without interval inputs:
+/// the store keeps none for bytes in use).
+fn held(bytes: f64, objects: f64) -> StackStats {
+    StackStats {
+        estimated_bytes: bytes,
+        estimated_objects: objects,
+        ..StackStats::default()
+    }
+}
+
 /// The timelines of the stored profiles merged so far.
 #[derive(Default)]
 pub(super) struct StoredTimelines {
@@ -68,7 +50,7 @@ pub(super) struct StoredTimelines {
 
 impl StoredTimelines {
     /// Adds the profile of process `pid` named `comm` that covered `start_ns` to
-    /// `end_ns` (Unix nanoseconds) with `stacks`.
+    /// `end_ns` (Unix nanoseconds; a time before 1970 counts as 1970) with `stacks`.
     pub fn add(
         &mut self,
         pid: u32,
@@ -77,41 +59,44 @@ impl StoredTimelines {
         stacks: &[StackReport],
         time_sampled: bool,
     ) {
-        let mut point = StoredPoint {
-            start_ns,
-            end_ns,
-            alloc: StackStats::default(),
-            inuse_bytes: 0.0,
-            time_sampled,
-        };
+        let (start_ns, end_ns) = (start_ns.max(0) as u64, end_ns.max(0) as u64);
+        let mut alloc = StackStats::default();
+        let mut inuse_bytes = 0.0;
         for stack in stacks {
-            point.alloc.merge(&StackStats {
+            alloc.merge(&StackStats {
                 inuse_bytes: 0.0,
                 inuse_objects: 0.0,
                 ..stack.stats
             });
-            point.inuse_bytes += stack.stats.inuse_bytes;
+            inuse_bytes += stack.stats.inuse_bytes;
         }
         let stored = self.processes.entry((pid, comm.to_string())).or_default();
-        if point.inuse_bytes > stored.peak.as_ref().map_or(0.0, |p| p.bytes) {
-            stored.peak = Some(StoredPeak {
-                at_ns: end_ns,
-                bytes: point.inuse_bytes,
-                held: stacks
-                    .iter()
-                    .filter(|s| s.stats.inuse_bytes > 0.0)
-                    .map(|s| {
-                        let held = StackStats {
-                            estimated_bytes: s.stats.inuse_bytes,
-                            estimated_objects: s.stats.inuse_objects,
-                            ..StackStats::default()
-                        };
-                        (s.locations.clone(), held)
-                    })
-                    .collect(),
-            });
+        let highest = stored
+            .peak
+            .as_ref()
+            .map_or(0.0, |p| p.inuse.estimated_bytes);
+        if inuse_bytes > highest {
+            let stacks = stacks
+                .iter()
+                .filter(|s| s.stats.inuse_bytes > 0.0)
+                .map(|s| {
+                    (
+                        s.locations.clone(),
+                        held(s.stats.inuse_bytes, s.stats.inuse_objects),
+                    )
+                })
+                .collect();
+            let inuse = held(inuse_bytes, 0.0);
+            stored.peak = Some(PeakCopy::of_largest(end_ns, inuse, stacks));
         }
-        stored.points.push(point);
+        stored.time_sampled |= time_sampled;
+        stored.points.push(TimelinePoint {
+            start_ns,
+            end_ns,
+            alloc,
+            inuse: held(inuse_bytes, 0.0),
+            inuse_high: inuse_bytes,
+        });
         if stored.points.len() >= 2 * MAX_POINTS {
             stored.merge_pairs();
         }
@@ -121,42 +106,22 @@ impl StoredTimelines {
     /// A process's points have no interval if any was time-sampled; the bytes in use
     /// have none (the store keeps no in-use interval inputs).
     pub fn finish(self, origin_ns: i64, live: bool) -> Vec<ProcessTimeline> {
-        let at = |ns: i64| (ns - origin_ns).max(0) as u64;
         self.processes
             .into_iter()
             .map(|((pid, name), mut stored)| {
                 if stored.points.len() > MAX_POINTS {
                     stored.merge_pairs();
                 }
-                let held = |bytes: f64| StackStats {
-                    estimated_bytes: bytes,
-                    ..StackStats::default()
-                };
-                let points = stored
-                    .points
-                    .iter()
-                    .map(|p| TimelinePoint {
-                        start_ns: at(p.start_ns),
-                        end_ns: at(p.end_ns),
-                        alloc: p.alloc,
-                        inuse: held(p.inuse_bytes),
-                        inuse_high: p.inuse_bytes,
-                    })
-                    .collect();
                 let peak = stored.peak.filter(|_| live);
                 let mut timeline = Timeline {
-                    points,
+                    points: stored.points,
                     live,
                     time_sampled: false,
-                    high: peak.as_ref().map(|p| (at(p.at_ns), p.bytes)),
-                    peak: peak.map(|p| PeakCopy {
-                        at_ns: at(p.at_ns),
-                        inuse: held(p.bytes),
-                        stacks: p.held,
-                        omitted: 0,
-                    }),
-                };
-                if stored.points.iter().any(|p| p.time_sampled) {
+                    high: peak.as_ref().map(|p| (p.at_ns, p.inuse.estimated_bytes)),
+                    peak,
+                }
+                .map(origin_ns.max(0) as u64, |stack| stack);
+                if stored.time_sampled {
                     timeline.observed_part_time();
                 }
                 ProcessTimeline {

@@ -35,6 +35,9 @@ impl Names {
     }
 }
 
+/// The interval on a group's in-use bytes, where the page gives one.
+type InUseInterval<'a> = &'a dyn Fn(&StackStats) -> Option<Interval>;
+
 /// A flame graph's tree: node 0 is the root; children follow their parent.
 struct Tree {
     name: Vec<usize>,
@@ -73,16 +76,15 @@ impl Tree {
     }
 
     /// The tree as parallel arrays: per node its name, parent, samples, estimated
-    /// bytes allocated with their interval, and (`live`) in use with theirs (none
-    /// `without_inuse_intervals`). Every node is kept: stacks name their leaf node.
+    /// bytes allocated with their interval, and with `inuse_interval` (live tracking)
+    /// in use with the interval it gives. Every node is kept: stacks name their leaf
+    /// node.
     fn to_json(
         &self,
         rate: u64,
         confidence: Confidence,
-        live: bool,
-        without_inuse_intervals: bool,
+        inuse_interval: Option<InUseInterval<'_>>,
     ) -> Value {
-        let n = self.name.len();
         let (mut value, mut lo, mut hi) = (vec![], vec![], vec![]);
         let (mut inuse, mut inuse_lo, mut inuse_hi) = (vec![], vec![], vec![]);
         for stats in &self.stats {
@@ -90,10 +92,8 @@ impl Tree {
             value.push(bytes(stats.estimated_bytes));
             lo.push(bytes(interval.lo));
             hi.push(bytes(interval.hi));
-            if live {
-                let interval = (!without_inuse_intervals)
-                    .then(|| stats.inuse_interval(rate, confidence))
-                    .flatten();
+            if let Some(inuse_interval) = inuse_interval {
+                let interval = inuse_interval(stats);
                 inuse.push(bytes(stats.inuse_bytes));
                 inuse_lo.push(interval.map(|i| bytes(i.lo)));
                 inuse_hi.push(interval.map(|i| bytes(i.hi)));
@@ -104,18 +104,13 @@ impl Tree {
             "name": self.name, "parent": self.parent, "samples": samples,
             "value": value, "lo": lo, "hi": hi,
         });
-        if live {
+        if inuse_interval.is_some() {
             tree["inuse"] = json!(inuse);
             tree["inuse_lo"] = json!(inuse_lo);
             tree["inuse_hi"] = json!(inuse_hi);
         }
-        debug_assert_eq!(samples_len(&tree), n);
         tree
     }
-}
-
-fn samples_len(tree: &Value) -> usize {
-    tree["samples"].as_array().map_or(0, Vec::len)
 }
 
 /// Bytes as a whole number (the page shows a few digits; `.0` on every number of a
@@ -139,11 +134,17 @@ fn interval_json(interval: Option<Interval>) -> Value {
     }
 }
 
-fn process_name(report: &Report, pid: u32) -> String {
-    match report.processes.get(&pid) {
-        Some(summary) if !summary.name.is_empty() => format!("{} [{pid}]", summary.name),
-        _ => format!("pid {pid}"),
+/// How the page names process `pid`: `name [pid]`, or `pid N` without a name.
+fn process_label(name: Option<&str>, pid: u32) -> String {
+    match name.filter(|name| !name.is_empty()) {
+        Some(name) => format!("{name} [{pid}]"),
+        None => format!("pid {pid}"),
     }
+}
+
+/// The label of process `pid` by the report's summary of it.
+fn process_name(report: &Report, pid: u32) -> String {
+    process_label(report.processes.get(&pid).map(|s| s.name.as_str()), pid)
 }
 
 /// The page's data for `report`; `command`: the command line that made it.
@@ -249,7 +250,7 @@ pub fn page_data(report: &Report, command: &str) -> Value {
         },
         "summary": summary_lines(report),
         "names": names.names,
-        "tree": tree.to_json(rate, confidence, live, no_inuse_intervals),
+        "tree": tree.to_json(rate, confidence, live.then_some(&inuse_interval as InUseInterval<'_>)),
         "stacks": stacks,
         "processes": processes,
         "timelines": timelines,
@@ -315,7 +316,7 @@ fn timeline_json(report: &Report, process: &ProcessTimeline, names: &mut Names) 
     json!({
         "pid": process.pid,
         "name": match &process.name {
-            Some(name) => format!("{name} [{}]", process.pid),
+            Some(name) => process_label(Some(name), process.pid),
             None => process_name(report, process.pid),
         },
         "live": timeline.live,

@@ -9,7 +9,7 @@ use crate::estimate::{
     Confidence, Interval, IntervalInputs,
 };
 use crate::frame::Frame;
-use crate::timeline::{BlockWeight, Timeline, TimelineRecorder};
+use crate::timeline::{Timeline, TimelineRecorder};
 
 /// What the estimator needs of one sampled allocation (the ring buffer's sample, less
 /// its stack, which is the [`StackKey`] it is added under).
@@ -37,6 +37,29 @@ impl SampledAllocation {
     /// What its byte weight is multiplied by for the time it was not observed.
     fn time_weight(&self) -> f64 {
         self.window.map_or(1.0, |w| w.time_weight())
+    }
+}
+
+/// What a sampled block weighs, as [`StackStats::add`] takes it: kept with a live
+/// block, so that it can leave the figures it entered.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockWeight {
+    /// Requested bytes.
+    pub size: u64,
+    /// Bytes before the sampling point.
+    pub offset: u64,
+    /// Mean sampling interval it was drawn at.
+    pub rate: u64,
+    /// Recorded with probability 1.
+    pub certain: bool,
+    /// Its time weight (1 observed full time).
+    pub time_weight: f64,
+}
+
+impl BlockWeight {
+    /// Its unbiased weight before time weighting.
+    fn observed(&self) -> crate::estimate::Weight {
+        weight(self.size, self.rate, self.certain)
     }
 }
 
@@ -137,10 +160,23 @@ impl StackStats {
         self.interval_inputs.add(size, offset, rate, certain);
     }
 
-    /// Takes back one sample [`StackStats::add`] accounted for with the same arguments
-    /// (a block freed: the figures of what is still in use).
-    pub fn remove(&mut self, size: u64, offset: u64, rate: u64, certain: bool, time_weight: f64) {
-        let w = weight(size, rate, certain);
+    /// [`StackStats::add`] of `block`.
+    pub fn add_block(&mut self, block: &BlockWeight) {
+        let b = block;
+        self.add(b.size, b.offset, b.rate, b.certain, b.time_weight);
+    }
+
+    /// Takes back `block`, which [`StackStats::add_block`] accounted for (a block
+    /// freed: the figures of what is still in use).
+    pub fn remove_block(&mut self, block: &BlockWeight) {
+        let BlockWeight {
+            size,
+            offset,
+            rate,
+            certain,
+            time_weight,
+        } = *block;
+        let w = block.observed();
         self.samples = self.samples.saturating_sub(1);
         self.interval_inputs.remove(size, offset, rate, certain);
         if self.samples == 0 {
@@ -153,6 +189,31 @@ impl StackStats {
             self.estimated_objects = (self.estimated_objects - w.objects * time_weight).max(0.0);
             self.observed_bytes = (self.observed_bytes - w.bytes).max(0.0);
         }
+    }
+
+    /// Accounts for `count` sampled blocks like `block` still in use: their weights in
+    /// the in-use figures, their interval inputs in those of the in-use interval.
+    fn hold(&mut self, block: &BlockWeight, count: u64) {
+        let w = block.observed();
+        let n = count as f64;
+        self.inuse_bytes += w.bytes * block.time_weight * n;
+        self.inuse_objects += w.objects * block.time_weight * n;
+        self.inuse_observed_bytes += w.bytes * n;
+        let inputs = &mut self.inuse_inputs;
+        match block.certain {
+            true => inputs.certain_bytes += block.size.saturating_mul(count),
+            false => inputs.add_repeated(block.size, block.offset, block.rate, count),
+        }
+    }
+
+    /// Multiplies the estimates (bytes and objects, allocated and in use) by `factor`
+    /// (a pace correction), leaving samples and observed byte weights: the intervals
+    /// scale with the ratio of the two.
+    pub fn scale(&mut self, factor: f64) {
+        self.estimated_bytes *= factor;
+        self.estimated_objects *= factor;
+        self.inuse_bytes *= factor;
+        self.inuse_objects *= factor;
     }
 
     /// The confidence interval on `estimated_bytes` for byte sampling. Under time
@@ -176,10 +237,8 @@ impl StackStats {
 #[derive(Clone, Copy, Debug)]
 struct LiveBlock {
     stack: usize,
-    bytes: f64,
-    objects: f64,
     allocated_ns: u64,
-    /// What it weighs, for the timeline's heap in use.
+    /// What it weighs.
     weight: BlockWeight,
 }
 
@@ -306,15 +365,13 @@ impl Aggregate {
             time_weight,
         };
         if let Some(timeline) = self.timeline.as_mut() {
-            timeline.allocated(stack, sample.timestamp_ns, &block, self.live.is_some());
+            timeline.allocated(stack, sample.timestamp_ns, &block);
         }
         if let Some(live) = self.live.as_mut() {
             live.insert(
                 sample.sample_id,
                 LiveBlock {
                     stack,
-                    bytes: w.bytes * time_weight,
-                    objects: w.objects * time_weight,
                     allocated_ns: sample.timestamp_ns,
                     weight: block,
                 },
@@ -441,25 +498,15 @@ impl Aggregate {
         self.live_counts.live_samples = live.len() as u64;
         let mut leaks: HashMap<usize, LeakStats> = HashMap::new();
         for block in live.values() {
-            let stats = &mut self.stacks[block.stack].1;
-            stats.inuse_bytes += block.bytes;
-            stats.inuse_objects += block.objects;
-            let w = &block.weight;
-            let observed = weight(w.size, w.rate, w.certain).bytes;
-            stats.inuse_inputs.add(w.size, w.offset, w.rate, w.certain);
-            stats.inuse_observed_bytes += observed;
-            self.totals.inuse_bytes += block.bytes;
-            self.totals.inuse_objects += block.objects;
-            self.totals
-                .inuse_inputs
-                .add(w.size, w.offset, w.rate, w.certain);
-            self.totals.inuse_observed_bytes += observed;
+            self.stacks[block.stack].1.hold(&block.weight, 1);
+            self.totals.hold(&block.weight, 1);
             let age = now_ns.saturating_sub(block.allocated_ns);
             if min_age.is_some_and(|min_age| u128::from(age) >= min_age.as_nanos()) {
+                let w = block.weight.observed();
                 let one = LeakStats {
                     samples: 1,
-                    estimated_bytes: block.bytes,
-                    estimated_objects: block.objects,
+                    estimated_bytes: w.bytes * block.weight.time_weight,
+                    estimated_objects: w.objects * block.weight.time_weight,
                     min_age_ns: age,
                     max_age_ns: age,
                 };
@@ -480,19 +527,15 @@ impl Aggregate {
                 continue;
             };
             for &(size, count, rate) in counted {
-                let w = weight(size, rate, false);
-                let offset = crate::estimate::expected_offset(size, rate);
-                let stats = &mut self.stacks[stack].1;
-                stats.inuse_bytes += w.bytes * count as f64;
-                stats.inuse_objects += w.objects * count as f64;
-                stats.inuse_inputs.add_repeated(size, offset, rate, count);
-                stats.inuse_observed_bytes += w.bytes * count as f64;
-                self.totals.inuse_bytes += w.bytes * count as f64;
-                self.totals.inuse_objects += w.objects * count as f64;
-                self.totals
-                    .inuse_inputs
-                    .add_repeated(size, offset, rate, count);
-                self.totals.inuse_observed_bytes += w.bytes * count as f64;
+                let block = BlockWeight {
+                    size,
+                    offset: crate::estimate::expected_offset(size, rate),
+                    rate,
+                    certain: false,
+                    time_weight: 1.0,
+                };
+                self.stacks[stack].1.hold(&block, count);
+                self.totals.hold(&block, count);
             }
         }
     }

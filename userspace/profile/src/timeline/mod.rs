@@ -14,7 +14,7 @@
 //! tried byte by byte like any other (liveness does not depend on the sampling), so the
 //! same interval covers them (docs/statistics.md, "Timeline").
 
-use crate::aggregate::StackStats;
+use crate::aggregate::{BlockWeight, StackStats};
 
 #[cfg(test)]
 mod tests;
@@ -45,6 +45,18 @@ pub struct TimelinePoint {
     pub inuse_high: f64,
 }
 
+impl TimelinePoint {
+    /// This point followed by `next`, as one: allocations summed, the heap in use at
+    /// `next`'s end, the highest of both.
+    pub fn then(mut self, next: &TimelinePoint) -> TimelinePoint {
+        self.end_ns = next.end_ns;
+        self.alloc.merge(&next.alloc);
+        self.inuse = next.inuse;
+        self.inuse_high = self.inuse_high.max(next.inuse_high);
+        self
+    }
+}
+
 /// Stacks kept in a copy of the peak, the largest (the rest are counted).
 pub const MAX_PEAK_STACKS: usize = 50;
 
@@ -60,6 +72,22 @@ pub struct PeakCopy<S> {
     pub stacks: Vec<(S, StackStats)>,
     /// Stacks that held memory then but are left out.
     pub omitted: usize,
+}
+
+impl<S> PeakCopy<S> {
+    /// The copy at `at_ns` of the heap in use `inuse`, held by `stacks`: the
+    /// [`MAX_PEAK_STACKS`] that held most are kept, largest first, the rest counted.
+    pub fn of_largest(at_ns: u64, inuse: StackStats, mut stacks: Vec<(S, StackStats)>) -> Self {
+        stacks.sort_by(|a, b| b.1.estimated_bytes.total_cmp(&a.1.estimated_bytes));
+        let omitted = stacks.len().saturating_sub(MAX_PEAK_STACKS);
+        stacks.truncate(MAX_PEAK_STACKS);
+        PeakCopy {
+            at_ns,
+            inuse,
+            stacks,
+            omitted,
+        }
+    }
 }
 
 /// A finished timeline of one process.
@@ -127,59 +155,20 @@ impl<S> Timeline<S> {
     /// Multiplies every estimate by `factor` (a pace correction), leaving samples and
     /// observed byte weights (the intervals follow the ratio).
     pub fn scale(&mut self, factor: f64) {
-        let scale = |stats: &mut StackStats| {
-            stats.estimated_bytes *= factor;
-            stats.estimated_objects *= factor;
-        };
         for point in &mut self.points {
-            scale(&mut point.alloc);
-            scale(&mut point.inuse);
+            point.alloc.scale(factor);
+            point.inuse.scale(factor);
             point.inuse_high *= factor;
         }
         if let Some((_, high)) = self.high.as_mut() {
             *high *= factor;
         }
         if let Some(peak) = self.peak.as_mut() {
-            scale(&mut peak.inuse);
-            peak.stacks.iter_mut().for_each(|(_, stats)| scale(stats));
+            peak.inuse.scale(factor);
+            peak.stacks
+                .iter_mut()
+                .for_each(|(_, stats)| stats.scale(factor));
         }
-    }
-}
-
-/// What a sampled block weighs, as [`StackStats::add`] takes it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct BlockWeight {
-    /// Requested bytes.
-    pub size: u64,
-    /// Bytes before the sampling point.
-    pub offset: u64,
-    /// Mean sampling interval it was drawn at.
-    pub rate: u64,
-    /// Recorded with probability 1.
-    pub certain: bool,
-    /// Its time weight (1 observed full time).
-    pub time_weight: f64,
-}
-
-impl BlockWeight {
-    fn add_to(&self, stats: &mut StackStats) {
-        stats.add(
-            self.size,
-            self.offset,
-            self.rate,
-            self.certain,
-            self.time_weight,
-        );
-    }
-
-    fn remove_from(&self, stats: &mut StackStats) {
-        stats.remove(
-            self.size,
-            self.offset,
-            self.rate,
-            self.certain,
-            self.time_weight,
-        );
     }
 }
 
@@ -216,19 +205,19 @@ impl TimelineRecorder {
         }
     }
 
-    /// A block of stack `stack` was sampled at `timestamp_ns`; `live`: it is followed
-    /// until freed.
-    pub fn allocated(&mut self, stack: usize, timestamp_ns: u64, block: &BlockWeight, live: bool) {
+    /// A block of stack `stack` was sampled at `timestamp_ns` (and, live, is followed
+    /// until freed).
+    pub fn allocated(&mut self, stack: usize, timestamp_ns: u64, block: &BlockWeight) {
         let point = self.point_at(timestamp_ns);
-        block.add_to(&mut self.points[point].alloc);
-        if !(self.live && live) {
+        self.points[point].alloc.add_block(block);
+        if !self.live {
             return;
         }
-        block.add_to(&mut self.running);
+        self.running.add_block(block);
         if self.per_stack.len() <= stack {
             self.per_stack.resize(stack + 1, StackStats::default());
         }
-        block.add_to(&mut self.per_stack[stack]);
+        self.per_stack[stack].add_block(block);
         let now = self.running.estimated_bytes;
         if self.high.is_none_or(|(_, high)| now > high) {
             self.high = Some((timestamp_ns.max(self.last_start()), now));
@@ -247,9 +236,9 @@ impl TimelineRecorder {
         if let Some(ns) = timestamp_ns {
             self.point_at(ns);
         }
-        block.remove_from(&mut self.running);
+        self.running.remove_block(block);
         if let Some(stats) = self.per_stack.get_mut(stack) {
-            block.remove_from(stats);
+            stats.remove_block(block);
         }
         self.set_inuse();
     }
@@ -322,22 +311,15 @@ impl TimelineRecorder {
         {
             return;
         }
-        let mut stacks: Vec<(usize, StackStats)> = self
+        let stacks: Vec<(usize, StackStats)> = self
             .per_stack
             .iter()
             .enumerate()
             .filter(|(_, stats)| stats.samples > 0)
             .map(|(stack, stats)| (stack, *stats))
             .collect();
-        stacks.sort_by(|a, b| b.1.estimated_bytes.total_cmp(&a.1.estimated_bytes));
-        let omitted = stacks.len().saturating_sub(MAX_PEAK_STACKS);
-        stacks.truncate(MAX_PEAK_STACKS);
-        self.peak = Some(PeakCopy {
-            at_ns: self.high.map_or(0, |(at, _)| at),
-            inuse: self.running,
-            stacks,
-            omitted,
-        });
+        let at_ns = self.high.map_or(0, |(at, _)| at);
+        self.peak = Some(PeakCopy::of_largest(at_ns, self.running, stacks));
     }
 
     /// The index in `points` of the point holding `timestamp_ns`, made if needed (the
@@ -380,12 +362,7 @@ impl TimelineRecorder {
             let index = (self.first + i as u64) / 2;
             let last_index = (new_first + merged.len() as u64).checked_sub(1);
             match merged.last_mut() {
-                Some(last) if last_index == Some(index) => {
-                    last.alloc.merge(&point.alloc);
-                    last.inuse = point.inuse;
-                    last.inuse_high = last.inuse_high.max(point.inuse_high);
-                    last.end_ns = point.end_ns;
-                }
+                Some(last) if last_index == Some(index) => *last = last.then(&point),
                 _ => merged.push(TimelinePoint {
                     start_ns: index * self.stretch_ns,
                     end_ns: (index + 1) * self.stretch_ns,
