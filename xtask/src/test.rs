@@ -233,9 +233,13 @@ const AGENT_LINKS: &[&str] = &[
     "stacks", "collect", "export",
 ];
 
-/// Workspace libraries the layering leaves alone: the end-to-end tests and their
-/// harness, which drive every layer.
-const TEST_LIBRARIES: &[&str] = &["allocbpf-e2e", "allocbpf-harness"];
+/// Workspace libraries the layering leaves alone: the end-to-end tests, their harness
+/// and the runtime interface's contract test, which drive every layer.
+const TEST_LIBRARIES: &[&str] = &[
+    "allocbpf-e2e",
+    "allocbpf-harness",
+    "allocbpf-runtime-contract",
+];
 
 /// The workspace crates each top crate may name as a direct dependency: the agent and
 /// the binary reach every layer below through the engine's crate.

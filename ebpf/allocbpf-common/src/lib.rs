@@ -12,6 +12,7 @@ mod events;
 pub mod java;
 pub mod node;
 pub mod python;
+pub mod runtime_entry;
 pub mod sampler;
 
 pub use events::{

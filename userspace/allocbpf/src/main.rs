@@ -88,6 +88,7 @@ fn collect_options(cli: &Cli) -> CollectOptions {
         calibration: cli::calibration_child(),
         // Only the HTML page shows a timeline: recorded only for it.
         timeline: cli.format == FormatArg::Html,
+        ..CollectOptions::default()
     }
 }
 

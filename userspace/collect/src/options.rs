@@ -6,6 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use allocbpf_images::image::Lookup;
 use allocbpf_profile::estimate::Confidence;
+use allocbpf_runtime::Runtime;
 
 // The option types and bounds of the layers below, named here so that the agent and the
 // binary set options through this crate alone.
@@ -56,6 +57,32 @@ pub struct CollectOptions {
     /// stacks at the peak) for its report; its cost is bounded per process
     /// (`allocbpf_profile::timeline`).
     pub timeline: bool,
+    /// The language runtimes a collection sees processes of.
+    pub runtimes: RuntimeList,
+}
+
+/// Makes the language runtimes a collection sees processes of, each with no process
+/// yet: [`crate::runtimes::supported`] by default; a test may hand runtimes of its own.
+#[derive(Clone, Copy)]
+pub struct RuntimeList(pub fn() -> Vec<Box<dyn Runtime>>);
+
+impl Default for RuntimeList {
+    fn default() -> Self {
+        Self(crate::runtimes::supported)
+    }
+}
+
+impl PartialEq for RuntimeList {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::fn_addr_eq(self.0, other.0)
+    }
+}
+
+impl std::fmt::Debug for RuntimeList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = (self.0)().iter().map(|runtime| runtime.name()).collect();
+        f.debug_tuple("RuntimeList").field(&names).finish()
+    }
 }
 
 impl Default for CollectOptions {
@@ -74,6 +101,7 @@ impl Default for CollectOptions {
             budget: None,
             calibration: CalibrationChild::default(),
             timeline: false,
+            runtimes: RuntimeList::default(),
         }
     }
 }

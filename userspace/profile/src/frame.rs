@@ -51,17 +51,10 @@ pub enum Frame {
     /// The only frame of samples the kernel's sample ring had no room for: they kept
     /// their weight but not their stack ([`LOST_SAMPLES_NAME`]).
     Lost,
-    /// A Python function at a line: an index into the session's [`SourceLocations`].
-    Python(u32),
-    /// A Go function at a line, read from the process's own function table (the Go
-    /// runtime's heap profile): an index into the session's [`SourceLocations`].
-    Go(u32),
-    /// A Java method at a line, or a Java heap sample's allocated class (its leaf),
-    /// read from a JVM's own metadata: an index into the session's [`SourceLocations`].
-    Java(u32),
-    /// A JavaScript function at a line, read from a V8 heap's own objects: an index
-    /// into the session's [`SourceLocations`].
-    JavaScript(u32),
+    /// A frame a language runtime read from its own tables (a Python, Go, Java or
+    /// JavaScript function at a line, a Java heap sample's allocated class): an index
+    /// into the session's [`SourceLocations`], whose location says how it reads.
+    Runtime(u32),
 }
 
 impl Frame {
@@ -74,9 +67,9 @@ impl Frame {
     }
 }
 
-/// Where a frame read from a runtime's own tables was (a Python frame, a Go frame):
-/// function (Python's qualified name where the version has one), file and line (0 when
-/// the line table gave none).
+/// Where a frame read from a runtime's own tables was: function (Python's qualified
+/// name where the version has one), file and line (0 when the line table gave none),
+/// and how reports that show names only show it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SourceLocation {
     /// The function.
@@ -85,6 +78,21 @@ pub struct SourceLocation {
     pub file: String,
     /// The line; 0 when unknown.
     pub line: u32,
+    /// How it reads where only a name is shown.
+    pub style: LocationStyle,
+}
+
+/// How a [`SourceLocation`] reads in reports that show names only (text, json,
+/// folded, svg); pprof and OTLP carry name, file and line apart whatever the style.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LocationStyle {
+    /// `function (file:line)`, the way an interpreted language's traceback reads, so
+    /// that its lines stay apart when stacks are merged by name (a location without a
+    /// file reads by its name).
+    #[default]
+    WithFile,
+    /// By its function's name, as native frames read.
+    ByName,
 }
 
 /// Most distinct source locations a session keeps; later new ones share one frame
@@ -96,8 +104,7 @@ pub const MAX_SOURCE_LOCATIONS: usize = 1 << 18;
 /// How a location past [`MAX_SOURCE_LOCATIONS`] reads.
 pub const SOURCE_LOCATIONS_FULL: &str = "[location table full]";
 
-/// The session's source locations, interned: a [`Frame::Python`] or [`Frame::Go`] is an
-/// index here. One table per session, owned by the frame resolver that makes the frames
+/// The session's source locations, interned: a [`Frame::Runtime`] is an index here. One table per session, owned by the frame resolver that makes the frames
 /// and names them (not one per report): every report of the session names a frame the
 /// same way.
 #[derive(Default)]
@@ -119,6 +126,7 @@ impl SourceLocations {
             function: SOURCE_LOCATIONS_FULL.to_string(),
             file: String::new(),
             line: 0,
+            style: LocationStyle::ByName,
         };
         match self.ids.get(&full) {
             Some(&id) => id,
@@ -152,39 +160,19 @@ impl SourceLocations {
 }
 
 impl SourceLocations {
-    /// The functions of a Python frame, for reports: shown as `function (file:line)`.
-    pub fn python_functions(&self, id: u32) -> Functions {
-        self.functions(id, true)
-    }
-
-    /// The functions of a Java frame, for reports: shown as `package.Class.method
-    /// (File.java:line)`; an allocated class, which has no file, by its name.
-    pub fn java_functions(&self, id: u32) -> Functions {
-        self.functions(id, true)
-    }
-
-    /// The functions of a JavaScript frame, for reports: shown as `function
-    /// (file.js:line)`.
-    pub fn javascript_functions(&self, id: u32) -> Functions {
-        self.functions(id, true)
-    }
-
-    /// The functions of a Go frame, for reports: shown by name, as native frames are.
-    pub fn go_functions(&self, id: u32) -> Functions {
-        self.functions(id, false)
-    }
-
-    /// The function at location `id`; `with_line`: shown with its file and line.
-    fn functions(&self, id: u32, with_line: bool) -> Functions {
+    /// The functions of a [`Frame::Runtime`] at location `id`, for reports, shown as
+    /// its location's style says.
+    pub fn functions(&self, id: u32) -> Functions {
         let frame = match self.get(id) {
             Some(location) => {
                 let line = (location.line != 0).then_some(location.line);
+                let with_file = location.style == LocationStyle::WithFile;
                 FunctionFrame {
                     name: location.function.clone(),
                     file: (!location.file.is_empty()).then(|| location.file.clone()),
                     line,
-                    shown: (with_line && !location.file.is_empty())
-                        .then(|| python_shown_name(&location.function, &location.file, line)),
+                    shown: (with_file && !location.file.is_empty())
+                        .then(|| shown_with_file(&location.function, &location.file, line)),
                 }
             }
             None => FunctionFrame {
@@ -211,9 +199,8 @@ pub struct FunctionFrame {
     /// Source line, where debug info exists.
     pub line: Option<u32>,
     /// How reports that show names only (text, json, folded, svg) show it, when not
-    /// by `name`: a Python frame is `function (file.py:line)`, the way Python
-    /// developers read a traceback's lines, and its lines stay apart when stacks are
-    /// merged by name. pprof and OTLP carry name, file and line apart instead.
+    /// by `name` ([`LocationStyle::WithFile`]). pprof and OTLP carry name, file and
+    /// line apart instead.
     pub shown: Option<String>,
 }
 
@@ -224,8 +211,9 @@ impl FunctionFrame {
     }
 }
 
-/// How a Python frame reads where only a name is shown: `function (file:line)`.
-pub fn python_shown_name(function: &str, file: &str, line: Option<u32>) -> String {
+/// How a [`LocationStyle::WithFile`] location reads where only a name is shown:
+/// `function (file:line)`.
+pub fn shown_with_file(function: &str, file: &str, line: Option<u32>) -> String {
     match line {
         Some(line) => format!("{function} ({file}:{line})"),
         None => format!("{function} ({file})"),

@@ -10,8 +10,8 @@ use std::time::Instant;
 use allocbpf_probe::events::RawSample;
 use allocbpf_profile::frame::{Frame, SourceLocations};
 use allocbpf_runtime::{
-    Departure, Found, IsCurrent, JavaThreadStack, NativeStack, Polled, ProcessView, Runtime,
-    RuntimeMaps, SampleStack,
+    Capture, Departure, Found, IsCurrent, NativeStack, Polled, ProcessView, Runtime, RuntimeMaps,
+    SampleStack,
 };
 
 use crate::normalize::AddressNormalizer;
@@ -24,7 +24,7 @@ pub struct StackResolver {
     pub normalizer: AddressNormalizer,
     /// Unwinds copied stacks (auto/dwarf); `None` with frame pointers.
     pub unwinder: Option<StackUnwinder>,
-    /// Where every runtime frame ([`Frame::Python`], [`Frame::Go`]) points.
+    /// Where every runtime frame ([`Frame::Runtime`]) points.
     locations: SourceLocations,
     /// The language runtimes, each with the processes it claimed.
     runtimes: Vec<Box<dyn Runtime>>,
@@ -124,9 +124,9 @@ impl StackResolver {
     /// The sample's frames, innermost first.
     pub fn resolve(&mut self, sample: &RawSample) -> Vec<Frame> {
         let unwound;
+        // A sample without a copied stack (frame pointers walked in the kernel, or a
+        // runtime's capture in its place) keeps the kernel's frames.
         let stack = match self.unwinder.as_mut() {
-            // A Java heap sample has no native stack to unwind: its runtime walks it.
-            _ if sample.java.is_some() => &sample.stack,
             Some(unwinder) if !sample.user_stack.is_empty() => {
                 let mut from_tables = unwinder.unwind(sample.pid, sample.regs, &sample.user_stack);
                 // At an inlined site the sampled function is a frame of its own (the
@@ -145,26 +145,19 @@ impl StackResolver {
             _ => &sample.stack,
         };
         let mut frames = self.normalizer.normalize(sample.pid, stack);
-        let walked = SampleStack {
-            pid: sample.pid,
-            addresses: stack,
-            python: &sample.python,
-            java: sample.java.as_ref().map(|java| JavaThreadStack {
-                status: java.status,
-                klass: java.klass,
-                anchor: java.anchor,
-                base: java.base,
-                stack: &java.stack,
-            }),
-            native: (!sample.user_stack.is_empty()).then_some(NativeStack {
-                regs: sample.regs,
-                stack: &sample.user_stack,
-            }),
-        };
+        let walked = sample_stack(sample, stack);
         for runtime in &mut self.runtimes {
             frames = runtime.merge_frames(&walked, frames, &mut self.locations);
         }
         frames
+    }
+
+    /// What `sample` stands for when a runtime's probe saw a chunk of its heap rather
+    /// than one object ([`Runtime::attributed_object`]): the bytes of the object that
+    /// took the chunk (0: not known); `None` for a sample that stands for itself.
+    pub fn attributed_object(&self, sample: &RawSample) -> Option<u64> {
+        let walked = sample_stack(sample, &sample.stack);
+        (self.runtimes.iter()).find_map(|runtime| runtime.attributed_object(&walked))
     }
 
     /// `symbolizer`, naming the frames this resolver made: native ones from their
@@ -186,6 +179,23 @@ impl StackResolver {
     pub fn maps_cut(&self) -> u64 {
         let unwinding = self.unwinder.as_ref().map_or(0, |u| u.maps_cut);
         self.normalizer.maps_cut() + unwinding
+    }
+}
+
+/// `sample` as the runtimes see it, with `addresses` as its native frames' addresses.
+fn sample_stack<'a>(sample: &'a RawSample, addresses: &'a [u64]) -> SampleStack<'a> {
+    SampleStack {
+        pid: sample.pid,
+        function: sample.function,
+        addresses,
+        native: (!sample.user_stack.is_empty()).then_some(NativeStack {
+            regs: sample.regs,
+            stack: &sample.user_stack,
+        }),
+        capture: sample.capture.as_ref().map(|capture| Capture {
+            flag: capture.flag,
+            bytes: &capture.bytes,
+        }),
     }
 }
 

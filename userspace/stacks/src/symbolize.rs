@@ -105,18 +105,8 @@ impl FrameSymbolizer {
                     self.cache
                         .insert(*frame, unresolved(LOST_SAMPLES_NAME.to_string()));
                 }
-                Frame::Python(id) => {
-                    self.cache.insert(*frame, locations.python_functions(id));
-                }
-                Frame::Go(id) => {
-                    self.cache.insert(*frame, locations.go_functions(id));
-                }
-                Frame::Java(id) => {
-                    self.cache.insert(*frame, locations.java_functions(id));
-                }
-                Frame::JavaScript(id) => {
-                    self.cache
-                        .insert(*frame, locations.javascript_functions(id));
+                Frame::Runtime(id) => {
+                    self.cache.insert(*frame, locations.functions(id));
                 }
             }
         }

@@ -27,9 +27,9 @@
 
 use std::time::{Duration, Instant};
 
+use allocbpf_common::GateState;
 /// How returns are observed with live tracking (what [`AttachedTarget::live_mode`] says).
 pub use allocbpf_common::LiveMode;
-use allocbpf_common::{AllocFn, GateState};
 use allocbpf_images::{
     discover::Silence,
     image::{AllocatorImage, ImageKey},
@@ -403,7 +403,7 @@ impl Collector {
             // Gone before we could read its identity.
             None => return,
         }
-        let mut allocation = allocation_of(&sample);
+        let mut allocation = allocation_of(&sample, self.stacks.attributed_object(&sample));
         if let Some(budget) = &self.budget {
             let tracked = self.processes.entry(pid, owner).expect("checked above");
             match budget.place(tracked, &self.images, sample.timestamp_ns) {
@@ -515,27 +515,17 @@ impl Collector {
     }
 }
 
-/// V8's tagged word: what a JS heap chunk's sample stands for (an object of that size).
-const JS_HEAP_WORD: u64 = 8;
-
 /// What the estimator needs of `sample`: the ring buffer's sample less its stack (the
 /// key it is added under) and its window, which a budget sets.
-/// A JVM's new-TLAB sample stands for its object at the rate that gives it its TLAB's
-/// weight ([`attributed_sample`]); one that lost its capture in the ring of lost
-/// samples, for its TLAB's weight alone. A V8 LAB chunk stands for one tagged word of
-/// the allocation that ended it, at the rate that gives it the chunk's weight: the
-/// probe sees the chunk's bytes, never its objects, so a JS heap site's objects are
-/// counted in words (docs/statistics.md, "Node.js").
-fn allocation_of(sample: &RawSample) -> SampledAllocation {
-    let (size, offset, rate, certain) = match sample.function {
-        Some(AllocFn::JavaTlab) => {
-            let object = sample.java.as_ref().map_or(0, |java| java.object_bytes);
-            attributed_sample(sample.size, object, sample.rate, sample.certain)
-        }
-        Some(AllocFn::JsHeapChunk) => {
-            attributed_sample(sample.size, JS_HEAP_WORD, sample.rate, sample.certain)
-        }
-        _ => (sample.size, sample.offset, sample.rate, sample.certain),
+/// A sample that a runtime's probe took of a chunk of its heap (a JVM's new TLAB, a V8
+/// LAB) stands for the object that took the chunk, at the rate that gives it the
+/// chunk's weight ([`attributed_sample`]); the runtime says what that object is
+/// (`attributed`: its bytes, 0 when not known, for one that lost its capture in the
+/// ring of lost samples), docs/statistics.md has the derivation.
+fn allocation_of(sample: &RawSample, attributed: Option<u64>) -> SampledAllocation {
+    let (size, offset, rate, certain) = match attributed {
+        Some(object) => attributed_sample(sample.size, object, sample.rate, sample.certain),
+        None => (sample.size, sample.offset, sample.rate, sample.certain),
     };
     SampledAllocation {
         sample_id: sample.sample_id,

@@ -108,7 +108,7 @@ impl Collector {
             stacks: StackResolver::new(
                 options.unwind,
                 &options.allocator_prefixes,
-                crate::runtimes::supported(),
+                (options.runtimes.0)(),
             ),
             // A host scope never profiles allocbpf itself; `--pid` may name anything.
             processes: ProcessTable {

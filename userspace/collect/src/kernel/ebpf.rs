@@ -5,9 +5,7 @@ use std::{
     path::Path,
 };
 
-use allocbpf_common::{
-    java::JavaWalk, node::V8Heap, python::PythonWalk, GateState, ProcessGate, Totals,
-};
+use allocbpf_common::{GateState, ProcessGate, Totals};
 use allocbpf_images::image::AllocatorImage;
 use allocbpf_probe::{
     events::{Event, EventReader},
@@ -216,28 +214,18 @@ impl LiveState for EbpfKernel {
 }
 
 impl RuntimeMaps for EbpfKernel {
-    fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), RuntimeMapError> {
-        (self.sampler.set_python(pid, walk)).map_err(|error| RuntimeMapError(error.to_string()))
+    fn set_entry(
+        &mut self,
+        map: &'static str,
+        pid: u32,
+        value: &[u8],
+    ) -> Result<(), RuntimeMapError> {
+        (self.sampler.set_entry(map, pid, value))
+            .map_err(|error| RuntimeMapError(error.to_string()))
     }
 
-    fn forget_python(&mut self, pid: u32) {
-        self.sampler.forget_python(pid);
-    }
-
-    fn set_java(&mut self, pid: u32, walk: JavaWalk) -> Result<(), RuntimeMapError> {
-        (self.sampler.set_java(pid, walk)).map_err(|error| RuntimeMapError(error.to_string()))
-    }
-
-    fn forget_java(&mut self, pid: u32) {
-        self.sampler.forget_java(pid);
-    }
-
-    fn set_node(&mut self, pid: u32, heap: V8Heap) -> Result<(), RuntimeMapError> {
-        (self.sampler.set_node(pid, heap)).map_err(|error| RuntimeMapError(error.to_string()))
-    }
-
-    fn forget_node(&mut self, pid: u32) {
-        self.sampler.forget_node(pid);
+    fn forget_entry(&mut self, map: &'static str, pid: u32) {
+        self.sampler.forget_entry(map, pid);
     }
 }
 

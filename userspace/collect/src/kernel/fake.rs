@@ -1,5 +1,7 @@
-//! A fake kernel side for the engine's unit tests: it attaches nothing, and records
-//! what the engine asked of it; the events are whatever the test queues.
+//! A fake kernel side for the engine's tests: it attaches nothing, and records what the
+//! engine asked of it; the events are whatever the test queues. The engine's unit tests
+//! use it, and so do tests outside this crate (feature `fake-kernel`), such as the
+//! runtime interface's contract test with a runtime of its own.
 
 use std::{
     cell::RefCell,
@@ -9,9 +11,7 @@ use std::{
     rc::Rc,
 };
 
-use allocbpf_common::{
-    java::JavaWalk, node::V8Heap, python::PythonWalk, GateState, LiveMode, ProcessGate, Totals,
-};
+use allocbpf_common::{GateState, LiveMode, ProcessGate, Totals};
 use allocbpf_images::image::{AllocatorImage, ImageKey};
 use allocbpf_probe::{
     events::Event,
@@ -29,7 +29,7 @@ use crate::error::CollectError;
 
 /// What the fake kernel holds and was asked; shared between the test and the engine.
 #[derive(Debug, Default)]
-pub(crate) struct FakeState {
+pub struct FakeState {
     /// The config it was loaded with.
     pub config: Option<SamplerConfig>,
     /// Images can be probed part time.
@@ -56,12 +56,8 @@ pub(crate) struct FakeState {
     pub pids: HashSet<u32>,
     /// Pids it was asked to forget.
     pub forgotten: HashSet<u32>,
-    /// Processes whose Python frames are walked.
-    pub python: HashSet<u32>,
-    /// Pids whose Java frames are captured.
-    pub java: HashSet<u32>,
-    /// Pids whose V8 heap is sampled.
-    pub node: HashSet<u32>,
+    /// The runtimes' per-process map entries, by map and pid.
+    pub entries: HashMap<&'static str, HashMap<u32, Vec<u8>>>,
     /// The ring's pressure level.
     pub pressure_level: u32,
     /// Interval tables written.
@@ -70,11 +66,11 @@ pub(crate) struct FakeState {
 }
 
 /// The fake, shared with the test that made it.
-pub(crate) type Shared = Rc<RefCell<FakeState>>;
+pub type Shared = Rc<RefCell<FakeState>>;
 
 /// Events queued by the test, and an error to return after them.
 #[derive(Debug, Default)]
-pub(crate) struct FakeQueue {
+pub struct FakeQueue {
     /// In order.
     pub events: VecDeque<Event>,
     /// Returned by the read that finds the queue empty, once.
@@ -83,7 +79,7 @@ pub(crate) struct FakeQueue {
 
 /// Loads the fake: each load shares `state` and `queue` with the test.
 #[derive(Clone, Default)]
-pub(crate) struct FakeLoader {
+pub struct FakeLoader {
     /// The kernel's state.
     pub state: Shared,
     /// The events.
@@ -291,37 +287,34 @@ impl LiveState for FakeKernel {
             state.pids.remove(pid);
             state.gates.remove(pid);
             state.live.remove(pid);
+            for entries in state.entries.values_mut() {
+                entries.remove(pid);
+            }
             state.forgotten.insert(*pid);
         }
     }
 }
 
 impl RuntimeMaps for FakeKernel {
-    fn set_python(&mut self, pid: u32, _walk: PythonWalk) -> Result<(), RuntimeMapError> {
-        self.0.borrow_mut().python.insert(pid);
+    fn set_entry(
+        &mut self,
+        map: &'static str,
+        pid: u32,
+        value: &[u8],
+    ) -> Result<(), RuntimeMapError> {
+        let mut state = self.0.borrow_mut();
+        state
+            .entries
+            .entry(map)
+            .or_default()
+            .insert(pid, value.to_vec());
         Ok(())
     }
 
-    fn forget_python(&mut self, pid: u32) {
-        self.0.borrow_mut().python.remove(&pid);
-    }
-
-    fn set_java(&mut self, pid: u32, _walk: JavaWalk) -> Result<(), RuntimeMapError> {
-        self.0.borrow_mut().java.insert(pid);
-        Ok(())
-    }
-
-    fn forget_java(&mut self, pid: u32) {
-        self.0.borrow_mut().java.remove(&pid);
-    }
-
-    fn set_node(&mut self, pid: u32, _heap: V8Heap) -> Result<(), RuntimeMapError> {
-        self.0.borrow_mut().node.insert(pid);
-        Ok(())
-    }
-
-    fn forget_node(&mut self, pid: u32) {
-        self.0.borrow_mut().node.remove(&pid);
+    fn forget_entry(&mut self, map: &'static str, pid: u32) {
+        if let Some(entries) = self.0.borrow_mut().entries.get_mut(map) {
+            entries.remove(&pid);
+        }
     }
 }
 

@@ -34,8 +34,8 @@ pub use allocbpf_runtime::RuntimeMaps;
 use crate::error::CollectError;
 
 mod ebpf;
-#[cfg(test)]
-pub(crate) mod fake;
+#[cfg(any(test, feature = "fake-kernel"))]
+pub mod fake;
 
 pub use self::ebpf::EbpfObject;
 

@@ -375,11 +375,7 @@ impl<'a> SampleBuilder<'a> {
                 (module as u64 + 1) * MODULE_SPAN + offset,
             ),
             Frame::Unknown(addr) => (0, addr),
-            Frame::Lost
-            | Frame::Python(_)
-            | Frame::Go(_)
-            | Frame::Java(_)
-            | Frame::JavaScript(_) => (0, 0),
+            Frame::Lost | Frame::Runtime(_) => (0, 0),
         };
         let id = self.location_list.len() as u64 + 1;
         self.location_list.push(Location {

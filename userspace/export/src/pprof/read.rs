@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use allocbpf_profile::aggregate::StackStats;
-use allocbpf_profile::frame::{python_shown_name, FunctionFrame};
+use allocbpf_profile::frame::{shown_with_file, FunctionFrame};
 
 use super::{
     interval_inputs_from,
@@ -154,10 +154,10 @@ fn chain(
                 .cloned()
                 .unwrap_or_else(|| (unnamed(), None));
             let line = (line.line > 0).then_some(line.line as u32);
-            // A location without a mapping but with a source file is a Python frame
+            // A location without a mapping but with a source file is a runtime's frame
             // (native frames have their module's mapping).
             let shown = match (&file, location.mapping_id) {
-                (Some(file), 0) => Some(python_shown_name(&name, file, line)),
+                (Some(file), 0) => Some(shown_with_file(&name, file, line)),
                 _ => None,
             };
             FunctionFrame {

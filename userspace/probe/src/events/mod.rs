@@ -3,11 +3,8 @@
 //! kernel ring drained whatever the consumer is busy with.
 
 use allocbpf_common::{
-    java::{JavaCapture, JAVA_STACK_BYTES},
-    python::{PythonFrameRecord, MAX_PYTHON_FRAMES},
-    AllocFn, EventKind, LiveEvent, LostSample, ProcessEvent, PythonStack, SampleEvent,
-    MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN, SAMPLE_FLAG_INLINED, SAMPLE_FLAG_JAVA,
-    SAMPLE_FLAG_PYTHON,
+    runtime_entry::capture_of, AllocFn, EventKind, LiveEvent, LostSample, ProcessEvent,
+    SampleEvent, MAX_STACK_DEPTH, SAMPLE_FLAG_CERTAIN, SAMPLE_FLAG_INLINED,
 };
 mod reader;
 
@@ -83,38 +80,23 @@ pub struct RawSample {
     pub stack_error: i32,
     /// Userspace unwinding: `ip`, `sp`, `bp` at the probe.
     pub regs: [u64; 3],
-    /// The thread's interpreter frames, innermost first (Python processes only).
-    pub python: Vec<PythonFrameRecord>,
-    /// Why `python` is empty, if it is ([`PythonStatus`] as sent).
-    pub python_status: u32,
     /// Userspace unwinding: the user stack copied from `sp` up (empty otherwise).
     pub user_stack: Vec<u8>,
     /// The sample ring was full: this came through the ring of lost samples, with
     /// its weight but without a stack.
     pub lost: bool,
-    /// A JVM's Java heap sample: the thread's last Java frame and its stack (no
-    /// native stack then).
-    pub java: Option<Box<JavaStack>>,
+    /// What a runtime's eBPF part appended to the record, for that runtime alone.
+    pub capture: Option<RuntimeCapture>,
 }
 
-/// What a Java heap sample captured of its thread
-/// ([`JavaCapture`](allocbpf_common::java::JavaCapture), decoded).
+/// The bytes a runtime's eBPF part appended to a sample record (its layout is that
+/// runtime's: `allocbpf_common::runtime_entry::CAPTURES`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct JavaStack {
-    /// A [`JavaStatus`](allocbpf_common::java::JavaStatus) as sent.
-    pub status: u32,
-    /// The allocated object's `Klass*`.
-    pub klass: u64,
-    /// A new TLAB's sample: the bytes of the object that took it (0: not known).
-    pub object_bytes: u64,
-    /// The allocating `JavaThread*`.
-    pub thread: u64,
-    /// The thread's last Java `sp`, `pc` and `fp`.
-    pub anchor: [u64; 3],
-    /// The address `stack` was copied from.
-    pub base: u64,
-    /// The stack from `base` up.
-    pub stack: Vec<u8>,
+pub struct RuntimeCapture {
+    /// The `SampleEvent::flags` bit that marks it.
+    pub flag: u32,
+    /// The capture as sent.
+    pub bytes: Box<[u8]>,
 }
 
 /// Decodes one ring-buffer record; `None` if it is malformed (a version mismatch).
@@ -165,23 +147,16 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
     // SAFETY: the length was checked, SampleEvent is plain integers (any bit pattern is
     // valid) and read_unaligned has no alignment requirement.
     let event: SampleEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    if event.flags & SAMPLE_FLAG_JAVA != 0 {
-        return decode_java(&event, bytes);
-    }
-    // A Python process's record ends with its Python frames.
-    let python_bytes = std::mem::size_of::<PythonStack>();
-    let python = (event.flags & SAMPLE_FLAG_PYTHON != 0
-        && bytes.len() >= std::mem::size_of::<SampleEvent>() + python_bytes)
-        .then(|| {
-            // SAFETY: the length was checked; PythonStack is plain integers.
-            unsafe {
-                std::ptr::read_unaligned::<PythonStack>(
-                    bytes[bytes.len() - python_bytes..].as_ptr().cast(),
-                )
-            }
-        });
-    let bytes = match python {
-        Some(_) => &bytes[..bytes.len() - python_bytes],
+    // A runtime's capture, if any, is the record's last bytes.
+    let capture = capture_of(event.flags).and_then(|layout| {
+        let start = bytes.len().checked_sub(layout.bytes)?;
+        (start >= std::mem::size_of::<SampleEvent>()).then(|| RuntimeCapture {
+            flag: layout.flag,
+            bytes: bytes[start..].into(),
+        })
+    });
+    let bytes = match &capture {
+        Some(capture) => &bytes[..bytes.len() - capture.bytes.len()],
         None => bytes,
     };
     let depth = (event.stack_len as usize).min(MAX_STACK_DEPTH);
@@ -198,51 +173,13 @@ fn decode_sample(bytes: &[u8]) -> Option<RawSample> {
             .take_while(|&a| a != 0),
     );
     Some(RawSample {
-        python: python.map_or_else(Vec::new, |stack| {
-            stack.frames[..(stack.len as usize).min(MAX_PYTHON_FRAMES)].to_vec()
-        }),
-        python_status: python.map_or(0, |stack| stack.status),
         user_stack: {
             let header = std::mem::size_of::<SampleEvent>();
             let len = (event.user_stack_len as usize).min(bytes.len() - header);
             bytes[header..header + len].to_vec()
         },
+        capture,
         ..header_of(&event, stack)
-    })
-}
-
-/// A Java heap sample: the header, then its [`JavaCapture`]. Its stack is copied once,
-/// straight from the record (the capture is mostly stack).
-fn decode_java(event: &SampleEvent, bytes: &[u8]) -> Option<RawSample> {
-    let capture = bytes.get(std::mem::size_of::<SampleEvent>()..)?;
-    if capture.len() < std::mem::size_of::<JavaCapture>() {
-        return None;
-    }
-    let word = |offset: usize| -> Option<u64> {
-        Some(u64::from_ne_bytes(
-            capture.get(offset..offset + 8)?.try_into().ok()?,
-        ))
-    };
-    let half = |offset: usize| -> Option<u32> {
-        Some(u32::from_ne_bytes(
-            capture.get(offset..offset + 4)?.try_into().ok()?,
-        ))
-    };
-    let anchor = std::mem::offset_of!(JavaCapture, anchor);
-    let copied = (half(std::mem::offset_of!(JavaCapture, copied))? as usize).min(JAVA_STACK_BYTES);
-    let stack = std::mem::offset_of!(JavaCapture, stack);
-    let native = Vec::from_iter((event.caller != 0).then_some(event.caller));
-    Some(RawSample {
-        java: Some(Box::new(JavaStack {
-            status: half(std::mem::offset_of!(JavaCapture, status))?,
-            klass: word(std::mem::offset_of!(JavaCapture, klass))?,
-            object_bytes: word(std::mem::offset_of!(JavaCapture, object_bytes))?,
-            thread: word(std::mem::offset_of!(JavaCapture, thread))?,
-            anchor: [word(anchor)?, word(anchor + 8)?, word(anchor + 16)?],
-            base: word(std::mem::offset_of!(JavaCapture, base))?,
-            stack: capture.get(stack..stack + copied)?.to_vec(),
-        })),
-        ..header_of(event, native)
     })
 }
 

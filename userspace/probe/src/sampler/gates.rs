@@ -3,10 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use allocbpf_common::{
-    java::JavaWalk, node::V8Heap, python::PythonWalk, GateState, LiveKey, ProcessCounts,
-    ProcessGate,
-};
+use allocbpf_common::{GateState, LiveKey, ProcessCounts, ProcessGate};
 use aya::maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues};
 
 use super::{map_error, ProbeError, Sampler};
@@ -189,9 +186,7 @@ impl Sampler {
             }
         }
         for pid in pids {
-            self.forget_python(*pid);
-            self.forget_java(*pid);
-            self.forget_node(*pid);
+            self.forget_entries(*pid);
         }
         if let Some(map) = self.ebpf.map_mut("LIVE") {
             if let Ok(mut live) = BpfHashMap::<_, LiveKey, u64>::try_from(map) {
@@ -216,59 +211,5 @@ fn summed(values: &PerCpuValues<ProcessGate>) -> ProcessGate {
         sample_ns: values.iter().map(|g| g.sample_ns).sum(),
         state: values.iter().map(|g| g.state).max().unwrap_or(0),
         reserved: 0,
-    }
-}
-
-impl Sampler {
-    /// Has the program walk `pid`'s Python frames at its samples, as `walk` says.
-    pub fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), ProbeError> {
-        self.set_process_entry("PYTHON", pid, walk)
-    }
-
-    /// Stops walking `pid`'s Python frames (it exited or exec'd another program).
-    pub fn forget_python(&mut self, pid: u32) {
-        self.forget_process_entry::<PythonWalk>("PYTHON", pid);
-    }
-
-    /// Has the program capture `pid`'s Java frames at its Java heap samples.
-    pub fn set_java(&mut self, pid: u32, walk: JavaWalk) -> Result<(), ProbeError> {
-        self.set_process_entry("JAVA", pid, walk)
-    }
-
-    /// Stops capturing `pid`'s Java frames.
-    pub fn forget_java(&mut self, pid: u32) {
-        self.forget_process_entry::<JavaWalk>("JAVA", pid);
-    }
-
-    /// Has the program sample `pid`'s V8 heap with `heap`'s offsets.
-    pub fn set_node(&mut self, pid: u32, heap: V8Heap) -> Result<(), ProbeError> {
-        self.set_process_entry("NODE", pid, heap)
-    }
-
-    /// Stops sampling `pid`'s V8 heap.
-    pub fn forget_node(&mut self, pid: u32) {
-        self.forget_process_entry::<V8Heap>("NODE", pid);
-    }
-
-    /// Writes `pid`'s entry of the per-process hash map `name`.
-    fn set_process_entry<V: aya::Pod>(
-        &mut self,
-        name: &'static str,
-        pid: u32,
-        value: V,
-    ) -> Result<(), ProbeError> {
-        let map =
-            (self.ebpf.map_mut(name)).ok_or_else(|| super::load_error(super::missing(name)))?;
-        let mut entries = BpfHashMap::<_, u32, V>::try_from(map).map_err(map_error(name))?;
-        entries.insert(pid, value, 0).map_err(map_error(name))
-    }
-
-    /// Removes `pid`'s entry of the per-process hash map `name`, if any.
-    fn forget_process_entry<V: aya::Pod>(&mut self, name: &str, pid: u32) {
-        if let Some(map) = self.ebpf.map_mut(name) {
-            if let Ok(mut entries) = BpfHashMap::<_, u32, V>::try_from(map) {
-                let _ = entries.remove(&pid);
-            }
-        }
     }
 }

@@ -5,6 +5,7 @@
 //! toolchain.
 
 mod attach;
+mod entries;
 mod gates;
 pub mod session_link;
 mod totals;
@@ -206,6 +207,8 @@ pub struct Sampler {
     window_shift: u8,
     /// The process whose own links the attach under way makes ([`Sampler::attach_own`]).
     own_pid: Option<u32>,
+    /// The runtimes' per-process maps written so far ([`Sampler::set_entry`]).
+    runtime_maps: std::collections::BTreeSet<&'static str>,
 }
 
 impl Sampler {
@@ -276,6 +279,7 @@ impl Sampler {
             book,
             window_shift: 0,
             own_pid: None,
+            runtime_maps: Default::default(),
         };
         sampler.refresh_intervals()?;
         if !config.empty_probes {

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
+use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
 use allocbpf_runtime::{
     Counted, Departure, Found, IsCurrent, PollFigures, Polled, ProcessPoll, ProcessView, Runtime,
     RuntimeMaps,
@@ -281,6 +281,7 @@ fn frames_of(file: &mut GoFile, stack: &[u64], locations: &mut SourceLocations) 
                 function: location.function,
                 file: location.file.unwrap_or_default(),
                 line: location.line.unwrap_or(0),
+                style: LocationStyle::ByName,
             },
             // One location for every pc the table does not know: a forged stack
             // cannot fill the session's location table.
@@ -288,6 +289,7 @@ fn frames_of(file: &mut GoFile, stack: &[u64], locations: &mut SourceLocations) 
                 function: UNKNOWN_GO_FRAME.to_string(),
                 file: String::new(),
                 line: 0,
+                style: LocationStyle::ByName,
             },
         })
         .collect();
@@ -302,9 +304,10 @@ fn frames_of(file: &mut GoFile, stack: &[u64], locations: &mut SourceLocations) 
         function: GO_SAMPLER_FRAME.to_string(),
         file: String::new(),
         line: 0,
+        style: LocationStyle::ByName,
     });
     found
         .into_iter()
-        .map(|location| Frame::Go(locations.intern(location)))
+        .map(|location| Frame::Runtime(locations.intern(location)))
         .collect()
 }

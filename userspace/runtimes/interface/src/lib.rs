@@ -1,6 +1,6 @@
 //! The one interface every language runtime implements.
 //!
-//! A runtime (CPython, Go; the JVM and Node.js next) is a crate of its own under
+//! A runtime (CPython, Go, the JVM, Node.js) is a crate of its own under
 //! `userspace/runtimes/` that knows how to see its processes from outside. The engine
 //! holds a list of [`Runtime`]s and names none: it hands each one every process it
 //! admits ([`Runtime::look_at`]), asks it to poll what its processes' own samplers
@@ -15,11 +15,7 @@
 
 use std::time::Instant;
 
-use allocbpf_common::{
-    java::JavaWalk,
-    node::V8Heap,
-    python::{PythonFrameRecord, PythonWalk},
-};
+use allocbpf_common::AllocFn;
 use allocbpf_images::{discover::ImageCache, procfs::MapsEntry};
 use allocbpf_profile::frame::{Frame, SourceLocations};
 
@@ -54,58 +50,52 @@ pub struct Found {
 pub struct RuntimeMapError(pub String);
 
 /// The kernel maps runtimes fill in: what the eBPF program must walk or read in a
-/// process at its samples. The kernel seam implements it; one method pair a map.
+/// process at its samples. Each runtime that needs one names its own per-process map
+/// (a hash map keyed by pid, defined by its eBPF part) and writes its entry as bytes
+/// laid out as that part reads them; the kernel seam implements it, knowing no map.
 pub trait RuntimeMaps {
-    /// Has the program walk `pid`'s Python frames at its samples.
-    fn set_python(&mut self, pid: u32, walk: PythonWalk) -> Result<(), RuntimeMapError>;
-    /// Stops walking `pid`'s Python frames.
-    fn forget_python(&mut self, pid: u32);
-    /// Has the program capture `pid`'s Java frames at its Java heap samples.
-    fn set_java(&mut self, pid: u32, walk: JavaWalk) -> Result<(), RuntimeMapError>;
-    /// Stops capturing `pid`'s Java frames.
-    fn forget_java(&mut self, pid: u32);
-    /// Has the program sample `pid`'s V8 heap at V8's probes, with `heap`'s offsets.
-    fn set_node(&mut self, pid: u32, heap: V8Heap) -> Result<(), RuntimeMapError>;
-    /// Stops sampling `pid`'s V8 heap.
-    fn forget_node(&mut self, pid: u32);
+    /// Writes `pid`'s entry of the per-process map `map` (its value's bytes, exactly
+    /// the map's value size).
+    fn set_entry(
+        &mut self,
+        map: &'static str,
+        pid: u32,
+        value: &[u8],
+    ) -> Result<(), RuntimeMapError>;
+    /// Removes `pid`'s entry of `map`, if it has one.
+    fn forget_entry(&mut self, map: &'static str, pid: u32);
 }
 
 /// No kernel (after stop): nothing to write, nothing to forget.
 pub struct NoMaps;
 
 impl RuntimeMaps for NoMaps {
-    fn set_python(&mut self, _pid: u32, _walk: PythonWalk) -> Result<(), RuntimeMapError> {
+    fn set_entry(
+        &mut self,
+        _map: &'static str,
+        _pid: u32,
+        _value: &[u8],
+    ) -> Result<(), RuntimeMapError> {
         Err(RuntimeMapError("the probes are detached".to_string()))
     }
 
-    fn forget_python(&mut self, _pid: u32) {}
-
-    fn set_java(&mut self, _pid: u32, _walk: JavaWalk) -> Result<(), RuntimeMapError> {
-        Err(RuntimeMapError("the probes are detached".to_string()))
-    }
-
-    fn forget_java(&mut self, _pid: u32) {}
-
-    fn set_node(&mut self, _pid: u32, _heap: V8Heap) -> Result<(), RuntimeMapError> {
-        Err(RuntimeMapError("the probes are detached".to_string()))
-    }
-
-    fn forget_node(&mut self, _pid: u32) {}
+    fn forget_entry(&mut self, _map: &'static str, _pid: u32) {}
 }
 
 /// One sample's stack as the kernel sent it, for [`Runtime::merge_frames`].
 pub struct SampleStack<'a> {
     /// The process sampled.
     pub pid: u32,
+    /// The allocation function probed, if known.
+    pub function: Option<AllocFn>,
     /// The return addresses the native frames were made from, innermost first.
     pub addresses: &'a [u64],
-    /// The interpreter frames the eBPF program walked (Python processes only).
-    pub python: &'a [PythonFrameRecord],
-    /// What a Java heap sample captured of its thread (JVMs only).
-    pub java: Option<JavaThreadStack<'a>>,
     /// The native stack as copied (auto and dwarf unwinding; empty with frame
     /// pointers walked in the kernel), for runtimes whose frames live on it (V8's).
     pub native: Option<NativeStack<'a>>,
+    /// What a runtime's eBPF part captured at the sample, if anything: only that
+    /// runtime reads it.
+    pub capture: Option<Capture<'a>>,
 }
 
 /// A sample's user stack as the eBPF program copied it at the probe.
@@ -117,20 +107,23 @@ pub struct NativeStack<'a> {
     pub stack: &'a [u8],
 }
 
-/// What a Java heap sample captured of its thread
-/// ([`JavaCapture`](allocbpf_common::java::JavaCapture)).
+/// The bytes a runtime's eBPF part appended to a sample: opaque to everything but the
+/// runtime whose flag it carries.
 #[derive(Clone, Copy, Debug)]
-pub struct JavaThreadStack<'a> {
-    /// A [`JavaStatus`](allocbpf_common::java::JavaStatus) as sent.
-    pub status: u32,
-    /// The allocated object's `Klass*`.
-    pub klass: u64,
-    /// The thread's last Java `sp`, `pc` and `fp`.
-    pub anchor: [u64; 3],
-    /// The address `stack` was copied from.
-    pub base: u64,
-    /// The stack from `base` up.
-    pub stack: &'a [u8],
+pub struct Capture<'a> {
+    /// The `SampleEvent::flags` bit that marks this runtime's capture.
+    pub flag: u32,
+    /// The capture as the kernel sent it.
+    pub bytes: &'a [u8],
+}
+
+impl<'a> SampleStack<'a> {
+    /// The capture's bytes when it carries `flag` (a runtime's own).
+    pub fn capture_of(&self, flag: u32) -> Option<&'a [u8]> {
+        self.capture
+            .filter(|capture| capture.flag == flag)
+            .map(|capture| capture.bytes)
+    }
 }
 
 /// Allocations a runtime's own sampler counted at one stack and size.
@@ -244,6 +237,14 @@ pub trait Runtime {
         _locations: &mut SourceLocations,
     ) -> Vec<Frame> {
         native
+    }
+
+    /// What a sample of one of this runtime's chunk probes stands for: `Some(bytes)` of
+    /// the object that took the chunk (0: not known), for a sample whose probe saw a
+    /// chunk of the runtime's heap rather than one object; `None` for any other
+    /// sample, which stands for itself.
+    fn attributed_object(&self, _sample: &SampleStack<'_>) -> Option<u64> {
+        None
     }
 
     /// Forgets `pid`, in its own state and, as `why` requires, in the kernel's maps.

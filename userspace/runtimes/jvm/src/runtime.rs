@@ -9,8 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_common::java::JavaStatus;
-use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
+use allocbpf_common::{
+    java::{JavaCapture, JavaStatus, JAVA_STACK_BYTES},
+    runtime_entry::{Plain, JAVA_MAP},
+    AllocFn, SAMPLE_FLAG_JAVA,
+};
+use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
 use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
 
 use crate::{
@@ -48,6 +52,54 @@ enum Bci {
 
 /// How a class that could not be named reads.
 pub const UNKNOWN_CLASS: &str = "[unknown class]";
+
+/// What a Java heap sample captured of its thread ([`JavaCapture`], read from the
+/// capture's bytes without copying its stack).
+struct CapturedThread<'a> {
+    /// A [`JavaStatus`] as sent.
+    status: u32,
+    /// The allocated object's `Klass*`.
+    klass: u64,
+    /// A new TLAB's sample: the bytes of the object that took it (0: not known).
+    object_bytes: u64,
+    /// The thread's last Java `sp`, `pc` and `fp`.
+    anchor: [u64; 3],
+    /// The address `stack` was copied from.
+    base: u64,
+    /// The stack from `base` up, as far as it was copied.
+    stack: &'a [u8],
+}
+
+impl<'a> CapturedThread<'a> {
+    /// The thread in `capture`, if it is long enough to be one.
+    fn read(capture: &'a [u8]) -> Option<Self> {
+        if capture.len() < std::mem::size_of::<JavaCapture>() {
+            return None;
+        }
+        let word = |offset: usize| -> Option<u64> {
+            Some(u64::from_ne_bytes(
+                capture.get(offset..offset + 8)?.try_into().ok()?,
+            ))
+        };
+        let half = |offset: usize| -> Option<u32> {
+            Some(u32::from_ne_bytes(
+                capture.get(offset..offset + 4)?.try_into().ok()?,
+            ))
+        };
+        let anchor = std::mem::offset_of!(JavaCapture, anchor);
+        let copied =
+            (half(std::mem::offset_of!(JavaCapture, copied))? as usize).min(JAVA_STACK_BYTES);
+        let stack = std::mem::offset_of!(JavaCapture, stack);
+        Some(CapturedThread {
+            status: half(std::mem::offset_of!(JavaCapture, status))?,
+            klass: word(std::mem::offset_of!(JavaCapture, klass))?,
+            object_bytes: word(std::mem::offset_of!(JavaCapture, object_bytes))?,
+            anchor: [word(anchor)?, word(anchor + 8)?, word(anchor + 16)?],
+            base: word(std::mem::offset_of!(JavaCapture, base))?,
+            stack: capture.get(stack..stack + copied)?,
+        })
+    }
+}
 
 /// What is known of one process.
 enum Known {
@@ -117,7 +169,7 @@ impl Runtime for JvmRuntime {
             self.processes.insert(pid, Known::Other);
             return Some(found);
         }
-        match maps.set_java(pid, jvm.layout.walk) {
+        match maps.set_entry(JAVA_MAP, pid, jvm.layout.walk.as_bytes()) {
             Ok(()) => {
                 tracing::info!(
                     "pid {pid}: HotSpot JDK {} in {}: its Java heap is sampled with Java frames",
@@ -146,17 +198,21 @@ impl Runtime for JvmRuntime {
         native: Vec<Frame>,
         locations: &mut SourceLocations,
     ) -> Vec<Frame> {
-        let Some(java) = sample.java else {
+        let Some(java) = sample
+            .capture_of(SAMPLE_FLAG_JAVA)
+            .and_then(CapturedThread::read)
+        else {
             return native;
         };
         let Some(Known::Jvm(jvm)) = self.processes.get_mut(&sample.pid) else {
             return native;
         };
         let mut frame = |function: &str, file: &str, line: u32| {
-            Frame::Java(locations.intern(SourceLocation {
+            Frame::Runtime(locations.intern(SourceLocation {
                 function: function.to_string(),
                 file: file.to_string(),
                 line,
+                style: LocationStyle::WithFile,
             }))
         };
         let jvm = &mut **jvm;
@@ -203,10 +259,20 @@ impl Runtime for JvmRuntime {
         frames
     }
 
+    /// A new TLAB's sample stands for the object that took the TLAB (its bytes from
+    /// the capture; 0 when unknown, as for a sample that lost its capture).
+    fn attributed_object(&self, sample: &SampleStack<'_>) -> Option<u64> {
+        (sample.function == Some(AllocFn::JavaTlab)).then(|| {
+            (sample.capture_of(SAMPLE_FLAG_JAVA))
+                .and_then(CapturedThread::read)
+                .map_or(0, |java| java.object_bytes)
+        })
+    }
+
     fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
         self.processes.remove(&pid);
         if matches!(why, Departure::Exec | Departure::Reused) {
-            maps.forget_java(pid);
+            maps.forget_entry(JAVA_MAP, pid);
         }
     }
 

@@ -10,8 +10,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocbpf_common::{
+    runtime_entry::{Plain, NODE_MAP},
+    AllocFn,
+};
 use allocbpf_images::memory::ProcessMemory;
-use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
+use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
 use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
 
 use crate::{
@@ -27,6 +31,9 @@ pub const NAME: &str = "node";
 
 /// Frames named remembered at most per process; a full cache starts over.
 const MAX_CACHED_FRAMES: usize = 1 << 16;
+
+/// V8's tagged word: what a JS heap chunk's sample stands for (an object of that size).
+const JS_HEAP_WORD: u64 = 8;
 
 /// JavaScript frames merged into one sample's stack at most.
 const MAX_MERGED_FRAMES: usize = 512;
@@ -87,7 +94,7 @@ impl Runtime for NodeRuntime {
             }
         };
         match found.file.heap {
-            Ok(heap) => match maps.set_node(pid, heap) {
+            Ok(heap) => match maps.set_entry(NODE_MAP, pid, heap.as_bytes()) {
                 Ok(()) if heap.lab == 0 => tracing::warn!(
                     "pid {pid}: Node.js on V8 {version} ({path}): its JavaScript frames are \
                      named and its JS heap's large objects sampled, not its small ones (V8 \
@@ -182,10 +189,11 @@ impl Runtime for NodeRuntime {
                     let named = node.names.frames(&heap, js.function, js.at);
                     let frames: Vec<Frame> = (named.into_iter())
                         .map(|named| {
-                            Frame::JavaScript(locations.intern(SourceLocation {
+                            Frame::Runtime(locations.intern(SourceLocation {
                                 function: named.function,
                                 file: named.file,
                                 line: named.line,
+                                style: LocationStyle::WithFile,
                             }))
                         })
                         .collect();
@@ -207,10 +215,17 @@ impl Runtime for NodeRuntime {
         native
     }
 
+    /// A LAB chunk's sample stands for one tagged word of the allocation that ended
+    /// it: the probe sees the chunk's bytes, never its objects, so a JS heap site's
+    /// objects are counted in words (docs/statistics.md, "Node.js").
+    fn attributed_object(&self, sample: &SampleStack<'_>) -> Option<u64> {
+        (sample.function == Some(AllocFn::JsHeapChunk)).then_some(JS_HEAP_WORD)
+    }
+
     fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
         self.processes.remove(&pid);
         if matches!(why, Departure::Exec | Departure::Reused) {
-            maps.forget_node(pid);
+            maps.forget_entry(NODE_MAP, pid);
         }
     }
 

@@ -9,7 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocbpf_profile::frame::{Frame, SourceLocation, SourceLocations};
+use allocbpf_common::{
+    python::MAX_PYTHON_FRAMES,
+    runtime_entry::{Plain, PYTHON_MAP},
+    PythonStack, SAMPLE_FLAG_PYTHON,
+};
+use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
 use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
 
 use crate::{
@@ -115,7 +120,7 @@ impl Runtime for PythonRuntime {
                 return None;
             }
         };
-        match maps.set_python(pid, walk) {
+        match maps.set_entry(PYTHON_MAP, pid, walk.as_bytes()) {
             Ok(()) => tracing::info!("pid {pid}: {said}"),
             Err(error) => {
                 // Still labelled with its version: it runs CPython, without its frames.
@@ -137,26 +142,34 @@ impl Runtime for PythonRuntime {
         native: Vec<Frame>,
         locations: &mut SourceLocations,
     ) -> Vec<Frame> {
-        if sample.python.is_empty() {
+        let Some(stack) = sample
+            .capture_of(SAMPLE_FLAG_PYTHON)
+            .and_then(PythonStack::read_from)
+        else {
+            return native;
+        };
+        let records = &stack.frames[..(stack.len as usize).min(MAX_PYTHON_FRAMES)];
+        if records.is_empty() {
             return native;
         }
         let Some(Known::Python(resolver)) = self.processes.get_mut(&sample.pid) else {
             return native;
         };
         let eval_loop = resolver.process().eval_loop.clone();
-        let segments = resolver.segments(sample.python);
+        let segments = resolver.segments(records);
         if segments.is_empty() {
             return native;
         }
         let mut intern = |frame: &ResolvedFrame| {
-            Frame::Python(locations.intern(SourceLocation {
+            Frame::Runtime(locations.intern(SourceLocation {
                 function: frame.function.clone(),
                 file: frame.file.clone(),
                 line: frame.line,
+                style: LocationStyle::WithFile,
             }))
         };
         let mut segments = segments.iter();
-        let mut merged = Vec::with_capacity(native.len() + sample.python.len());
+        let mut merged = Vec::with_capacity(native.len() + records.len());
         for (index, frame) in native.into_iter().enumerate() {
             let in_eval_loop = (sample.addresses.get(index))
                 .zip(eval_loop.as_ref())
@@ -180,7 +193,7 @@ impl Runtime for PythonRuntime {
     fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
         self.processes.remove(&pid);
         if matches!(why, Departure::Exec | Departure::Reused) {
-            maps.forget_python(pid);
+            maps.forget_entry(PYTHON_MAP, pid);
         }
     }
 
