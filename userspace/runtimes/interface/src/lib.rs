@@ -11,7 +11,14 @@
 //! Every frame a runtime makes is interned in the one location table the frame
 //! resolver owns ([`SourceLocations`]), passed in by the caller: no runtime keeps a
 //! table of its own and none is process-wide.
+//!
+//! Nothing here names a language: a runtime's kernel map entry and its samples'
+//! captures are bytes only it lays out, and its frames are [`Frame::Runtime`]s whose
+//! locations say how they read. [`toolkit`] is what every runtime needs to read other
+//! processes (memory, bounded caches, per-process state, copied stacks).
 #![deny(missing_docs)]
+
+pub mod toolkit;
 
 use std::time::Instant;
 
