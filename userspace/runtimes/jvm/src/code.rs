@@ -6,11 +6,12 @@
 //! Every read is bounded and every answer checked (a blob must lie in its heap, a pc
 //! descriptor table must fit its blob's data, a scope chain ends within
 //! [`MAX_INLINE_DEPTH`]); a forged or moving code cache yields fewer frames, never a
-//! hang.
+//! hang. What is read is remembered in caches bounded in bytes, which evict the blobs
+//! and pcs used least recently when full.
 
-use std::collections::HashMap;
+use std::mem::size_of;
 
-use allocbpf_images::memory::ProcessMemory;
+use allocbpf_runtime::toolkit::{cache::ENTRY_OVERHEAD, ByteCache, RemoteMemory};
 
 use crate::{
     layout::{CodeStart, DebugData, Layout},
@@ -30,18 +31,28 @@ const MAX_PC_DESCS: u64 = 65_536;
 /// Largest `sizeof(PcDesc)` believed (HotSpot's is 16).
 const MAX_PC_DESC_BYTES: u64 = 64;
 
-/// Most pc descriptors the remembered blobs of one process hold together (8 bytes
-/// each): past it the blobs are forgotten and read again as needed.
-const MAX_REMEMBERED_PC_DESCS: usize = 2 << 20;
-
 /// Most scopes in one pc's chain (HotSpot inlines up to `MaxInlineLevel`, 15).
 pub const MAX_INLINE_DEPTH: usize = 32;
 
-/// Most pcs whose scopes one blob remembers.
-const MAX_PCS_PER_BLOB: usize = 1024;
-
-/// Most blobs remembered per process before the cache starts over.
+/// The blobs (and pcs' blob starts) a process's cache was sized for when it counted
+/// entries: the caches below are bounded in bytes from it.
 const MAX_BLOBS: usize = 16_384;
+
+/// Bytes the pcs' blob starts hold: every entry is the same size, so this keeps
+/// [`MAX_BLOBS`] of them, as when entries were counted.
+const MAX_START_BYTES: usize = MAX_BLOBS * (ENTRY_OVERHEAD + size_of::<Option<u64>>());
+
+/// Bytes the blobs read hold, mostly their pc descriptors (8 bytes each). When entries
+/// were counted the bound was [`MAX_BLOBS`] blobs and 2 Mi descriptors between them; a
+/// compiled method has some dozens of descriptors, about a kibibyte a blob with its
+/// fields and entry, so this keeps about as many blobs and never more descriptors.
+const MAX_BLOB_BYTES: usize = 16 << 20;
+
+/// Bytes the scopes read at pcs hold. Each blob used to remember up to 1,024 pcs, a
+/// bound on nothing in bytes; a pc's scopes are a few 16-byte scopes in a vector,
+/// about 128 bytes with its entry, and a process's walks meet some tens of thousands
+/// of call sites: this keeps 65,536 of them.
+const MAX_SCOPE_BYTES: usize = 65_536 * 128;
 
 /// One code heap: its reserved range and its segment map.
 #[derive(Clone, Copy, Debug)]
@@ -53,7 +64,7 @@ struct Heap {
 }
 
 /// A code blob as a walk needs it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blob {
     /// Its address.
     pub address: u64,
@@ -68,8 +79,6 @@ pub struct Blob {
     /// A compiled method's scopes data and metadata (`Method*` table) addresses.
     scopes: (u64, u64),
     metadata: (u64, u64),
-    /// The scopes read at each pc so far (a method has a few call sites).
-    read: std::cell::RefCell<HashMap<u64, Vec<Scope>>>,
 }
 
 /// A frame a compiled pc stands for: a method and a bytecode index.
@@ -83,20 +92,20 @@ pub struct Scope {
 
 /// A process's code: the interpreter's range, its code heaps and the blobs seen.
 pub struct CodeCache {
-    memory: ProcessMemory,
     interpreter: (u64, u64),
     heaps: Vec<Heap>,
-    blobs: HashMap<u64, Option<Blob>>,
+    /// The blobs read, by address (`None`: not a blob that reads back sensibly).
+    blobs: ByteCache<u64, Option<Blob>>,
     /// The blob start of each pc looked up (a walk meets the same return addresses
     /// again and again).
-    starts: HashMap<u64, Option<u64>>,
-    /// Pc descriptors the remembered blobs hold.
-    pc_descs: usize,
+    starts: ByteCache<u64, Option<u64>>,
+    /// The scopes read at each compiled pc (a method has a few call sites).
+    scopes: ByteCache<u64, Vec<Scope>>,
 }
 
 impl CodeCache {
     /// Reads where `memory`'s interpreter and code heaps are.
-    pub fn read(memory: ProcessMemory, layout: &Layout) -> Option<CodeCache> {
+    pub fn read(memory: &dyn RemoteMemory, layout: &Layout) -> Option<CodeCache> {
         let queue = memory.u64(layout.interpreter_code).ok()?;
         let buffer = memory.u64(queue.wrapping_add(layout.stub_buffer.0)).ok()?;
         let limit = memory.i32(queue.wrapping_add(layout.stub_buffer.1)).ok()?;
@@ -129,12 +138,11 @@ impl CodeCache {
             }
         }
         Some(CodeCache {
-            memory,
             interpreter: (buffer, buffer.saturating_add(limit)),
             heaps,
-            blobs: HashMap::new(),
-            starts: HashMap::new(),
-            pc_descs: 0,
+            blobs: ByteCache::new(MAX_BLOB_BYTES),
+            starts: ByteCache::new(MAX_START_BYTES),
+            scopes: ByteCache::new(MAX_SCOPE_BYTES),
         })
     }
 
@@ -144,29 +152,49 @@ impl CodeCache {
     }
 
     /// The blob holding `pc`, if any (remembered by its address).
-    pub fn blob_at(&mut self, pc: u64, layout: &Layout) -> Option<&Blob> {
-        if self.starts.len() >= MAX_BLOBS && !self.starts.contains_key(&pc) {
-            self.starts.clear();
-        }
-        let start = match self.starts.get(&pc) {
-            Some(start) => *start,
+    pub fn blob_at(
+        &mut self,
+        memory: &dyn RemoteMemory,
+        pc: u64,
+        layout: &Layout,
+    ) -> Option<&Blob> {
+        let start = match self.starts.get(&pc).copied() {
+            Some(start) => start,
             None => {
-                let start = self.blob_start(pc, layout);
-                self.starts.insert(pc, start);
+                let start = self.blob_start(memory, pc, layout);
+                self.starts.insert(pc, start, size_of::<Option<u64>>());
                 start
             }
         }?;
         if !self.blobs.contains_key(&start) {
-            let blob = read_blob(&self.memory, start, layout);
-            let descs = blob.as_ref().map_or(0, |b| b.pc_descs.len());
-            if self.blobs.len() >= MAX_BLOBS || self.pc_descs + descs > MAX_REMEMBERED_PC_DESCS {
-                self.blobs.clear();
-                self.pc_descs = 0;
-            }
-            self.pc_descs += descs;
-            self.blobs.insert(start, blob);
+            // Its heap's end bounds its size; a start no heap holds (a block header at
+            // a heap's very end) leaves it no room, and any size is refused.
+            let heap_end = (self.heaps.iter())
+                .find(|h| (h.low..h.high).contains(&start))
+                .map_or(start, |h| h.high);
+            let blob = read_blob(memory, start, heap_end, layout);
+            let bytes = size_of::<Option<Blob>>()
+                + blob.as_ref().map_or(0, |b| b.pc_descs.len()) * size_of::<(i32, i32)>();
+            self.blobs.insert(start, blob, bytes);
         }
         self.blobs.get(&start)?.as_ref()
+    }
+
+    /// The scopes at compiled `pc`, innermost first (remembered by pc): the method
+    /// and bytecode index of its frame and of every frame inlined into it; just the
+    /// method when its debug data does not say, nothing when no compiled method
+    /// holds `pc`.
+    pub fn scopes_at(&mut self, memory: &dyn RemoteMemory, pc: u64, layout: &Layout) -> Vec<Scope> {
+        if let Some(scopes) = self.scopes.get(&pc) {
+            return scopes.clone();
+        }
+        let Some(blob) = self.blob_at(memory, pc, layout) else {
+            return Vec::new();
+        };
+        let scopes = blob.read_scopes_at(memory, pc, layout);
+        let bytes = size_of::<Vec<Scope>>() + scopes.len() * size_of::<Scope>();
+        self.scopes.insert(pc, scopes.clone(), bytes);
+        scopes
     }
 
     /// Forgets the blobs read (a compiled method may have been freed and its space
@@ -174,17 +202,17 @@ impl CodeCache {
     pub fn forget_blobs(&mut self) {
         self.blobs.clear();
         self.starts.clear();
-        self.pc_descs = 0;
+        self.scopes.clear();
     }
 
     /// The start of the blob at `pc`: its heap's segment map, followed back to the
     /// block's first segment, which must be in use (`CodeHeap::find_block_for`).
-    fn blob_start(&mut self, pc: u64, layout: &Layout) -> Option<u64> {
+    fn blob_start(&self, memory: &dyn RemoteMemory, pc: u64, layout: &Layout) -> Option<u64> {
         let heap = *self.heaps.iter().find(|h| (h.low..h.high).contains(&pc))?;
         let mut segment = (pc - heap.low) >> heap.log2_segment;
         let mut byte = [0u8; 1];
         for _ in 0..MAX_SEGMAP_STEPS {
-            self.memory
+            memory
                 .read(heap.segmap.wrapping_add(segment), &mut byte)
                 .ok()?;
             match byte[0] {
@@ -192,10 +220,7 @@ impl CodeCache {
                 0 => {
                     let block = heap.low.wrapping_add(segment << heap.log2_segment);
                     let mut used = [0u8; 1];
-                    (self
-                        .memory
-                        .read(block.wrapping_add(layout.heap_block_used), &mut used))
-                    .ok()?;
+                    (memory.read(block.wrapping_add(layout.heap_block_used), &mut used)).ok()?;
                     return (used[0] != 0).then(|| block.wrapping_add(layout.heap_block_size));
                 }
                 back => segment = segment.checked_sub(u64::from(back))?,
@@ -205,8 +230,13 @@ impl CodeCache {
     }
 }
 
-/// Reads the blob at `address`.
-fn read_blob(memory: &ProcessMemory, address: u64, layout: &Layout) -> Option<Blob> {
+/// Reads the blob at `address`, in a heap that ends at `heap_end`.
+fn read_blob(
+    memory: &dyn RemoteMemory,
+    address: u64,
+    heap_end: u64,
+    layout: &Layout,
+) -> Option<Blob> {
     let at = |offset: u64| address.wrapping_add(offset);
     let name_pointer = memory.u64(at(layout.blob_name)).ok()?;
     let name = read_c_string(memory, name_pointer, 64).ok()?;
@@ -216,7 +246,10 @@ fn read_blob(memory: &ProcessMemory, address: u64, layout: &Layout) -> Option<Bl
         CodeStart::Pointer(field) => memory.u64(at(field)).ok()?,
         CodeStart::Offset(field) => at(u64::try_from(memory.i32(at(field)).ok()?).ok()?),
     };
-    if !(address..address.saturating_add(size)).contains(&code_begin) {
+    // A blob lies in its heap: a larger size is forged, and would let a code start
+    // far past the blob pass for its own.
+    let end = address.checked_add(size).filter(|&end| end <= heap_end)?;
+    if !(address..end).contains(&code_begin) {
         return None;
     }
     let mut blob = Blob {
@@ -227,7 +260,6 @@ fn read_blob(memory: &ProcessMemory, address: u64, layout: &Layout) -> Option<Bl
         pc_descs: Vec::new(),
         scopes: (0, 0),
         metadata: (0, 0),
-        read: Default::default(),
     };
     if name == "nmethod" {
         let method = memory.u64(at(layout.nmethod_method)).ok()?;
@@ -240,7 +272,7 @@ fn read_blob(memory: &ProcessMemory, address: u64, layout: &Layout) -> Option<Bl
 /// Fills a compiled method's pc descriptors, scopes and metadata ranges; leaves them
 /// empty when they do not read back sensibly (the frame is then named by its method
 /// alone).
-fn read_debug_data(memory: &ProcessMemory, blob: &mut Blob, layout: &Layout) -> Option<()> {
+fn read_debug_data(memory: &dyn RemoteMemory, blob: &mut Blob, layout: &Layout) -> Option<()> {
     let at = |offset: u64| blob.address.wrapping_add(offset);
     let int = |field: u64| -> Option<u64> { u64::try_from(memory.i32(at(field)).ok()?).ok() };
     let (pcs, scopes, metadata) = match layout.debug_data {
@@ -306,22 +338,14 @@ fn read_debug_data(memory: &ProcessMemory, blob: &mut Blob, layout: &Layout) -> 
 }
 
 impl Blob {
-    /// The scopes at `pc` in this compiled method, innermost first; just the method
-    /// itself when its debug data does not say.
-    pub fn scopes_at(&self, memory: &ProcessMemory, pc: u64, layout: &Layout) -> Vec<Scope> {
-        if let Some(scopes) = self.read.borrow().get(&pc) {
-            return scopes.clone();
-        }
-        let scopes = self.read_scopes_at(memory, pc, layout);
-        let mut read = self.read.borrow_mut();
-        if read.len() < MAX_PCS_PER_BLOB {
-            read.insert(pc, scopes.clone());
-        }
-        scopes
-    }
-
-    /// [`Blob::scopes_at`], read from the process.
-    fn read_scopes_at(&self, memory: &ProcessMemory, pc: u64, layout: &Layout) -> Vec<Scope> {
+    /// The scopes at `pc` in this compiled method, innermost first, read from the
+    /// process; just the method itself when its debug data does not say.
+    pub fn read_scopes_at(
+        &self,
+        memory: &dyn RemoteMemory,
+        pc: u64,
+        layout: &Layout,
+    ) -> Vec<Scope> {
         let fallback = || {
             (self.method.into_iter())
                 .map(|method| Scope { method, bci: -1 })
@@ -354,7 +378,7 @@ impl Blob {
     /// decode offset, its method's metadata index and its bytecode index.
     fn decode_scopes(
         &self,
-        memory: &ProcessMemory,
+        memory: &dyn RemoteMemory,
         mut decode_offset: i32,
         layout: &Layout,
     ) -> Option<Vec<Scope>> {
@@ -390,3 +414,6 @@ impl Blob {
         Some(out)
     }
 }
+
+#[cfg(test)]
+mod tests;

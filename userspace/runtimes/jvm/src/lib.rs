@@ -19,6 +19,8 @@
 
 pub mod code;
 pub mod command;
+#[cfg(test)]
+mod forged;
 pub mod layout;
 pub mod names;
 pub mod process;

@@ -2,11 +2,12 @@
 //! name and source file (through its constant pool) and the line of a bytecode index
 //! (its compressed line number table), read from the target's memory as hostile input:
 //! symbols of at most [`MAX_SYMBOL`] bytes, tables of at most [`MAX_LINE_ENTRIES`]
-//! entries, every index checked against what it indexes.
+//! entries, every index checked against what it indexes. What is read is remembered in
+//! caches bounded in bytes, which evict the names used least recently when full.
 
-use std::collections::HashMap;
+use std::mem::size_of;
 
-use allocbpf_images::memory::ProcessMemory;
+use allocbpf_runtime::toolkit::{ByteCache, RemoteMemory};
 
 use crate::{layout::Layout, stream::CompressedReader};
 
@@ -19,8 +20,21 @@ const MAX_LINE_ENTRIES: usize = 8192;
 /// Bytes of line number table read at most.
 const MAX_LINE_TABLE_BYTES: usize = 32 << 10;
 
-/// Most methods or classes remembered per process before the cache starts over.
+/// The methods or classes a process's cache was sized for when it counted entries:
+/// the caches below are bounded in bytes from it.
 const MAX_NAMES: usize = 65_536;
+
+/// Bytes the methods named hold: a method is its qualified name (around a hundred
+/// bytes), its file's name, some dozen line entries (8 bytes each) and its fields,
+/// about 256 bytes with its entry, so this keeps about [`MAX_NAMES`] methods. It is
+/// also under what the entry counts allowed at worst ([`MAX_NAMES`] methods of names
+/// up to [`MAX_SYMBOL`] bytes, and 1 Mi line entries besides).
+const MAX_METHOD_BYTES: usize = MAX_NAMES * 256;
+
+/// Bytes the classes named hold: a class is its qualified name (some tens of bytes)
+/// and a string's fields, about 128 bytes with its entry, so this keeps about
+/// [`MAX_NAMES`] classes.
+const MAX_CLASS_BYTES: usize = MAX_NAMES * 128;
 
 /// A method, named.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,64 +80,68 @@ impl MethodName {
     }
 }
 
-/// Most line number entries the remembered methods of one process hold together:
-/// past it they are forgotten and read again as needed.
-const MAX_REMEMBERED_LINES: usize = 1 << 20;
-
 /// Names read from one process, remembered by address.
-#[derive(Default)]
 pub struct Names {
-    methods: HashMap<u64, Option<MethodName>>,
-    classes: HashMap<u64, Option<String>>,
-    /// Line number entries the remembered methods hold.
-    lines: usize,
+    methods: ByteCache<u64, Option<MethodName>>,
+    classes: ByteCache<u64, Option<String>>,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Self {
+            methods: ByteCache::new(MAX_METHOD_BYTES),
+            classes: ByteCache::new(MAX_CLASS_BYTES),
+        }
+    }
 }
 
 impl Names {
     /// The method at `method`, or `None` when it does not read back as one.
     pub fn method(
         &mut self,
-        memory: &ProcessMemory,
+        memory: &dyn RemoteMemory,
         layout: &Layout,
         method: u64,
     ) -> Option<&MethodName> {
         if !self.methods.contains_key(&method) {
             let name = read_method(memory, layout, method);
-            let lines = name.as_ref().map_or(0, |n| n.lines.len());
-            if self.methods.len() >= MAX_NAMES || self.lines + lines > MAX_REMEMBERED_LINES {
-                self.methods.clear();
-                self.lines = 0;
-            }
-            self.lines += lines;
-            self.methods.insert(method, name);
+            let bytes = size_of::<Option<MethodName>>()
+                + name.as_ref().map_or(0, |name| {
+                    name.function.len()
+                        + name.file.len()
+                        + name.lines.len() * size_of::<(u32, u32)>()
+                });
+            self.methods.insert(method, name, bytes);
         }
         self.methods.get(&method)?.as_ref()
     }
 
     /// The Java name of the class at `klass` (`byte[]`, `java.lang.String`).
-    pub fn class(&mut self, memory: &ProcessMemory, layout: &Layout, klass: u64) -> Option<&str> {
-        if self.classes.len() >= MAX_NAMES && !self.classes.contains_key(&klass) {
-            self.classes.clear();
+    pub fn class(
+        &mut self,
+        memory: &dyn RemoteMemory,
+        layout: &Layout,
+        klass: u64,
+    ) -> Option<&str> {
+        if !self.classes.contains_key(&klass) {
+            let name = (memory.u64(klass.wrapping_add(layout.klass_name)).ok())
+                .and_then(|symbol| read_symbol(memory, layout, symbol))
+                .map(|internal| java_class_name(&internal));
+            let bytes = size_of::<Option<String>>() + name.as_ref().map_or(0, String::len);
+            self.classes.insert(klass, name, bytes);
         }
-        self.classes
-            .entry(klass)
-            .or_insert_with(|| {
-                let symbol = memory.u64(klass.wrapping_add(layout.klass_name)).ok()?;
-                Some(java_class_name(&read_symbol(memory, layout, symbol)?))
-            })
-            .as_deref()
+        self.classes.get(&klass)?.as_deref()
     }
 
     /// Forgets every name (metadata may have been unloaded and its space reused).
     pub fn clear(&mut self) {
         self.methods.clear();
         self.classes.clear();
-        self.lines = 0;
     }
 }
 
 /// Reads the symbol (`Symbol*`) at `symbol`.
-fn read_symbol(memory: &ProcessMemory, layout: &Layout, symbol: u64) -> Option<String> {
+fn read_symbol(memory: &dyn RemoteMemory, layout: &Layout, symbol: u64) -> Option<String> {
     if symbol == 0 {
         return None;
     }
@@ -142,14 +160,19 @@ fn read_symbol(memory: &ProcessMemory, layout: &Layout, symbol: u64) -> Option<S
 }
 
 /// The `u16` at `address`.
-fn read_u16(memory: &ProcessMemory, address: u64) -> Option<u16> {
+fn read_u16(memory: &dyn RemoteMemory, address: u64) -> Option<u16> {
     let mut bytes = [0u8; 2];
     memory.read(address, &mut bytes).ok()?;
     Some(u16::from_le_bytes(bytes))
 }
 
 /// The symbol in slot `index` of the constant pool at `pool`.
-fn pool_symbol(memory: &ProcessMemory, layout: &Layout, pool: u64, index: u16) -> Option<String> {
+fn pool_symbol(
+    memory: &dyn RemoteMemory,
+    layout: &Layout,
+    pool: u64,
+    index: u16,
+) -> Option<String> {
     if index == 0 {
         return None;
     }
@@ -165,7 +188,7 @@ fn pool_symbol(memory: &ProcessMemory, layout: &Layout, pool: u64, index: u16) -
 }
 
 /// Reads a method's names and line table.
-fn read_method(memory: &ProcessMemory, layout: &Layout, method: u64) -> Option<MethodName> {
+fn read_method(memory: &dyn RemoteMemory, layout: &Layout, method: u64) -> Option<MethodName> {
     let constant = memory.u64(method.wrapping_add(layout.method_const)).ok()?;
     let pool = memory
         .u64(constant.wrapping_add(layout.const_constants))
@@ -200,7 +223,7 @@ fn read_method(memory: &ProcessMemory, layout: &Layout, method: u64) -> Option<M
 /// the `ConstMethod`. Each entry is a byte with 5 bits of bytecode-index delta and 3
 /// of line delta, or `0xff` then both deltas as signed compressed integers; 0 ends it.
 fn read_lines(
-    memory: &ProcessMemory,
+    memory: &dyn RemoteMemory,
     layout: &Layout,
     constant: u64,
     code_size: u16,
@@ -238,7 +261,7 @@ fn read_lines(
 }
 
 /// Reads as much of `buffer` from `address` as is mapped, page by page; the bytes read.
-fn read_prefix(memory: &ProcessMemory, address: u64, buffer: &mut [u8]) -> usize {
+fn read_prefix(memory: &dyn RemoteMemory, address: u64, buffer: &mut [u8]) -> usize {
     const PAGE: u64 = 4096;
     let mut done = 0;
     while done < buffer.len() {
@@ -280,33 +303,4 @@ pub fn java_class_name(internal: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn class_names_read_as_java_writes_them() {
-        assert_eq!(java_class_name("java/lang/String"), "java.lang.String");
-        assert_eq!(java_class_name("[B"), "byte[]");
-        assert_eq!(
-            java_class_name("[[Ljava/lang/Object;"),
-            "java.lang.Object[][]"
-        );
-        assert_eq!(java_class_name("Alloc$Point"), "Alloc$Point");
-    }
-
-    #[test]
-    fn a_bytecode_index_takes_the_line_of_the_entry_at_or_before_it() {
-        let name = MethodName {
-            function: "A.f".to_string(),
-            file: "A.java".to_string(),
-            code_base: 0,
-            code_size: 0,
-            lines: vec![(0, 10), (5, 11), (12, 14)],
-        };
-        assert_eq!(name.line(0), 10);
-        assert_eq!(name.line(7), 11);
-        assert_eq!(name.line(12), 14);
-        assert_eq!(name.line(400), 14);
-        assert_eq!(name.line(-1), 10);
-    }
-}
+mod tests;

@@ -100,7 +100,7 @@ impl JvmFiles {
         let major = u32::try_from(major).map_err(|_| JvmError::Forged("the VM's version"))?;
         let layout = Layout::from_tables(&vm, major)?;
         let code =
-            CodeCache::read(memory, &layout).ok_or(JvmError::Unreadable("the code cache"))?;
+            CodeCache::read(&memory, &layout).ok_or(JvmError::Unreadable("the code cache"))?;
         Ok(Some(JvmProcess {
             memory,
             layout,

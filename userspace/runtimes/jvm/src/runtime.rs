@@ -4,10 +4,7 @@
 //! allocated it, interpreted, compiled and inlined, as
 //! `package.Class.method (File.java:line)`.
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use allocbpf_common::{
     java::{JavaCapture, JavaStatus, JAVA_STACK_BYTES},
@@ -15,11 +12,14 @@ use allocbpf_common::{
     AllocFn, SAMPLE_FLAG_JAVA,
 };
 use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
-use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
+use allocbpf_runtime::{
+    toolkit::{ProcessStates, RetryPolicy, StackCopy},
+    Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack,
+};
 
 use crate::{
     process::{JvmFiles, JvmProcess},
-    walk::{walk, Anchor, JavaFrame, StackCopy},
+    walk::{walk, Anchor, JavaFrame},
     JvmError,
 };
 
@@ -32,6 +32,12 @@ const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 /// How many times it is, before it is profiled without Java frames for good.
 const RETRIES: u32 = 20;
+
+/// [`RETRY_EVERY`] and [`RETRIES`], as the process states take them.
+const RETRY: RetryPolicy = RetryPolicy {
+    every: RETRY_EVERY,
+    times: RETRIES,
+};
 
 /// How a sample whose thread had no Java frame reads (the VM allocating for itself).
 pub const NO_JAVA_FRAME: &str = "[JVM internal]";
@@ -101,21 +107,24 @@ impl<'a> CapturedThread<'a> {
     }
 }
 
-/// What is known of one process.
-enum Known {
-    /// A JVM whose Java frames are walked.
-    Jvm(Box<JvmProcess>),
-    /// A JVM still starting: looked at again after `next`, a few times.
-    Retry { next: Instant, attempts: u32 },
-    /// Not a JVM, or one allocbpf cannot read (the reason was said once).
-    Other,
+/// The JVMs of a session and the naming of their frames.
+pub struct JvmRuntime {
+    /// Each process looked at: a JVM whose Java frames are walked (boxed: most
+    /// processes are not JVMs and keep a small state), one still starting (looked at
+    /// again a few times), or not a JVM or one allocbpf cannot read (the reason was
+    /// said once). A JVM's entry in [`JAVA_MAP`] goes when it execs or its pid is
+    /// reused.
+    processes: ProcessStates<Box<JvmProcess>>,
+    files: JvmFiles,
 }
 
-/// The JVMs of a session and the naming of their frames.
-#[derive(Default)]
-pub struct JvmRuntime {
-    processes: HashMap<u32, Known>,
-    files: JvmFiles,
+impl Default for JvmRuntime {
+    fn default() -> Self {
+        Self {
+            processes: ProcessStates::new(RETRY, Some(JAVA_MAP)),
+            files: JvmFiles::default(),
+        }
+    }
 }
 
 impl Runtime for JvmRuntime {
@@ -125,11 +134,7 @@ impl Runtime for JvmRuntime {
 
     fn look_at(&mut self, process: &ProcessView<'_>, maps: &mut dyn RuntimeMaps) -> Option<Found> {
         let pid = process.pid;
-        let attempts = match self.processes.get(&pid) {
-            None => 0,
-            Some(Known::Retry { attempts, .. }) => *attempts,
-            Some(_) => return None,
-        };
+        let attempts = self.processes.attempts(pid)?;
         let jvm = match self.files.discover(pid, process.maps) {
             Ok(Some(jvm)) => jvm,
             // Not recorded: a launcher maps libjvm only once it has chosen it, and a
@@ -137,16 +142,14 @@ impl Runtime for JvmRuntime {
             Ok(None) => return None,
             Err(JvmError::Unreadable(what)) if attempts < RETRIES => {
                 tracing::debug!("pid {pid}: a JVM not readable yet ({what}); looking again");
-                let next = Instant::now() + RETRY_EVERY;
-                let attempts = attempts + 1;
-                self.processes.insert(pid, Known::Retry { next, attempts });
+                self.processes.retry_later(pid, attempts, Instant::now());
                 return None;
             }
             Err(error) => {
                 tracing::warn!(
                     "pid {pid} maps libjvm.so but is profiled without Java frames: {error}"
                 );
-                self.processes.insert(pid, Known::Other);
+                self.processes.set_other(pid);
                 return None;
             }
         };
@@ -166,7 +169,7 @@ impl Runtime for JvmRuntime {
                 jvm.layout.major,
                 jvm.image.display()
             );
-            self.processes.insert(pid, Known::Other);
+            self.processes.set_other(pid);
             return Some(found);
         }
         match maps.set_entry(JAVA_MAP, pid, jvm.layout.walk.as_bytes()) {
@@ -176,18 +179,18 @@ impl Runtime for JvmRuntime {
                     jvm.layout.major,
                     jvm.image.display()
                 );
-                self.processes.insert(pid, Known::Jvm(Box::new(jvm)));
+                self.processes.insert(pid, Box::new(jvm));
             }
             Err(error) => {
                 tracing::warn!("pid {pid} is profiled without Java frames: {error}");
-                self.processes.insert(pid, Known::Other);
+                self.processes.set_other(pid);
             }
         }
         Some(found)
     }
 
     fn look_again_due(&self, pid: u32, now: Instant) -> bool {
-        matches!(self.processes.get(&pid), Some(Known::Retry { next, .. }) if now >= *next)
+        self.processes.look_again_due(pid, now)
     }
 
     /// A Java heap sample's frames: its class, then its Java frames (its native
@@ -204,7 +207,7 @@ impl Runtime for JvmRuntime {
         else {
             return native;
         };
-        let Some(Known::Jvm(jvm)) = self.processes.get_mut(&sample.pid) else {
+        let Some(jvm) = self.processes.get_mut(sample.pid) else {
             return native;
         };
         let mut frame = |function: &str, file: &str, line: u32| {
@@ -270,10 +273,7 @@ impl Runtime for JvmRuntime {
     }
 
     fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
-        self.processes.remove(&pid);
-        if matches!(why, Departure::Exec | Departure::Reused) {
-            maps.forget_entry(JAVA_MAP, pid);
-        }
+        self.processes.forget(pid, why, maps);
     }
 
     fn descriptor_errors(&self) -> u64 {

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use allocbpf_images::memory::ProcessMemory;
+use allocbpf_runtime::toolkit::RemoteMemory;
 
 use crate::JvmError;
 
@@ -70,7 +70,7 @@ impl VmStructs {
     /// Reads the fields of `types`, the sizes of `types` and the integer constants
     /// named `constants` from process `memory`'s tables.
     pub fn read(
-        memory: &ProcessMemory,
+        memory: &dyn RemoteMemory,
         symbols: &TableSymbols,
         types: &[&str],
         constants: &[&str],
@@ -177,7 +177,7 @@ fn missing(type_name: &str, field: &str) -> JvmError {
 /// Reads one table after another, remembering names by address (the same literal
 /// names many entries).
 struct TableReader<'a> {
-    memory: &'a ProcessMemory,
+    memory: &'a dyn RemoteMemory,
     symbols: &'a TableSymbols,
     names: HashMap<u64, Option<String>>,
 }
@@ -258,7 +258,11 @@ impl TableReader<'_> {
 
 /// The NUL-terminated string at `address`, of at most `max` bytes; read in pieces
 /// that never cross a page, so a string at the end of a mapping is read whole.
-pub fn read_c_string(memory: &ProcessMemory, address: u64, max: usize) -> Result<String, JvmError> {
+pub fn read_c_string(
+    memory: &dyn RemoteMemory,
+    address: u64,
+    max: usize,
+) -> Result<String, JvmError> {
     const PAGE: u64 = 4096;
     let mut out = Vec::new();
     let mut at = address;
@@ -274,4 +278,147 @@ pub fn read_c_string(memory: &ProcessMemory, address: u64, max: usize) -> Result
         at = at.wrapping_add(piece as u64);
     }
     Err(JvmError::Forged("a name without its end"))
+}
+
+#[cfg(test)]
+mod tests {
+    use allocbpf_runtime::toolkit::FakeMemory;
+
+    use super::*;
+
+    /// Where the forged `gHotSpotVM*` globals, tables and names are.
+    const GLOBALS: u64 = 0x1000;
+    const STRUCTS: u64 = 0x2000;
+    const TYPES: u64 = 0x3000;
+    const INTS: u64 = 0x4000;
+    const NAMES: u64 = 0x5000;
+
+    /// The globals' values, in [`SYMBOLS`]' order: each table's address, stride and
+    /// field offsets.
+    const VALUES: [u64; 15] = [
+        STRUCTS, 48, 0, 8, 16, 24, 32, TYPES, 16, 0, 8, INTS, 16, 0, 8,
+    ];
+
+    /// The names, NUL-terminated, in a page of their own; each one's address.
+    fn names(memory: &mut FakeMemory, names: &[&str]) -> Vec<u64> {
+        let mut page = Vec::new();
+        let mut at = Vec::new();
+        for name in names {
+            at.push(NAMES + page.len() as u64);
+            page.extend_from_slice(name.as_bytes());
+            page.push(0);
+        }
+        page.resize(4096, 0);
+        memory.map(NAMES, page);
+        at
+    }
+
+    /// Forged tables: `Klass::_name` at 16, static `CodeCache::_heaps` at `0xabc0`, a
+    /// field of a type not asked for, `sizeof(Klass)` 200 and one constant, 4.
+    fn forged_tables() -> (FakeMemory, TableSymbols) {
+        let mut memory = FakeMemory::new();
+        let symbols = TableSymbols {
+            addresses: (SYMBOLS.iter().enumerate())
+                .map(|(index, &name)| (name, GLOBALS + index as u64 * 8))
+                .collect(),
+        };
+        memory.map(
+            GLOBALS,
+            VALUES
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        let constant = "ConstMethod::_has_linenumber_table";
+        let at = names(
+            &mut memory,
+            &[
+                "Klass",
+                "_name",
+                "CodeCache",
+                "_heaps",
+                "Other",
+                "_x",
+                constant,
+            ],
+        );
+        memory.map(STRUCTS, vec![0u8; 48 * 4]);
+        for (index, (type_name, field, is_static, value)) in [
+            (at[0], at[1], 0, 16),
+            (at[2], at[3], 1, 0xabc0),
+            (at[4], at[5], 0, 8),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let entry = STRUCTS + index as u64 * 48;
+            memory
+                .write_u64(entry, type_name)
+                .write_u64(entry + 8, field)
+                .write_u32(entry + 16, is_static);
+            memory.write_u64(entry + if is_static == 1 { 32 } else { 24 }, value);
+        }
+        memory
+            .map(TYPES, vec![0u8; 32])
+            .write_u64(TYPES, at[0])
+            .write_u64(TYPES + 8, 200);
+        memory
+            .map(INTS, vec![0u8; 32])
+            .write_u64(INTS, at[6])
+            .write_u32(INTS + 8, 4);
+        (memory, symbols)
+    }
+
+    /// What [`VmStructs::read`] makes of `memory`'s tables, asked for `Klass`,
+    /// `CodeCache` and the line-number constant.
+    fn read(memory: &FakeMemory, symbols: &TableSymbols) -> Result<VmStructs, JvmError> {
+        let constants = ["ConstMethod::_has_linenumber_table"];
+        VmStructs::read(memory, symbols, &["Klass", "CodeCache"], &constants)
+    }
+
+    #[test]
+    fn forged_tables_give_the_fields_sizes_and_constants_asked_for() {
+        let (memory, symbols) = forged_tables();
+        let vm = read(&memory, &symbols).expect("forged tables read");
+        assert_eq!(vm.offset("Klass", "_name").ok(), Some(16));
+        assert_eq!(vm.address("CodeCache", "_heaps").ok(), Some(0xabc0));
+        assert_eq!(vm.field("Other", "_x"), None, "a type not asked for");
+        assert_eq!(vm.size("Klass").ok(), Some(200));
+        assert_eq!(vm.int("ConstMethod::_has_linenumber_table"), Some(4));
+    }
+
+    #[test]
+    fn a_forged_stride_an_endless_table_or_an_endless_name_is_refused() {
+        let (mut memory, symbols) = forged_tables();
+        let stride = symbols.addresses["gHotSpotVMTypeEntryArrayStride"];
+        for forged in [0, MAX_STRIDE + 1] {
+            memory.write_u64(stride, forged);
+            let error = read(&memory, &symbols).err();
+            assert!(
+                matches!(error, Some(JvmError::Forged("a table's stride"))),
+                "{error:?}"
+            );
+        }
+        // Every entry names a type: no terminator within MAX_ENTRIES.
+        memory.write_u64(stride, 16);
+        let endless = 0x10_0000;
+        let entries = (0..MAX_ENTRIES).flat_map(|_| [NAMES.to_le_bytes(), 8u64.to_le_bytes()]);
+        memory.map(endless, entries.flatten().collect::<Vec<u8>>());
+        memory.write_u64(symbols.addresses["gHotSpotVMTypes"], endless);
+        let error = read(&memory, &symbols).err();
+        assert!(
+            matches!(
+                error,
+                Some(JvmError::Forged("a table without its terminator"))
+            ),
+            "{error:?}"
+        );
+        let (mut memory, symbols) = forged_tables();
+        memory.write(NAMES, &[b'K'; MAX_NAME + 1]);
+        let error = read(&memory, &symbols).err();
+        assert!(
+            matches!(error, Some(JvmError::Forged("a name without its end"))),
+            "{error:?}"
+        );
+    }
 }

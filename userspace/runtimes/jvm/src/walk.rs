@@ -6,7 +6,7 @@
 //! is neither (the call stub that entered Java from the VM, native code), at a word the
 //! copy does not hold, or after [`MAX_JAVA_FRAMES`].
 
-use allocbpf_images::memory::ProcessMemory;
+use allocbpf_runtime::toolkit::{RemoteMemory, StackCopy};
 
 use crate::{
     code::{CodeCache, Scope},
@@ -15,23 +15,6 @@ use crate::{
 
 /// Most Java frames (inlined ones included) taken from one sample.
 pub const MAX_JAVA_FRAMES: usize = 256;
-
-/// A copy of a stack, read from `base` up.
-pub struct StackCopy<'a> {
-    /// The address of `bytes[0]`.
-    pub base: u64,
-    /// The bytes.
-    pub bytes: &'a [u8],
-}
-
-impl StackCopy<'_> {
-    /// The word at `address`, if the copy holds it.
-    pub fn word(&self, address: u64) -> Option<u64> {
-        let at = usize::try_from(address.checked_sub(self.base)?).ok()?;
-        let bytes = self.bytes.get(at..at.checked_add(8)?)?;
-        Some(u64::from_le_bytes(bytes.try_into().ok()?))
-    }
-}
 
 /// A frame the walk found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +45,7 @@ pub struct Anchor {
 /// The thread's Java frames, innermost first.
 pub fn walk(
     code: &mut CodeCache,
-    memory: &ProcessMemory,
+    memory: &dyn RemoteMemory,
     layout: &Layout,
     anchor: Anchor,
     stack: &StackCopy<'_>,
@@ -100,17 +83,18 @@ pub fn walk(
             pc = caller_pc;
             fp = caller_fp;
         } else {
-            let Some(blob) = code.blob_at(pc, layout) else {
+            let Some(blob) = code.blob_at(memory, pc, layout) else {
                 break;
             };
-            if blob.method.is_some() {
-                let scopes = blob.scopes_at(memory, pc, layout);
+            let (compiled, frame_bytes) = (blob.method.is_some(), blob.frame_bytes);
+            if compiled {
+                let scopes = code.scopes_at(memory, pc, layout);
                 frames.extend(scopes.into_iter().map(JavaFrame::Compiled));
             }
-            if blob.frame_bytes == 0 {
+            if frame_bytes == 0 {
                 break;
             }
-            let caller_sp = unextended_sp.wrapping_add(blob.frame_bytes);
+            let caller_sp = unextended_sp.wrapping_add(frame_bytes);
             let (Some(caller_pc), Some(caller_fp)) = (
                 stack.word(caller_sp.wrapping_sub(8)),
                 stack.word(caller_sp.wrapping_sub(16)),
@@ -128,7 +112,158 @@ pub fn walk(
 
 #[cfg(test)]
 mod tests {
+    use allocbpf_runtime::toolkit::FakeMemory;
+
     use super::*;
+    use crate::forged::{self, CALL_INLINED, CODE_OFFSET, INNER_SCOPE, INTERPRETER, OUTER_SCOPE};
+
+    /// Where the forged stacks were copied from.
+    const BASE: u64 = 0x7ff0_0000;
+    /// Bytes of each forged copy.
+    const COPIED: usize = 0x200;
+    /// An interpreted method, its bytecode pointer and a pc of the interpreter's.
+    const INTERPRETED: u64 = 0x71_0000;
+    const BCP: u64 = 0x72_0010;
+    const INTERPRETER_PC: u64 = INTERPRETER + 0x80;
+    /// A pc no code heap holds (native code).
+    const NATIVE_PC: u64 = 0x1234;
+
+    /// A copied stack of [`COPIED`] bytes from [`BASE`], `words` written in it.
+    fn stack(words: &[(u64, u64)]) -> Vec<u8> {
+        let mut bytes = vec![0u8; COPIED];
+        for &(address, word) in words {
+            let at = (address - BASE) as usize;
+            bytes[at..at + 8].copy_from_slice(&word.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// An interpreted frame at `fp`, running [`INTERPRETED`] at [`BCP`], called from
+    /// `caller_pc` whose frame pointer is `caller_fp` and stack pointer `caller_sp`.
+    fn interpreted(fp: u64, caller_sp: u64, caller_pc: u64, caller_fp: u64) -> [(u64, u64); 5] {
+        let slot = |slot: i64| fp.wrapping_add_signed(slot * 8);
+        [
+            (slot(INTERPRETER_METHOD_SLOT), INTERPRETED),
+            (slot(INTERPRETER_BCP_SLOT), BCP),
+            (slot(INTERPRETER_SENDER_SP_SLOT), caller_sp),
+            (slot(1), caller_pc),
+            (fp, caller_fp),
+        ]
+    }
+
+    /// The forged nmethod's inlined call.
+    const CALL: u64 = forged::NMETHOD + CODE_OFFSET + CALL_INLINED;
+
+    /// Walks a stack copied from [`BASE`], with `words` written in it, from `anchor`,
+    /// in a forged JDK 17 code cache holding the forged nmethod.
+    fn walk_forged(words: &[(u64, u64)], anchor: Anchor) -> Vec<JavaFrame> {
+        let layout = forged::layout_17();
+        let mut memory = FakeMemory::new();
+        forged::with_nmethod_17(&mut memory, &layout);
+        let mut code = CodeCache::read(&memory, &layout).expect("a forged code cache reads");
+        let bytes = stack(words);
+        let copy = StackCopy {
+            base: BASE,
+            bytes: &bytes,
+        };
+        walk(&mut code, &memory, &layout, anchor, &copy)
+    }
+
+    #[test]
+    fn an_interpreted_frame_then_its_compiled_caller_with_an_inlined_scope() {
+        let fp = BASE + 0x60;
+        let compiled_sp = BASE + 0x80;
+        let caller_sp = compiled_sp + forged::FRAME_WORDS as u64 * 8;
+        let mut words = interpreted(fp, compiled_sp, CALL, BASE + 0x1f0).to_vec();
+        words.extend([(BASE + 0x8, INTERPRETER_PC), (caller_sp - 8, NATIVE_PC)]);
+        let expected = vec![
+            JavaFrame::Interpreted {
+                method: INTERPRETED,
+                bcp: BCP,
+            },
+            JavaFrame::Compiled(INNER_SCOPE),
+            JavaFrame::Compiled(OUTER_SCOPE),
+        ];
+        // The anchor's pc, or (left out) the word below its sp.
+        for pc in [INTERPRETER_PC, 0] {
+            let anchor = Anchor {
+                sp: BASE + 0x10,
+                pc,
+                fp,
+            };
+            assert_eq!(walk_forged(&words, anchor), expected, "anchor pc {pc:#x}");
+        }
+    }
+
+    #[test]
+    fn a_frame_pointer_loop_ends_at_the_frame_bound() {
+        let fp = BASE + 0x60;
+        let words = interpreted(fp, BASE + 0x80, INTERPRETER_PC, fp);
+        let anchor = Anchor {
+            sp: BASE + 0x10,
+            pc: INTERPRETER_PC,
+            fp,
+        };
+        let frame = JavaFrame::Interpreted {
+            method: INTERPRETED,
+            bcp: BCP,
+        };
+        assert_eq!(walk_forged(&words, anchor), vec![frame; MAX_JAVA_FRAMES]);
+    }
+
+    #[test]
+    fn a_compiled_frame_calling_itself_ends_at_the_copy_end() {
+        let frame_bytes = forged::FRAME_WORDS as u64 * 8;
+        // Each frame's return address is the same inlined call, up to the copy's end:
+        // 16 frames' callers are copied, the 17th's is not.
+        let words: Vec<(u64, u64)> = (1..=COPIED as u64 / frame_bytes)
+            .map(|k| (BASE + k * frame_bytes - 8, CALL))
+            .collect();
+        let walked = walk_forged(
+            &words,
+            Anchor {
+                sp: BASE,
+                pc: CALL,
+                fp: 0,
+            },
+        );
+        let inlined = [
+            JavaFrame::Compiled(INNER_SCOPE),
+            JavaFrame::Compiled(OUTER_SCOPE),
+        ];
+        assert_eq!(walked, inlined.repeat(17));
+        let native = Anchor {
+            sp: BASE,
+            pc: NATIVE_PC,
+            fp: 0,
+        };
+        assert_eq!(walk_forged(&words, native), vec![], "a pc no heap holds");
+    }
+
+    #[test]
+    fn words_outside_the_copy_end_the_walk() {
+        let anchor = |fp| Anchor {
+            sp: BASE + 0x10,
+            pc: INTERPRETER_PC,
+            fp,
+        };
+        let frame = JavaFrame::Interpreted {
+            method: INTERPRETED,
+            bcp: BCP,
+        };
+        // Its method and bytecode pointer are copied, its caller's pc is not.
+        let fp = BASE + COPIED as u64 - 8;
+        let words = &interpreted(fp, 0, 0, 0)[..3];
+        assert_eq!(walk_forged(words, anchor(fp)), vec![frame]);
+        let past = BASE + COPIED as u64 + 0x100;
+        assert_eq!(walk_forged(&[], anchor(past)), vec![]);
+        let left_out = Anchor {
+            sp: BASE,
+            pc: 0,
+            fp: 0,
+        };
+        assert_eq!(walk_forged(&[], left_out), vec![], "no word below sp");
+    }
 
     #[test]
     fn the_copy_answers_only_for_words_it_holds() {
