@@ -52,6 +52,7 @@ mod budget_control;
 mod budget_wake;
 mod cut;
 mod exec_queue;
+mod first_sight;
 mod hit_cost;
 mod images;
 mod interval;
@@ -128,6 +129,8 @@ struct Intake {
     source: Box<dyn EventSource>,
     batch: Vec<Event>,
     raw_samples: Option<RawSampleLog>,
+    /// Samples waiting for their process's first look.
+    first_sight: first_sight::FirstSight,
 }
 
 /// The engine's periodic work: when each kind was last done, and what is due next.
@@ -341,6 +344,11 @@ impl Collector {
             let Some(event) = self.cutter.hold(event) else {
                 continue;
             };
+            // Any other event of a process whose samples wait for its first look
+            // (an exit, a free of a sampled block) comes after that look.
+            if let Some(pid) = event_pid(&event) {
+                self.look_at_first_seen(Some(pid));
+            }
             match event {
                 Event::Sample(sample) => self.on_sample(sample),
                 // Sample ids are unique: only the entry that holds it retires it.
@@ -362,10 +370,11 @@ impl Collector {
                 Event::Exit { pid } => self.on_exit(pid),
             }
         }
+        self.look_at_first_seen(None);
     }
 
-    /// One sample: its process looked at if new, placed in its window under a budget,
-    /// its stack resolved, and added to its process's aggregate.
+    /// One sample: held for its process's first look if that process is new
+    /// (`first_sight`), else added.
     fn on_sample(&mut self, sample: RawSample) {
         let pid = sample.pid;
         if self.processes.ignored.contains(&pid) {
@@ -375,19 +384,19 @@ impl Collector {
         // (a late sample), or a new one, looked at first (a pid reused
         // after an exit is another process: `sample_owner`). After stop
         // (no kernel) only processes already known count.
-        let mut owner = self.processes.sample_owner(pid, identity::start_time);
-        if owner == Owner::Unknown && !self.processes.unreadable(pid) && self.kernel.is_some() {
-            self.observe(pid);
-            owner = Owner::Tracked;
-            // A new program's first look and its first stack (its unwind
-            // tables; both take a large program a good part of a second) hold up this loop while
-            // it may trap on every call: an early check due meanwhile
-            // comes between them (after the stack, the window check at
-            // the loop's head catches it).
-            if self.window_due() {
-                self.windows_tick();
-            }
+        let owner = self.processes.sample_owner(pid, identity::start_time);
+        let unseen = owner == Owner::Unknown && !self.processes.unreadable(pid);
+        if self.intake.first_sight.holds(pid) || (unseen && self.kernel.is_some()) {
+            self.hold_for_first_sight(sample);
+            return;
         }
+        self.add_sample(sample, owner);
+    }
+
+    /// A sample of a process looked at (`owner`): placed in its window under a budget,
+    /// its stack resolved, and added to its process's aggregate.
+    fn add_sample(&mut self, sample: RawSample, owner: Owner) {
+        let pid = sample.pid;
         match self.processes.entry(pid, owner) {
             Some(tracked) if tracked.admitted => {}
             Some(_) => {
@@ -419,10 +428,6 @@ impl Collector {
         }
         // A lost sample has its weight but no stack: it stands under one
         // frame that says so, and still counts in every total.
-        if self.stacks.look_again_due(pid, Instant::now()) {
-            let maps = procfs::read_maps_counting_cuts(pid, &mut self.processes.maps_cut);
-            self.look_at_runtimes(pid, &maps, true);
-        }
         let frames = if sample.lost {
             self.stats.lost_samples += 1;
             vec![Frame::Lost]
@@ -440,6 +445,7 @@ impl Collector {
     pub fn housekeeping(&mut self) {
         let now = Instant::now();
         self.observe_execs_due(now);
+        self.look_again_due(now);
         if self.stacks.poll_due(now) {
             self.poll_runtimes(false);
         }
@@ -512,6 +518,17 @@ impl Collector {
             .images
             .values()
             .map(|s| (&s.image, s.links.is_some()))
+    }
+}
+
+/// The process a non-sample event is about.
+fn event_pid(event: &Event) -> Option<u32> {
+    match *event {
+        Event::Sample(_) => None,
+        Event::Freed { pid, .. }
+        | Event::Untracked { pid, .. }
+        | Event::Exec { pid }
+        | Event::Exit { pid } => Some(pid),
     }
 }
 

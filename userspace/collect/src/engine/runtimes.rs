@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, time::Instant};
 
-use allocbpf_images::procfs::MapsEntry;
+use allocbpf_images::procfs::{self, MapsEntry};
 use allocbpf_profile::aggregate::StackKey;
 use allocbpf_runtime::{
     Departure, Found, NoMaps, PollFigures, ProcessPoll, ProcessView, RuntimeMaps,
@@ -37,6 +37,20 @@ impl Collector {
             }
             // Labels in the runtimes' order, whichever looked first.
             known.sort_by_key(|k| self.stacks.runtime_rank(k.runtime));
+        }
+    }
+
+    /// Looks again, through the runtimes that asked, at the followed processes they
+    /// looked at too early (an interpreter still initialising): on the housekeeping
+    /// tick, never in the path of a sample.
+    pub(super) fn look_again_due(&mut self, now: Instant) {
+        let due: Vec<u32> = (self.processes.tracked.keys())
+            .copied()
+            .filter(|&pid| self.stacks.look_again_due(pid, now))
+            .collect();
+        for pid in due {
+            let maps = procfs::read_maps_counting_cuts(pid, &mut self.processes.maps_cut);
+            self.look_at_runtimes(pid, &maps, true);
         }
     }
 

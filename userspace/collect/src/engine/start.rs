@@ -125,6 +125,7 @@ impl Collector {
                 source: events,
                 batch: Vec::new(),
                 raw_samples,
+                first_sight: Default::default(),
             },
             images: ImageSet::default(),
             budget: None,
