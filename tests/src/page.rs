@@ -68,21 +68,35 @@ pub struct Seen {
 pub fn check_in_browser(page: &Path, site: &str, screenshot: &str) -> Result<Seen> {
     let browser = Browser::start(1400, 2400)?;
     browser.open(page)?;
-    let texts = |css: &str| -> Result<Vec<String>> {
-        let found = browser.script(&format!(
-            "return [...document.querySelectorAll({css:?})].map(e => e.textContent)"
-        ))?;
-        Ok(found
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|t| t.as_str().unwrap_or("").to_string())
-                    .collect()
-            })
-            .unwrap_or_default())
-    };
-    let frame_texts = texts("#flame-graph .frame")?;
-    let table_texts = texts("#stacks td")?;
+    let seen = look(&browser)?;
+    check_drawn(&seen, site)?;
+    check_click_zooms(&browser, site)?;
+    check_search_highlights(&browser, site)?;
+    check_self_contained(&browser)?;
+    browser.screenshot(&artifacts_dir().join(screenshot))?;
+    Ok(seen)
+}
+
+/// The text of every element of the open page that `css` selects.
+fn texts(browser: &Browser, css: &str) -> Result<Vec<String>> {
+    let found = browser.script(&format!(
+        "return [...document.querySelectorAll({css:?})].map(e => e.textContent)"
+    ))?;
+    Ok(found
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| t.as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// What the open page draws at first: the flame graph's frames, the stacks table, the
+/// timeline's charts and its peak.
+fn look(browser: &Browser) -> Result<Seen> {
+    let frame_texts = texts(browser, "#flame-graph .frame")?;
+    let table_texts = texts(browser, "#stacks td")?;
     let chart_points: Vec<u64> = browser
         .script(
             "return [...document.querySelectorAll('#timeline-charts polyline.estimate')]\
@@ -97,15 +111,20 @@ pub fn check_in_browser(page: &Path, site: &str, screenshot: &str) -> Result<See
         .script("return document.querySelectorAll('#timeline-charts circle.peak').length")?
         .as_u64()
         .unwrap_or(0);
-    let peak_texts = texts("#peak-stacks td")?;
-    let seen = Seen {
+    let peak_texts = texts(browser, "#peak-stacks td")?;
+    Ok(Seen {
         frames: frame_texts.len() as u64,
         frame_texts,
         table_texts,
         chart_points,
         peak_markers,
         peak_texts,
-    };
+    })
+}
+
+/// Checks that the flame graph and the timeline are drawn, and `site` named in the
+/// graph and the table.
+fn check_drawn(seen: &Seen, site: &str) -> Result<()> {
     ensure!(seen.frames > 2, "the flame graph is not drawn: {seen:?}");
     ensure!(
         seen.frame_texts.iter().any(|t| t.contains(site)),
@@ -120,8 +139,12 @@ pub fn check_in_browser(page: &Path, site: &str, screenshot: &str) -> Result<See
         !seen.chart_points.is_empty() && seen.chart_points[0] >= 2,
         "the timeline is not drawn: {seen:?}"
     );
+    Ok(())
+}
 
-    // A click on the site's frame zooms on it: it spans the graph.
+/// Checks that a click on `site`'s frame zooms on it (it spans the graph), then
+/// resets the zoom.
+fn check_click_zooms(browser: &Browser, site: &str) -> Result<()> {
     let node = browser.script(&format!(
         "const f = [...document.querySelectorAll('#flame-graph .frame')]\
            .find(f => f.textContent.includes({site:?})); return f ? f.dataset.node : null"
@@ -145,8 +168,11 @@ pub fn check_in_browser(page: &Path, site: &str, screenshot: &str) -> Result<See
         "the zoomed frame does not span the graph: {zoom}"
     );
     browser.click("#reset")?;
+    Ok(())
+}
 
-    // A search highlights the site's frames, and only frames that match.
+/// Checks that a search for `site` highlights its frames, and only frames that match.
+fn check_search_highlights(browser: &Browser, site: &str) -> Result<()> {
     browser.type_into("#search", site)?;
     let matches = browser.script(
         "return [...document.querySelectorAll('#flame-graph .frame.match')]\
@@ -159,18 +185,20 @@ pub fn check_in_browser(page: &Path, site: &str, screenshot: &str) -> Result<See
         info.as_str().unwrap_or("").starts_with("matched"),
         "the search says nothing: {info}"
     );
+    Ok(())
+}
 
-    // Nothing left the page, and the console holds no error.
+/// Checks that nothing left the page, and that the console holds no error.
+fn check_self_contained(browser: &Browser) -> Result<()> {
     let requests =
         browser.script("return performance.getEntriesByType('resource').map(r => r.name)")?;
     ensure!(
         requests.as_array().is_some_and(|r| r.is_empty()),
         "requests left the page: {requests}"
     );
-    let errors = console_errors(&browser)?;
+    let errors = console_errors(browser)?;
     ensure!(errors.is_empty(), "console errors: {errors:?}");
-    browser.screenshot(&artifacts_dir().join(screenshot))?;
-    Ok(seen)
+    Ok(())
 }
 
 /// A synthetic report's mean sampling interval.

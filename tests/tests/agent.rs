@@ -43,10 +43,29 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         &["--rate", "64KiB", "--metrics-address", "127.0.0.1:19464"],
         &[],
     );
-    // Started AFTER the agent, in its own mount namespace, with a copy of libc at a path
-    // only that namespace has (a tmpfs: another device and inode).
     let private = scratch.join("private-lib");
-    std::fs::create_dir_all(&private).unwrap();
+    let mut inside = start_with_private_libc(&binary, &private);
+    std::thread::sleep(Duration::from_secs(5));
+    let metrics = scrape_under_idle_connections("127.0.0.1:19464");
+    inside.wait(Duration::from_secs(30)).unwrap();
+    before.wait(Duration::from_secs(30)).unwrap();
+    let log = agent.terminate(Duration::from_secs(60)).unwrap();
+    check_both_libcs_and_metrics(&log, &metrics, &private);
+    check_stored_labels(
+        &store,
+        &scratch,
+        &binary,
+        [(&before, false), (&inside, true)],
+    );
+    check_store_report(&store, &scratch, [before.pid, inside.pid]);
+}
+
+/// Starts the workload `binary` AFTER the agent, in its own mount namespace, with a
+/// copy of libc at a path only that namespace has (a tmpfs under `private`: another
+/// device and inode), and checks the copy is what it uses and that the host cannot see
+/// it.
+fn start_with_private_libc(binary: &Path, private: &Path) -> Workload {
+    std::fs::create_dir_all(private).unwrap();
     let script = format!(
         "mount -t tmpfs none {dir} && cp {libc} {dir}/libc.so.6 && \
          LD_LIBRARY_PATH={dir} exec {bin} 8",
@@ -54,7 +73,7 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         libc = host_libc().display(),
         bin = binary.display()
     );
-    let mut inside = Workload::start(
+    let inside = Workload::start(
         Path::new("unshare"),
         &["--mount", "--propagation", "private", "sh", "-c", &script],
     )
@@ -68,15 +87,19 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         !private.join("libc.so.6").exists(),
         "the copy must be invisible from the host namespace"
     );
-    std::thread::sleep(Duration::from_secs(5));
-    // 200 idle connections (anybody on the network can open them): the endpoint keeps
-    // at most 16, closes each within 2 s, and still answers a scrape.
+    inside
+}
+
+/// Scrapes the metrics at `address` under 200 idle connections (anybody on the network
+/// can open them): the endpoint keeps at most 16, closes each within 2 s, and still
+/// answers a scrape, whose text this returns.
+fn scrape_under_idle_connections(address: &str) -> String {
     let idle: Vec<std::net::TcpStream> = (0..200)
-        .map(|_| std::net::TcpStream::connect("127.0.0.1:19464").unwrap())
+        .map(|_| std::net::TcpStream::connect(address).unwrap())
         .collect();
     let flooded = Instant::now();
     let metrics = loop {
-        let answer = scrape_within("127.0.0.1:19464", Duration::from_secs(3));
+        let answer = scrape_within(address, Duration::from_secs(3));
         match answer {
             Ok(text) if text.contains("allocbpf_samples_total") => break text,
             _ if flooded.elapsed() < Duration::from_secs(10) => {
@@ -99,10 +122,12 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         metric(&metrics, "allocbpf_metrics_connections_refused_total").unwrap_or(0.0) > 0.0,
         "{metrics}"
     );
-    inside.wait(Duration::from_secs(30)).unwrap();
-    before.wait(Duration::from_secs(30)).unwrap();
-    let log = agent.terminate(Duration::from_secs(60)).unwrap();
+    metrics
+}
 
+/// Checks the agent's `log` and a scrape's `metrics`: both libcs attached (the host's
+/// and the copy in `private`), samples read and nothing undecodable.
+fn check_both_libcs_and_metrics(log: &str, metrics: &str, private: &Path) {
     // Two images attached: the host libc and the namespace's copy.
     let attached: Vec<&str> = log
         .lines()
@@ -125,7 +150,7 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         .filter(|l| l.contains("libc.so.6"))
         .collect();
     assert!(
-        metric(&metrics, "allocbpf_attached_images").unwrap() >= 2.0
+        metric(metrics, "allocbpf_attached_images").unwrap() >= 2.0
             || (planned.len() >= 2
                 && planned
                     .iter()
@@ -133,27 +158,37 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
         "{metrics}"
     );
     assert!(
-        metric(&metrics, "allocbpf_samples_total").unwrap() > 0.0,
+        metric(metrics, "allocbpf_samples_total").unwrap() > 0.0,
         "{metrics}"
     );
     // Samples were read, so the ring held at least one record; nothing was
     // undecodable, and the kernel counters of full maps are exported.
     assert!(
-        metric(&metrics, "allocbpf_ring_buffer_peak_bytes").unwrap() > 0.0,
+        metric(metrics, "allocbpf_ring_buffer_peak_bytes").unwrap() > 0.0,
         "{metrics}"
     );
     assert_eq!(
-        metric(&metrics, "allocbpf_malformed_records_total"),
+        metric(metrics, "allocbpf_malformed_records_total"),
         Some(0.0),
         "{metrics}"
     );
     assert!(
-        metric(&metrics, "allocbpf_process_map_full_total").is_some(),
+        metric(metrics, "allocbpf_process_map_full_total").is_some(),
         "{metrics}"
     );
+}
 
-    let profiles = stored_profiles(&store);
-    for (workload, started_after) in [(&before, false), (&inside, true)] {
+/// Checks that each of `workloads` (with whether it started after the agent) has
+/// profiles in `store`, symbolized and carrying every process label, and that only
+/// our workloads passed the filter.
+fn check_stored_labels(
+    store: &Path,
+    scratch: &Path,
+    binary: &Path,
+    workloads: [(&Workload, bool); 2],
+) {
+    let profiles = stored_profiles(store);
+    for (workload, started_after) in workloads {
         let mine: Vec<&PathBuf> = profiles
             .iter()
             .filter(|p| parse_stored_name(p).2 == workload.pid)
@@ -163,9 +198,9 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
             "no profile of pid {} (started after the agent: {started_after}); store has {profiles:?}",
             workload.pid
         );
-        let text = raw_pprof(mine[mine.len() / 2], &scratch);
+        let text = raw_pprof(mine[mine.len() / 2], scratch);
         assert!(text.contains("agentwl_alloc_site"), "{text}");
-        let exe = std::fs::canonicalize(&binary).unwrap();
+        let exe = std::fs::canonicalize(binary).unwrap();
         for label in [
             "comm:[agentwl".to_string(),
             format!("exe:[{}]", exe.display()),
@@ -181,21 +216,29 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
             .iter()
             .all(|p| parse_stored_name(p).3.starts_with("agentwl")));
     }
+}
+
+/// `allocbpf report` of our workloads' profiles in `store`, in `format`, with `more`
+/// arguments.
+fn store_report(store: &Path, format: &str, more: &[&str]) -> allocbpf_e2e::Finished {
+    let mut args = vec![
+        "report",
+        "--store",
+        store.to_str().unwrap(),
+        "--comm",
+        "^agentwl",
+        "--format",
+        format,
+    ];
+    args.extend_from_slice(more);
+    allocbpf_e2e::run_allocbpf(&args, Duration::from_secs(60)).unwrap()
+}
+
+/// Checks that `allocbpf report` merges what the agent stored, as JSON and as one page
+/// with a timeline point per stored profile of each workload (`pids`), in a browser.
+fn check_store_report(store: &Path, scratch: &Path, pids: [u32; 2]) {
     // `allocbpf report` merges what the agent stored.
-    let report = |format: &str, more: &[&str]| {
-        let mut args = vec![
-            "report",
-            "--store",
-            store.to_str().unwrap(),
-            "--comm",
-            "^agentwl",
-            "--format",
-            format,
-        ];
-        args.extend_from_slice(more);
-        allocbpf_e2e::run_allocbpf(&args, Duration::from_secs(60)).unwrap()
-    };
-    let merged = report("json", &[]);
+    let merged = store_report(store, "json", &[]);
     assert_eq!(merged.code, Some(0), "{}", merged.stderr);
     assert!(
         merged.stderr.contains("merged") && !merged.stderr.contains("merged 0 "),
@@ -212,7 +255,7 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
 
     // The same store as one page: a timeline point per stored profile, in a browser.
     let page = scratch.join("store.html");
-    let html = report("html", &["--output", page.to_str().unwrap()]);
+    let html = store_report(store, "html", &["--output", page.to_str().unwrap()]);
     assert_eq!(html.code, Some(0), "{}", html.stderr);
     let data = allocbpf_e2e::page::page_data(&page).unwrap();
     let timelines = data["timelines"].as_array().unwrap();
@@ -222,8 +265,9 @@ fn two_workloads_one_in_its_own_mount_namespace_are_profiled_and_labelled() {
             .find(|t| t["pid"] == pid)
             .map_or(0, |t| t["points"].as_array().unwrap().len())
     };
+    let [before, inside] = pids;
     assert!(
-        points_of(before.pid) >= 2 && points_of(inside.pid) >= 2,
+        points_of(before) >= 2 && points_of(inside) >= 2,
         "a point per stored profile of each workload: {timelines:?}"
     );
     let seen =

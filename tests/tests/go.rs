@@ -7,7 +7,8 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command},
+    sync::{atomic::AtomicBool, Arc},
     time::Duration,
 };
 
@@ -289,24 +290,7 @@ fn prometheus_top_sites_agree_with_its_own_pprof() -> Result<()> {
     );
     let scratch = scratch_dir("go-prometheus");
     let port = free_port()?;
-    let config = scratch.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: self\n    \
-             static_configs:\n      - targets: [\"127.0.0.1:{port}\"]\n"
-        ),
-    )?;
-    let mut server = Command::new(prometheus)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            scratch.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(scratch.join("prometheus.log"))?)
-        .spawn()?;
+    let mut server = start_prometheus(prometheus, &scratch, port)?;
     let _stop = KillOnDrop(server.id());
     let ready = (0..100).any(|_| {
         std::thread::sleep(Duration::from_millis(200));
@@ -314,18 +298,7 @@ fn prometheus_top_sites_agree_with_its_own_pprof() -> Result<()> {
     });
     ensure!(ready, "prometheus did not get ready");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = http_get(port, "/metrics");
-                let _ = http_get(
-                    port,
-                    "/api/v1/query?query=rate(prometheus_http_requests_total%5B1m%5D)",
-                );
-            }
-        })
-    };
+    let load = query_load(port, stop.clone());
     let out = scratch.join("profile.json");
     let pid = server.id().to_string();
     let profiler = Profiler::attach(&[
@@ -356,6 +329,54 @@ fn prometheus_top_sites_agree_with_its_own_pprof() -> Result<()> {
         finished.stderr
     );
     let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let theirs = pprof_flat_by_function(&before, &after, &scratch)?;
+    top_shares_agree(&profile, &theirs)
+}
+
+/// Starts `prometheus` on `127.0.0.1:port`, scraping itself every second, its data
+/// and log under `scratch`.
+fn start_prometheus(prometheus: &Path, scratch: &Path, port: u16) -> Result<Child> {
+    let config = scratch.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: self\n    \
+             static_configs:\n      - targets: [\"127.0.0.1:{port}\"]\n"
+        ),
+    )?;
+    let server = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            scratch.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(scratch.join("prometheus.log"))?)
+        .spawn()?;
+    Ok(server)
+}
+
+/// Loads the server on `port` with scrapes of its metrics and queries until `stop`.
+fn query_load(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = http_get(port, "/metrics");
+            let _ = http_get(
+                port,
+                "/api/v1/query?query=rate(prometheus_http_requests_total%5B1m%5D)",
+            );
+        }
+    })
+}
+
+/// What the program's own allocation profiles say it allocated between `before` and
+/// `after` (`go tool pprof -top -base`): flat bytes per function, largest first.
+fn pprof_flat_by_function(
+    before: &Path,
+    after: &Path,
+    scratch: &Path,
+) -> Result<Vec<(String, f64)>> {
     let top = go_pprof(
         &[
             "-top",
@@ -366,8 +387,8 @@ fn prometheus_top_sites_agree_with_its_own_pprof() -> Result<()> {
             "-base",
             before.to_str().context("path")?,
         ],
-        &after,
-        &scratch,
+        after,
+        scratch,
     );
     let mut theirs: Vec<(String, f64)> = top
         .lines()
@@ -383,6 +404,13 @@ fn prometheus_top_sites_agree_with_its_own_pprof() -> Result<()> {
         })
         .collect();
     theirs.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(theirs)
+}
+
+/// Checks our `profile` against the program's own flat bytes per function
+/// (`theirs`, largest first): totals within a factor of two, and the top five
+/// functions' shares of the total within 10 points.
+fn top_shares_agree(profile: &Value, theirs: &[(String, f64)]) -> Result<()> {
     let their_total: f64 = theirs.iter().map(|(_, v)| v).sum();
     let our_total: f64 = profile["stacks"]
         .as_array()
@@ -398,7 +426,7 @@ fn prometheus_top_sites_agree_with_its_own_pprof() -> Result<()> {
     );
     for (function, flat) in theirs.iter().take(5) {
         let (mine, theirs) = (
-            ours(&profile, function, "estimated_bytes") / our_total,
+            ours(profile, function, "estimated_bytes") / our_total,
             flat / their_total,
         );
         println!("  {function}: share {mine:.3}, its own pprof {theirs:.3}");

@@ -127,66 +127,84 @@ fn the_collector_receives_what_the_agent_stores() {
             .iter()
             .filter(|r| r.resource.get("process.pid") == Some(&pid.to_string()))
             .collect();
-        let resource = &mine[0].resource;
-        assert_eq!(resource.get("service.name"), Some(service), "{resource:?}");
-        assert_eq!(
-            resource.get("host.name").map(String::as_str),
-            Some(hostname.trim())
-        );
-        assert_eq!(
-            resource.get("process.executable.path").map(String::as_str),
-            Some(std::fs::canonicalize(binary).unwrap().to_str().unwrap()),
-            "{resource:?}"
-        );
-        assert!(
-            resource.contains_key("process.executable.build_id.gnu"),
-            "{resource:?}"
-        );
-        // The site's own stack: bytes per object is its block size.
-        let site = |t: &str| -> f64 {
-            mine.iter()
-                .filter(|r| r.sample_type == t)
-                .flat_map(|r| &r.samples)
-                .filter(|s| s.stack.iter().any(|f| f == "agentwl_alloc_site"))
-                .map(|s| s.values.iter().sum::<i64>() as f64)
-                .sum()
-        };
-        let (space, objects) = (site("alloc_space"), site("alloc_objects"));
-        assert!(
-            objects > 0.0,
-            "pid {pid}: no sampled calls at agentwl_alloc_site"
-        );
-        // Each profile's objects value of a stack is its estimate rounded (at most half
-        // an object off), its bytes exact: bytes per object is the block size within
-        // size * (profiles / 2) / objects.
-        let profiles = mine
-            .iter()
-            .filter(|r| r.sample_type == "alloc_objects")
-            .count();
-        let per_object = space / objects;
-        assert!(
-            (per_object - size).abs() <= size * (profiles as f64 / 2.0) / objects + 1e-9,
-            "pid {pid}: {per_object} bytes per object where the site allocates {size}"
-        );
-        // The estimate against the probe's exact count.
-        let exact: u64 = stored
-            .iter()
-            .filter(|p| p.pid == *pid)
-            .filter_map(|p| p.exact_bytes)
-            .sum();
-        let calls = exact as f64 / size;
-        let bound = truth_bound(size, 65536.0, calls);
-        let estimate: f64 = mine
-            .iter()
-            .filter(|r| r.sample_type == "alloc_space")
-            .map(|r| r.total() as f64)
-            .sum();
-        let error = (estimate / exact as f64 - 1.0).abs();
-        assert!(
-            error <= bound,
-            "pid {pid}: estimate {estimate} vs exact {exact} ({error:.4} > {bound:.4})"
-        );
+        check_resource(&mine, service, hostname.trim(), binary);
+        check_site_estimate(&mine, &stored, *pid, size);
     }
+}
+
+/// Checks that the resource of a process's profiles (`mine`) names it: its `service`,
+/// the `hostname`, its executable (`binary`) and that executable's build id.
+fn check_resource(mine: &[&ReceivedProfile], service: &str, hostname: &str, binary: &Path) {
+    let resource = &mine[0].resource;
+    assert_eq!(
+        resource.get("service.name").map(String::as_str),
+        Some(service),
+        "{resource:?}"
+    );
+    assert_eq!(
+        resource.get("host.name").map(String::as_str),
+        Some(hostname)
+    );
+    assert_eq!(
+        resource.get("process.executable.path").map(String::as_str),
+        Some(std::fs::canonicalize(binary).unwrap().to_str().unwrap()),
+        "{resource:?}"
+    );
+    assert!(
+        resource.contains_key("process.executable.build_id.gnu"),
+        "{resource:?}"
+    );
+}
+
+/// Checks the allocation site of process `pid`, which allocates blocks of `size`
+/// bytes, in its received profiles (`mine`): sampled, its bytes per object the block
+/// size, and its estimate within the truth bound of the probe's exact count (from the
+/// `stored` profiles).
+fn check_site_estimate(mine: &[&ReceivedProfile], stored: &[StoredProfile], pid: u32, size: f64) {
+    // The site's own stack: bytes per object is its block size.
+    let site = |t: &str| -> f64 {
+        mine.iter()
+            .filter(|r| r.sample_type == t)
+            .flat_map(|r| &r.samples)
+            .filter(|s| s.stack.iter().any(|f| f == "agentwl_alloc_site"))
+            .map(|s| s.values.iter().sum::<i64>() as f64)
+            .sum()
+    };
+    let (space, objects) = (site("alloc_space"), site("alloc_objects"));
+    assert!(
+        objects > 0.0,
+        "pid {pid}: no sampled calls at agentwl_alloc_site"
+    );
+    // Each profile's objects value of a stack is its estimate rounded (at most half
+    // an object off), its bytes exact: bytes per object is the block size within
+    // size * (profiles / 2) / objects.
+    let profiles = mine
+        .iter()
+        .filter(|r| r.sample_type == "alloc_objects")
+        .count();
+    let per_object = space / objects;
+    assert!(
+        (per_object - size).abs() <= size * (profiles as f64 / 2.0) / objects + 1e-9,
+        "pid {pid}: {per_object} bytes per object where the site allocates {size}"
+    );
+    // The estimate against the probe's exact count.
+    let exact: u64 = stored
+        .iter()
+        .filter(|p| p.pid == pid)
+        .filter_map(|p| p.exact_bytes)
+        .sum();
+    let calls = exact as f64 / size;
+    let bound = truth_bound(size, 65536.0, calls);
+    let estimate: f64 = mine
+        .iter()
+        .filter(|r| r.sample_type == "alloc_space")
+        .map(|r| r.total() as f64)
+        .sum();
+    let error = (estimate / exact as f64 - 1.0).abs();
+    assert!(
+        error <= bound,
+        "pid {pid}: estimate {estimate} vs exact {exact} ({error:.4} > {bound:.4})"
+    );
 }
 
 /// The Collector is down for 30 s in the middle of a run: the spool keeps what is

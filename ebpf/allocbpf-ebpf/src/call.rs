@@ -155,7 +155,8 @@ pub(crate) fn is_forwarded(state: &ThreadState, entry: &Entry) -> bool {
 /// syscall): `TASK_SIZE_MAX - PAGE_SIZE` with 4-level page tables, seen as the
 /// `[uprobes]` mapping at 0x7fffffffe000 in every traced process. No code is mapped
 /// there, so no real return address can point into it. (Older kernels put the
-/// trampoline at a random address; docs/design.md says what that costs.)
+/// trampoline at a random address; docs/decisions/ and docs/benchmarks.md say what that
+/// costs.)
 const UPROBE_TRAMPOLINE_PAGE: u64 = 0x7fff_ffff_e000;
 
 #[inline(always)]

@@ -21,7 +21,8 @@
 //! 6. with `--live`, asks for the call's return when it needs the block's address
 //!    (see `live.rs`): only sampled calls, and reallocs of tracked blocks, pay for it.
 //!
-//! docs/design.md explains each choice; docs/statistics.md why the sampling is unbiased.
+//! docs/design.md describes each mechanism and docs/decisions/ why it was chosen;
+//! docs/statistics.md why the sampling is unbiased.
 #![no_std]
 #![no_main]
 // aya-ebpf's map methods take keys as `impl Borrow<K>`; the program passes references,

@@ -5,7 +5,7 @@
 //! wakeup (an irq_work, then waking the agent's thread, often on the other CPU) is
 //! paid by the traced thread: ~10 us per sample measured here (mimalloc's `pvalloc`
 //! at 512 KiB samples one call in 128 and cost 70-80 ns more per call with a wakeup
-//! per record than without; docs/design.md, "Ring-buffer wakeups").
+//! per record than without; docs/benchmarks.md; docs/design.md, "Ring-buffer wakeups").
 //!
 //! So a record wakes the reader only if no record on this CPU did in the last
 //! [`RING_WAKEUP_INTERVAL_NS`]; the others are left for the reader to find, which it

@@ -109,20 +109,60 @@ fn main() -> Result<()> {
         .context("redis-server (cargo xtask setup installs it)")?;
     std::thread::sleep(Duration::from_millis(500));
 
-    let mut bare = Vec::new();
-    let mut bare_rps = Vec::new();
-    for _ in 0..rounds {
-        bare.push(compile_big(&scratch)?);
-        bare_rps.push(redis_benchmark()?);
-    }
+    let (bare, bare_rps) = run_rounds(rounds, &scratch)?;
     let store = scratch.join("store");
+    let agent = start_agent(&scratch, &store, cpu_percent)?;
+    let (profiled, profiled_rps) = run_rounds(rounds, &scratch)?;
+    let text = scrape_within(METRICS, Duration::from_secs(5)).unwrap_or_default();
+    let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
+    agent.terminate(Duration::from_secs(60))?;
+    let _ = redis.kill();
+    let _ = redis.wait();
+    let cc1 = observed(&store, "cc1");
+    let (_, _, redis_observed) = observed(&store, "redis_server");
+
+    print_compile_costs(cpu_percent, rounds, &bare, &profiled, cc1);
+    println!(
+        "redis-benchmark SET+GET, agent / none (medians of {rounds}): {:.3} ({:.0} vs {:.0} requests/s); redis-server observed {:.2}% of the time",
+        median(&profiled_rps) / median(&bare_rps),
+        median(&profiled_rps),
+        median(&bare_rps),
+        redis_observed * 100.0
+    );
+    println!(
+        "agent budget: {:.0} windows opened, {:.0} blind, {:.0} samples outside their window; {:.0} samples, {:.0} dropped",
+        m("allocbpf_window_attaches_total"),
+        m("allocbpf_window_blind_spots_total"),
+        m("allocbpf_unplaced_samples_total"),
+        m("allocbpf_samples_total"),
+        m("allocbpf_ring_buffer_drops_total"),
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// `rounds` rounds of a compile in `scratch` then a redis-benchmark: the compiles'
+/// times and the benchmark's requests per second.
+fn run_rounds(rounds: usize, scratch: &Path) -> Result<(Vec<CompileTimes>, Vec<f64>)> {
+    let mut compiles = Vec::new();
+    let mut rps = Vec::new();
+    for _ in 0..rounds {
+        compiles.push(compile_big(scratch)?);
+        rps.push(redis_benchmark()?);
+    }
+    Ok((compiles, rps))
+}
+
+/// Starts the agent at its defaults (its store in `store`, its metrics at
+/// [`METRICS`]), with a per-process budget of `cpu_percent` if given.
+fn start_agent(scratch: &Path, store: &Path, cpu_percent: Option<f64>) -> Result<AgentProcess> {
     let config = scratch.join("agent.toml");
     let budget = match cpu_percent {
         Some(percent) => format!("[budget]\ncpu_percent = {percent}\n"),
         None => String::new(),
     };
     std::fs::write(&config, budget).context("writing the agent config")?;
-    let agent = AgentProcess::start(
+    AgentProcess::start(
         &[
             "--config",
             config.to_str().unwrap(),
@@ -132,26 +172,25 @@ fn main() -> Result<()> {
             METRICS,
         ],
         &[],
-    )?;
-    let mut profiled = Vec::new();
-    let mut profiled_rps = Vec::new();
-    for _ in 0..rounds {
-        profiled.push(compile_big(&scratch)?);
-        profiled_rps.push(redis_benchmark()?);
-    }
-    let text = scrape_within(METRICS, Duration::from_secs(5)).unwrap_or_default();
-    let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
-    agent.terminate(Duration::from_secs(60))?;
-    let _ = redis.kill();
-    let _ = redis.wait();
-    let (cc1s, cc1_samples, cc1_observed) = observed(&store, "cc1");
-    let (_, _, redis_observed) = observed(&store, "redis_server");
+    )
+}
 
+/// Prints the compiles' times bare and under the agent (budget `cpu_percent`), their
+/// ratios and system time per user second, and what the store holds of their cc1
+/// processes (`cc1`: processes, samples, mean observed fraction).
+fn print_compile_costs(
+    cpu_percent: Option<f64>,
+    rounds: usize,
+    bare: &[CompileTimes],
+    profiled: &[CompileTimes],
+    cc1: (usize, u64, f64),
+) {
+    let (cc1s, cc1_samples, cc1_observed) = cc1;
     let (bare_system, profiled_system) = (
-        CompileTimes::systems_per_user(&bare),
-        CompileTimes::systems_per_user(&profiled),
+        CompileTimes::systems_per_user(bare),
+        CompileTimes::systems_per_user(profiled),
     );
-    let (bare, profiled) = (CompileTimes::walls(&bare), CompileTimes::walls(&profiled));
+    let (bare, profiled) = (CompileTimes::walls(bare), CompileTimes::walls(profiled));
     let base = median(&bare);
     let which = match cpu_percent {
         Some(percent) => format!("agent with a {percent}% per-process budget"),
@@ -199,21 +238,4 @@ fn main() -> Result<()> {
         "  cc1 processes with a stored profile: {cc1s} of {rounds}, {cc1_samples} samples; observed {:.2}% of the time (mean over their profiles)",
         cc1_observed * 100.0
     );
-    println!(
-        "redis-benchmark SET+GET, agent / none (medians of {rounds}): {:.3} ({:.0} vs {:.0} requests/s); redis-server observed {:.2}% of the time",
-        median(&profiled_rps) / median(&bare_rps),
-        median(&profiled_rps),
-        median(&bare_rps),
-        redis_observed * 100.0
-    );
-    println!(
-        "agent budget: {:.0} windows opened, {:.0} blind, {:.0} samples outside their window; {:.0} samples, {:.0} dropped",
-        m("allocbpf_window_attaches_total"),
-        m("allocbpf_window_blind_spots_total"),
-        m("allocbpf_unplaced_samples_total"),
-        m("allocbpf_samples_total"),
-        m("allocbpf_ring_buffer_drops_total"),
-    );
-    let _ = std::fs::remove_dir_all(&scratch);
-    Ok(())
 }

@@ -13,6 +13,7 @@
 //! stay flat too.
 
 use std::{
+    path::PathBuf,
     process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -139,30 +140,74 @@ fn main() -> Result<()> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let spawned = Arc::new(AtomicU64::new(0));
-    let churn = {
-        let (stop, spawned, workload) = (stop.clone(), spawned.clone(), workload.clone());
-        std::thread::spawn(move || {
-            let mut children = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(child) = Command::new(&workload)
-                    .arg("0.05")
-                    .stdout(Stdio::null())
-                    .spawn()
-                {
-                    children.push(child);
-                    spawned.fetch_add(1, Ordering::Relaxed);
-                }
-                children.retain_mut(|c| c.try_wait().ok().flatten().is_none());
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            for mut child in children {
-                let _ = child.wait();
-            }
-        })
-    };
+    let churn = churn(stop.clone(), spawned.clone(), workload.clone());
 
     let adversary = adversaries(stop.clone(), address.to_string())?;
 
+    let series = record(agent_pid, address, total, &spawned);
+    stop.store(true, Ordering::Relaxed);
+    churn.join().ok();
+    let hostile = adversary.join().unwrap_or(0);
+    let _ = steady.kill();
+    let _ = steady.wait();
+    let log = agent.terminate(Duration::from_secs(60))?;
+
+    println!(
+        "soak: {} short-lived processes started, {hostile} hostile ones",
+        spawned.load(Ordering::Relaxed)
+    );
+    print_summary(&series);
+    println!(
+        "soak: store {} profiles; agent: {}",
+        stored_profiles(&store).len(),
+        log.lines().last().unwrap_or("")
+    );
+    Ok(())
+}
+
+/// Starts the churn until `stop`: a short-lived `workload` (~50 ms) every 100 ms,
+/// each counted in `spawned`.
+fn churn(
+    stop: Arc<AtomicBool>,
+    spawned: Arc<AtomicU64>,
+    workload: PathBuf,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut children = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(child) = Command::new(&workload)
+                .arg("0.05")
+                .stdout(Stdio::null())
+                .spawn()
+            {
+                children.push(child);
+                spawned.fetch_add(1, Ordering::Relaxed);
+            }
+            children.retain_mut(|c| c.try_wait().ok().flatten().is_none());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for mut child in children {
+            let _ = child.wait();
+        }
+    })
+}
+
+/// What the soak recorded every 10 s, and the agent's last metrics.
+struct Series {
+    /// The agent's resident memory, MiB.
+    rss: Vec<f64>,
+    /// Its open descriptors.
+    fds: Vec<f64>,
+    /// The kernel's per-process map entries.
+    kernel: Vec<f64>,
+    /// The last scrape that answered.
+    last_metrics: String,
+}
+
+/// Records the agent's (`agent_pid`, metrics at `address`) RSS, descriptors and
+/// metrics every 10 s for `total`, printing a line each time (`spawned`: the churn's
+/// count so far).
+fn record(agent_pid: u32, address: &str, total: Duration, spawned: &AtomicU64) -> Series {
     println!(
         "{:>7} {:>9} {:>5} {:>7} {:>10} {:>8} {:>9} {:>8} {:>8}",
         "t (s)", "RSS MiB", "fds", "kernel", "samples", "drops", "processes", "churned", "tracked"
@@ -193,23 +238,22 @@ fn main() -> Result<()> {
             last_metrics = text;
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    churn.join().ok();
-    let hostile = adversary.join().unwrap_or(0);
-    let _ = steady.kill();
-    let _ = steady.wait();
-    let log = agent.terminate(Duration::from_secs(60))?;
+    Series {
+        rss: rss_series,
+        fds: fd_series,
+        kernel: kernel_series,
+        last_metrics,
+    }
+}
 
-    let m = |name: &str| metric(&last_metrics, name).unwrap_or(f64::NAN);
-    println!(
-        "soak: {} short-lived processes started, {hostile} hostile ones",
-        spawned.load(Ordering::Relaxed)
-    );
+/// Prints whether each series stayed flat and the agent's last figures.
+fn print_summary(series: &Series) {
+    let m = |name: &str| metric(&series.last_metrics, name).unwrap_or(f64::NAN);
     let flat = |g: f64| if g.abs() <= 0.10 { "flat" } else { "NOT flat" };
     for (what, series) in [
-        ("agent RSS", &rss_series),
-        ("open descriptors", &fd_series),
-        ("kernel process entries", &kernel_series),
+        ("agent RSS", &series.rss),
+        ("open descriptors", &series.fds),
+        ("kernel process entries", &series.kernel),
     ] {
         let g = growth(series);
         println!(
@@ -236,10 +280,4 @@ fn main() -> Result<()> {
         m("allocbpf_ring_buffer_peak_bytes") / (1 << 20) as f64,
         m("allocbpf_released_images_total"),
     );
-    println!(
-        "soak: store {} profiles; agent: {}",
-        stored_profiles(&store).len(),
-        log.lines().last().unwrap_or("")
-    );
-    Ok(())
 }

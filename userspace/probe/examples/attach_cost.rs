@@ -6,7 +6,7 @@
 //! Attaching grows with the processes that map the image; detaching with the probes,
 //! each waiting for a grace period, whatever the count: detaching is the costly edge,
 //! in wall time on the thread that does it. The figures measured are in
-//! docs/design.md ("Attaching and detaching").
+//! docs/benchmarks.md.
 //!
 //! With `--multi`, the probes are uprobe_multi links (what the overhead budget's
 //! windows use): one link per program, each closed on a thread of its own, and the

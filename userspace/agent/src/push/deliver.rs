@@ -58,102 +58,32 @@ pub(super) fn deliver(
     receiver: &mpsc::Receiver<Message>,
     stop: &AtomicBool,
 ) {
-    // Server-wide back-off: nothing is sent before `paused_until`.
-    let mut server_failures = 0u32;
-    let mut paused_until = Instant::now();
-    // Records that failed on their own since the last delivery.
-    let mut failed_in_a_row = 0u32;
-    let mut flush_until: Option<Instant> = None;
+    let mut pacing = Pacing::new();
     loop {
         // Messages first: a thread working through a backlog never waits on the
         // channel, and a flush's deadline must hold all the same.
-        loop {
-            match receiver.try_recv() {
-                Ok(Message::Wake) => {}
-                Ok(Message::Flush(until)) => {
-                    flush_until = Some(until);
-                    paused_until = Instant::now();
-                }
-                Ok(Message::Stop) => return,
-                Err(_) => break,
-            }
+        if !pacing.take_messages(receiver) {
+            return;
         }
         let now = Instant::now();
-        if stop.load(Ordering::Relaxed) || flush_until.is_some_and(|until| now >= until) {
+        if stop.load(Ordering::Relaxed) || pacing.flush_until.is_some_and(|until| now >= until) {
             return;
         }
         // When the next record may be sent (`None`: nothing spooled).
         let due = match spool.next(now) {
             Next::Empty => None,
-            Next::Later(at) => Some(at.max(paused_until)),
-            Next::Ready(_, _) if now < paused_until => Some(paused_until),
+            Next::Later(at) => Some(at.max(pacing.paused_until)),
+            Next::Ready(_, _) if now < pacing.paused_until => Some(pacing.paused_until),
             Next::Ready(path, retry) => {
                 let outcome = send_record(transport, &path);
-                let now = Instant::now();
-                match outcome {
-                    Ok(()) => {
-                        spool.remove(&path);
-                        stats.delivered.fetch_add(1, Ordering::Relaxed);
-                        server_failures = 0;
-                        failed_in_a_row = 0;
-                    }
-                    Err(Failure::Permanent(error)) => {
-                        // Never deliverable: dropped, so the ones behind it go on.
-                        if spool.remove(&path) {
-                            stats.rejected.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(
-                                "push to {url} rejected {}: {error:#}; dropped",
-                                path.display()
-                            );
-                        }
-                    }
-                    Err(Failure::Server(error)) => {
-                        stats.errors.fetch_add(1, Ordering::Relaxed);
-                        server_failures += 1;
-                        let wait = backoff_after(server_failures);
-                        paused_until = now + wait;
-                        tracing::warn!(
-                            "push to {url} failed: {error:#}; retrying in {}s ({} profile(s) spooled)",
-                            wait.as_secs(),
-                            spool.sizes().0
-                        );
-                    }
-                    Err(Failure::Record(error)) => {
-                        stats.errors.fetch_add(1, Ordering::Relaxed);
-                        failed_in_a_row += 1;
-                        let delivered = stats.delivered.load(Ordering::Relaxed);
-                        let retry = after_failure(retry, delivered, now);
-                        if retry.strikes >= MAX_STRIKES {
-                            if spool.remove(&path) {
-                                stats.abandoned.fetch_add(1, Ordering::Relaxed);
-                                tracing::warn!(
-                                    "push to {url}: {} failed {} times while other profiles were delivered (last: {error:#}); dropped",
-                                    path.display(),
-                                    retry.failures
-                                );
-                            }
-                        } else {
-                            spool.set_retry(&path, retry);
-                            tracing::warn!(
-                                "push to {url} failed for {}: {error:#}; retrying it in {}s, the others go first",
-                                path.display(),
-                                backoff_after(retry.failures).as_secs()
-                            );
-                        }
-                        if failed_in_a_row >= 2 {
-                            // Two records in a row: more likely the server than them.
-                            server_failures += 1;
-                            paused_until = now + backoff_after(server_failures);
-                        }
-                    }
-                }
+                pacing.settle(outcome, &path, retry, url, spool, stats);
                 publish_sizes(spool, stats);
                 continue;
             }
         };
         // A flush (stopping) sends what may be sent now, and waits for no back-off:
         // after a server-wide failure, or with only set-aside records left, it ends.
-        if flush_until.is_some() && due.is_none_or(|due| due > now) {
+        if pacing.flush_until.is_some() && due.is_none_or(|due| due > now) {
             return;
         }
         let wait = due.map_or(Duration::from_secs(3600), |due| {
@@ -162,12 +92,125 @@ pub(super) fn deliver(
         match receiver.recv_timeout(wait) {
             // New profiles wait for the back-off like the others.
             Ok(Message::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Ok(Message::Flush(until)) => {
-                flush_until = Some(until);
-                // One more try of a server backed off from, before the agent stops.
-                paused_until = Instant::now();
-            }
+            // One more try of a server backed off from, before the agent stops.
+            Ok(Message::Flush(until)) => pacing.flush(until),
             Ok(Message::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// What the delivery loop carries from one record to the next: the server's back-off,
+/// the records failing on their own, and the deadline of a flush asked for.
+struct Pacing {
+    /// Server-wide failures in a row, which the back-off grows with.
+    server_failures: u32,
+    /// Server-wide back-off: nothing is sent before this.
+    paused_until: Instant,
+    /// Records that failed on their own since the last delivery.
+    failed_in_a_row: u32,
+    /// The deadline of a `Flush`, once one came.
+    flush_until: Option<Instant>,
+}
+
+impl Pacing {
+    /// Nothing failed yet, no flush asked for.
+    fn new() -> Self {
+        Self {
+            server_failures: 0,
+            paused_until: Instant::now(),
+            failed_in_a_row: 0,
+            flush_until: None,
+        }
+    }
+
+    /// A flush until `until`: a server backed off from gets one more try at once.
+    fn flush(&mut self, until: Instant) {
+        self.flush_until = Some(until);
+        self.paused_until = Instant::now();
+    }
+
+    /// Takes the messages waiting, without waiting for any; false on `Stop`.
+    fn take_messages(&mut self, receiver: &mpsc::Receiver<Message>) -> bool {
+        loop {
+            match receiver.try_recv() {
+                Ok(Message::Wake) => {}
+                Ok(Message::Flush(until)) => self.flush(until),
+                Ok(Message::Stop) => return false,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// Acts on the `outcome` of sending the record at `path` (`retry`: its state if it
+    /// failed before): removes it when delivered or never deliverable, backs the
+    /// server off after a server-wide failure, and sets a record failing on its own
+    /// aside, or drops it after [`MAX_STRIKES`].
+    fn settle(
+        &mut self,
+        outcome: Result<(), Failure>,
+        path: &Path,
+        retry: Option<Retry>,
+        url: &str,
+        spool: &Spool,
+        stats: &PushStats,
+    ) {
+        let now = Instant::now();
+        match outcome {
+            Ok(()) => {
+                spool.remove(path);
+                stats.delivered.fetch_add(1, Ordering::Relaxed);
+                self.server_failures = 0;
+                self.failed_in_a_row = 0;
+            }
+            Err(Failure::Permanent(error)) => {
+                // Never deliverable: dropped, so the ones behind it go on.
+                if spool.remove(path) {
+                    stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "push to {url} rejected {}: {error:#}; dropped",
+                        path.display()
+                    );
+                }
+            }
+            Err(Failure::Server(error)) => {
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.server_failures += 1;
+                let wait = backoff_after(self.server_failures);
+                self.paused_until = now + wait;
+                tracing::warn!(
+                    "push to {url} failed: {error:#}; retrying in {}s ({} profile(s) spooled)",
+                    wait.as_secs(),
+                    spool.sizes().0
+                );
+            }
+            Err(Failure::Record(error)) => {
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.failed_in_a_row += 1;
+                let delivered = stats.delivered.load(Ordering::Relaxed);
+                let retry = after_failure(retry, delivered, now);
+                if retry.strikes >= MAX_STRIKES {
+                    if spool.remove(path) {
+                        stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "push to {url}: {} failed {} times while other profiles were delivered (last: {error:#}); dropped",
+                            path.display(),
+                            retry.failures
+                        );
+                    }
+                } else {
+                    spool.set_retry(path, retry);
+                    tracing::warn!(
+                        "push to {url} failed for {}: {error:#}; retrying it in {}s, the others go first",
+                        path.display(),
+                        backoff_after(retry.failures).as_secs()
+                    );
+                }
+                if self.failed_in_a_row >= 2 {
+                    // Two records in a row: more likely the server than them.
+                    self.server_failures += 1;
+                    self.paused_until = now + backoff_after(self.server_failures);
+                }
+            }
         }
     }
 }

@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use allocbpf_images::{image::ImageKey, procfs};
 use allocbpf_probe::sampler::monotonic_now_ns;
 
-use super::{
-    own_links::program_of, window_moves::read_pace, CollectorStats, ImageSet, ProcessTable, Tracked,
-};
+mod process_readings;
+
+pub(super) use self::process_readings::{program_of, read_pace};
+use super::{CollectorStats, ImageSet, ProcessTable, Tracked};
 use crate::{
     budget::{
         allowance::Allowances,

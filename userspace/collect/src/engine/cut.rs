@@ -4,20 +4,20 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use allocbpf_common::Totals;
 use allocbpf_images::procfs;
 use allocbpf_profile::report::{Counters, KernelFigures, Observed, ProcessSummary, Report};
 use allocbpf_runtime::Departure;
-use allocbpf_stacks::symbolize::FrameSymbolizer;
+use allocbpf_stacks::{resolve::StackResolver, symbolize::FrameSymbolizer};
 
 use super::{
     budget_control::BudgetController, interval::IntervalEnd, Collector, ImageSet, ProcessProfile,
     Tracked, LOST_FREE_MIN_AGE,
 };
-use crate::{identity, kernel::Kernel};
+use crate::{identity, kernel::Kernel, options::CollectOptions};
 
 /// Which of the processes that had a pid in one interval (a pid reused after an exit)
 /// gets the kernel's totals of that pid, which count them all: the one with most of
@@ -105,7 +105,7 @@ impl Collector {
         let leaks_min_age = self.options.live.and_then(|l| l.leaks_min_age);
         // The one process of a process scope always gets its profile, empty or not.
         let always = self.scope.pid();
-        let mut symbolizer = if self.options.symbolize {
+        let symbolizer = if self.options.symbolize {
             FrameSymbolizer::new()
         } else {
             FrameSymbolizer::unsymbolized()
@@ -126,6 +126,14 @@ impl Collector {
             .values_mut()
             .flat_map(|list| list.iter_mut().enumerate().map(|(i, t)| (t, Some(i))))
             .chain(self.processes.tracked.values_mut().map(|t| (t, None)));
+        let mut reports = Reports {
+            stacks: &self.stacks,
+            symbolizer,
+            options: &self.options,
+            counters,
+            duration,
+            now_ns,
+        };
         for (tracked, position) in entries {
             let pid = tracked.info.pid;
             if let Some(kernel_live) = &kernel_live {
@@ -153,38 +161,7 @@ impl Collector {
                     .as_ref()
                     .filter(|_| profiles.is_empty())
                     .map(|target| target.silence.to_string());
-                let mut report = Report::build(
-                    &tracked.aggregate,
-                    &mut self.stacks.symbolizer(&mut symbolizer),
-                    self.options.rate,
-                    self.options.confidence,
-                    KernelFigures {
-                        duration,
-                        exact,
-                        counters,
-                        observed,
-                    },
-                    silence.as_deref(),
-                );
-                if let Some(timeline) = tracked.aggregate.timeline(now_ns) {
-                    let origin_ns = now_ns.saturating_sub(duration.as_nanos() as u64);
-                    report.add_timeline(
-                        pid,
-                        timeline,
-                        origin_ns,
-                        &tracked.aggregate,
-                        &mut self.stacks.symbolizer(&mut symbolizer),
-                    );
-                }
-                report.processes.insert(
-                    pid,
-                    ProcessSummary {
-                        name: tracked.info.comm_text().to_string(),
-                        exact_bytes: exact.bytes,
-                        exact_calls: exact.calls,
-                        observed: report.time_sampling.as_ref().map(|t| t.observed_fraction),
-                    },
-                );
+                let report = reports.report(tracked, exact, observed, silence.as_deref());
                 profiles.push(ProcessProfile {
                     info: tracked.info.clone(),
                     report,
@@ -394,6 +371,73 @@ impl Collector {
             );
         }
         self.cut_with(figures, end)
+    }
+}
+
+/// What the reports of one cut are built with besides each process's figures: the
+/// engine's parts borrowed one by one, since the cut walks its processes mutably
+/// meanwhile.
+struct Reports<'a> {
+    /// Resolves the stacks' frames.
+    stacks: &'a StackResolver,
+    /// Symbolizes them, one cache for every report of the cut.
+    symbolizer: FrameSymbolizer,
+    /// The sampling rate and confidence the estimates are given with.
+    options: &'a CollectOptions,
+    /// The kernel's counters of the interval.
+    counters: Counters,
+    /// How long the interval lasted.
+    duration: Duration,
+    /// The interval's end (CLOCK_MONOTONIC).
+    now_ns: u64,
+}
+
+impl Reports<'_> {
+    /// The report of `tracked` (its aggregate finished) for the interval, with its
+    /// `exact` kernel totals, what the budget `observed` of it and why it was
+    /// `silence`d, its timeline if recorded and its line in the processes table.
+    fn report(
+        &mut self,
+        tracked: &mut Tracked,
+        exact: Totals,
+        observed: Option<Observed>,
+        silence: Option<&str>,
+    ) -> Report {
+        let pid = tracked.info.pid;
+        let now_ns = self.now_ns;
+        let mut report = Report::build(
+            &tracked.aggregate,
+            &mut self.stacks.symbolizer(&mut self.symbolizer),
+            self.options.rate,
+            self.options.confidence,
+            KernelFigures {
+                duration: self.duration,
+                exact,
+                counters: self.counters,
+                observed,
+            },
+            silence,
+        );
+        if let Some(timeline) = tracked.aggregate.timeline(now_ns) {
+            let origin_ns = now_ns.saturating_sub(self.duration.as_nanos() as u64);
+            report.add_timeline(
+                pid,
+                timeline,
+                origin_ns,
+                &tracked.aggregate,
+                &mut self.stacks.symbolizer(&mut self.symbolizer),
+            );
+        }
+        report.processes.insert(
+            pid,
+            ProcessSummary {
+                name: tracked.info.comm_text().to_string(),
+                exact_bytes: exact.bytes,
+                exact_calls: exact.calls,
+                observed: report.time_sampling.as_ref().map(|t| t.observed_fraction),
+            },
+        );
+        report
     }
 }
 

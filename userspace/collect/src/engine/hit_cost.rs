@@ -69,7 +69,7 @@ impl Collector {
     /// are in): the host's libc is not probed for other processes, so the child times
     /// its own step function bare and with the empty program on its emulated first
     /// instruction. The sampler's program costs a little more than the empty one
-    /// (~0.1 us, docs/design.md), which this leaves out.
+    /// (docs/benchmarks.md), which this leaves out.
     pub(super) fn calibrate_for_one_process(&mut self) -> Result<HitCost> {
         let mut bare = Vec::new();
         for _ in 0..3 {
@@ -95,7 +95,7 @@ impl Collector {
         match measured {
             Ok(ns) => ns,
             Err(error) => {
-                // The figure measured on the development machines (docs/design.md).
+                // The figure measured on the development machines (docs/benchmarks.md).
                 tracing::warn!(
                     "single-step cost not measured ({}); assuming 14 us",
                     error_chain(&error)

@@ -17,7 +17,7 @@ use super::Collector;
 /// How often each admitted process's `/proc/PID/maps` is re-read (both scopes), spread
 /// over the housekeeping ticks of the period.
 ///
-/// Reading one process's maps costs about a microsecond per line (docs/design.md has
+/// Reading one process's maps costs about a microsecond per line (docs/benchmarks.md has
 /// the figures); parsing and comparing the executable mappings with those known add
 /// little. At this period a host of hundreds of processes costs well under 1% of one
 /// CPU, read a few processes per housekeeping tick (no pause); a library

@@ -4,11 +4,14 @@
 use allocbpf_common::GateState;
 use allocbpf_probe::sampler::monotonic_now_ns;
 
-use super::{budget_control::BudgetController, CollectorStats, ImageSet, ProcessTable, Tracked};
-use crate::{budget::programs::ProgramKey, kernel::Kernel};
+use super::{
+    budget_control::{program_of, BudgetController},
+    CollectorStats, ImageSet, ProcessTable, Tracked,
+};
+use crate::kernel::Kernel;
 
 /// Processes given their own links at one budget check at most: each costs the loop a
-/// link per program and image (docs/design.md, "Own links", has what one costs); the
+/// link per program and image (docs/benchmarks.md has what one costs); the
 /// others wait for the next check, observed through the shared windows meanwhile.
 const OWN_ATTACHES_PER_CHECK: usize = 2;
 
@@ -121,14 +124,6 @@ impl BudgetController {
                 }
             }
         }
-    }
-}
-
-/// The program `tracked` runs, as the budget remembers programs.
-pub(super) fn program_of(tracked: &Tracked) -> ProgramKey {
-    ProgramKey {
-        exe: tracked.info.exe.clone().into_os_string(),
-        build_id: tracked.info.exe_build_id.clone(),
     }
 }
 

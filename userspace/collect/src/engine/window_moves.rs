@@ -6,13 +6,12 @@ use allocbpf_images::image::ImageKey;
 use allocbpf_probe::sampler::monotonic_now_ns;
 use allocbpf_profile::estimate::pace::ProbeState;
 
-use super::{budget_control::BudgetController, CollectorStats, ImageSet, ProcessTable, Tracked};
+use super::{
+    budget_control::{read_pace, BudgetController},
+    CollectorStats, ImageSet, ProcessTable,
+};
 use crate::{
-    budget::{
-        pace::{process_cpu_ns, PaceReading},
-        windows::window_shift,
-        HitCost, Hits,
-    },
+    budget::{windows::window_shift, Hits},
     kernel::{Gates, Kernel},
 };
 
@@ -113,46 +112,4 @@ impl BudgetController {
         }
         next
     }
-}
-
-/// One reading of `pid`'s pace meter: its CPU clock now and its `hits`, in `state` from
-/// now on if given, else probed if every image it maps that can be probed has its
-/// probes in (as in its observation windows), unprobed if none has and none is closing
-/// its links in the background, changing otherwise.
-pub(super) fn read_pace(
-    cost: &HitCost,
-    pid: u32,
-    tracked: &mut Tracked,
-    hits: Hits,
-    images: &ImageSet,
-    state: Option<ProbeState>,
-) {
-    // Its own links are in whatever the shared ones do.
-    let state = match tracked.own.attached() {
-        true => Some(ProbeState::Probed),
-        false => state,
-    };
-    let state = state.unwrap_or_else(|| {
-        let probeable: Vec<_> = tracked
-            .images
-            .iter()
-            .filter_map(|key| Some((key, images.images.get(key).filter(|s| !s.failed)?)))
-            .collect();
-        let probed = probeable.iter().filter(|(_, s)| s.links.is_some()).count();
-        let closing = probeable.iter().any(|(key, _)| images.detaching(key));
-        match (probed, closing) {
-            // No image known (just exec'd): its probes may be in or out.
-            _ if probeable.is_empty() => ProbeState::Changing,
-            (0, false) => ProbeState::Unprobed,
-            (n, false) if n == probeable.len() => ProbeState::Probed,
-            _ => ProbeState::Changing,
-        }
-    });
-    let reading = process_cpu_ns(pid).map(|cpu_ns| PaceReading {
-        at_ns: monotonic_now_ns(),
-        cpu_ns,
-        hits,
-        state,
-    });
-    tracked.pace.read(reading, cost);
 }

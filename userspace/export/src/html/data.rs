@@ -3,7 +3,7 @@
 //! function names are interned once, stacks and flame-graph nodes refer to them by
 //! index, and the flame graph's nodes are parallel arrays.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Value};
 
@@ -173,7 +173,7 @@ pub fn page_data(report: &Report, command: &str) -> Value {
     let root = names.id("all");
     let mut tree = Tree::new(root);
     let mut stacks = Vec::new();
-    let mut per_process: std::collections::BTreeMap<u32, StackStats> = Default::default();
+    let mut per_process: BTreeMap<u32, StackStats> = Default::default();
     for (pid, frames, stats) in report.stacks_by_name() {
         let process = names.id(&process_name(report, pid));
         let path: Vec<usize> = std::iter::once(process)
@@ -195,40 +195,8 @@ pub fn page_data(report: &Report, command: &str) -> Value {
     for &pid in report.processes.keys() {
         per_process.entry(pid).or_default();
     }
-    let processes: Vec<Value> = per_process
-        .iter()
-        .map(|(&pid, stats)| {
-            let summary = report.processes.get(&pid).cloned().unwrap_or_default();
-            json!({
-                "pid": pid,
-                "name": process_name(report, pid),
-                "bytes": bytes(stats.estimated_bytes),
-                "ci": interval_json(Some(report.interval(stats))),
-                "samples": stats.samples,
-                "exact_bytes": summary.exact_bytes,
-                "exact_calls": summary.exact_calls,
-                "observed": summary.observed,
-                "inuse": live.then(|| bytes(stats.inuse_bytes)),
-                "inuse_ci": live.then(|| interval_json(inuse_interval(stats))),
-            })
-        })
-        .collect();
-    // The processes that allocated most: a host's page stays small.
-    let allocated = |t: &&ProcessTimeline| -> f64 {
-        t.timeline
-            .points
-            .iter()
-            .map(|p| p.alloc.estimated_bytes)
-            .sum()
-    };
-    let mut ordered: Vec<&ProcessTimeline> = report.timelines.iter().collect();
-    ordered.sort_by(|a, b| allocated(b).total_cmp(&allocated(a)));
-    let timelines_omitted = ordered.len().saturating_sub(MAX_TIMELINES);
-    let timelines: Vec<Value> = ordered
-        .into_iter()
-        .take(MAX_TIMELINES)
-        .map(|t| timeline_json(report, t, &mut names))
-        .collect();
+    let processes = processes_json(report, &per_process, live, &inuse_interval);
+    let (timelines, timelines_omitted) = timelines_json(report, &mut names);
     let total = report.total_interval();
     let t = &report.totals;
     json!({
@@ -256,6 +224,57 @@ pub fn page_data(report: &Report, command: &str) -> Value {
         "timelines": timelines,
         "timelines_omitted": timelines_omitted,
     })
+}
+
+/// The processes table: per process its figures summed over its stacks (`per_process`),
+/// its exact kernel totals and the share of its time observed; in-use figures with
+/// `live` tracking, with the interval `inuse_interval` gives.
+fn processes_json(
+    report: &Report,
+    per_process: &BTreeMap<u32, StackStats>,
+    live: bool,
+    inuse_interval: InUseInterval<'_>,
+) -> Vec<Value> {
+    per_process
+        .iter()
+        .map(|(&pid, stats)| {
+            let summary = report.processes.get(&pid).cloned().unwrap_or_default();
+            json!({
+                "pid": pid,
+                "name": process_name(report, pid),
+                "bytes": bytes(stats.estimated_bytes),
+                "ci": interval_json(Some(report.interval(stats))),
+                "samples": stats.samples,
+                "exact_bytes": summary.exact_bytes,
+                "exact_calls": summary.exact_calls,
+                "observed": summary.observed,
+                "inuse": live.then(|| bytes(stats.inuse_bytes)),
+                "inuse_ci": live.then(|| interval_json(inuse_interval(stats))),
+            })
+        })
+        .collect()
+}
+
+/// The timelines of the processes that allocated most, at most [`MAX_TIMELINES`] (a
+/// host's page stays small), their peaks' frames interned in `names`; and how many
+/// were left out.
+fn timelines_json(report: &Report, names: &mut Names) -> (Vec<Value>, usize) {
+    let allocated = |t: &&ProcessTimeline| -> f64 {
+        t.timeline
+            .points
+            .iter()
+            .map(|p| p.alloc.estimated_bytes)
+            .sum()
+    };
+    let mut ordered: Vec<&ProcessTimeline> = report.timelines.iter().collect();
+    ordered.sort_by(|a, b| allocated(b).total_cmp(&allocated(a)));
+    let timelines_omitted = ordered.len().saturating_sub(MAX_TIMELINES);
+    let timelines: Vec<Value> = ordered
+        .into_iter()
+        .take(MAX_TIMELINES)
+        .map(|t| timeline_json(report, t, names))
+        .collect();
+    (timelines, timelines_omitted)
 }
 
 /// One process's timeline: points as `[start_s, end_s, alloc, alloc_lo, alloc_hi,

@@ -52,7 +52,8 @@ use prost::Message;
 use self::dictionary::{Dictionary, Value};
 use self::proto::{
     any_value, AnyValue, ExportProfilesServiceRequest, Function, InstrumentationScope, KeyValue,
-    Line, Location, Mapping, Profile, Resource, ResourceProfiles, Sample, ScopeProfiles, ValueType,
+    Line, Location, Mapping, Profile, ProfilesDictionary, Resource, ResourceProfiles, Sample,
+    ScopeProfiles, ValueType,
 };
 use crate::pprof::proto as pprof;
 
@@ -194,22 +195,7 @@ pub fn request_from_pprof<K: AsRef<str>, V: AsRef<str>>(
         .iter()
         .enumerate()
         .map(|(type_index, sample_type)| {
-            let samples = profile
-                .sample
-                .iter()
-                .enumerate()
-                .filter_map(|(i, sample)| {
-                    // A sample without a value for this type has none to report.
-                    let value = *sample.value.get(type_index)?;
-                    (value != 0).then(|| Sample {
-                        stack_index: stack_indices[i],
-                        attribute_indices: sample_attributes[i].clone(),
-                        link_index: 0,
-                        values: vec![value],
-                        timestamps_unix_nano: Vec::new(),
-                    })
-                })
-                .collect();
+            let samples = samples_of_type(profile, type_index, &stack_indices, &sample_attributes);
             let mut otlp = Profile {
                 sample_type: Some(ValueType {
                     type_strindex: dict.string(text(sample_type.r#type)),
@@ -230,7 +216,46 @@ pub fn request_from_pprof<K: AsRef<str>, V: AsRef<str>>(
             otlp
         })
         .collect();
-    let scope_attributes = match text(profile.default_sample_type) {
+    let scope_attributes = scope_attributes(text(profile.default_sample_type));
+    one_scope_request(
+        resource,
+        scope_attributes,
+        profiles,
+        converter.dict.finish(),
+    )
+}
+
+/// The samples of `profile` with a non-zero value of sample type `type_index`, one
+/// value each (an OTLP profile has one sample type), with the stack and attributes
+/// each was given (`stack_indices`, `sample_attributes`: by sample).
+fn samples_of_type(
+    profile: &pprof::Profile,
+    type_index: usize,
+    stack_indices: &[i32],
+    sample_attributes: &[Vec<i32>],
+) -> Vec<Sample> {
+    profile
+        .sample
+        .iter()
+        .enumerate()
+        .filter_map(|(i, sample)| {
+            // A sample without a value for this type has none to report.
+            let value = *sample.value.get(type_index)?;
+            (value != 0).then(|| Sample {
+                stack_index: stack_indices[i],
+                attribute_indices: sample_attributes[i].clone(),
+                link_index: 0,
+                values: vec![value],
+                timestamps_unix_nano: Vec::new(),
+            })
+        })
+        .collect()
+}
+
+/// The scope's attributes: pprof's default sample type, when it names one (this
+/// layout has no field for it).
+fn scope_attributes(default_sample_type: &str) -> Vec<KeyValue> {
+    match default_sample_type {
         "" => Vec::new(),
         default => vec![KeyValue {
             key: "pprof.scope.default_sample_type".to_string(),
@@ -239,7 +264,17 @@ pub fn request_from_pprof<K: AsRef<str>, V: AsRef<str>>(
             }),
             key_strindex: 0,
         }],
-    };
+    }
+}
+
+/// The request holding `profiles` of one `resource` under our one instrumentation
+/// scope (with `scope_attributes`), and the `dictionary` they share.
+fn one_scope_request(
+    resource: Resource,
+    scope_attributes: Vec<KeyValue>,
+    profiles: Vec<Profile>,
+    dictionary: ProfilesDictionary,
+) -> ExportProfilesServiceRequest {
     ExportProfilesServiceRequest {
         resource_profiles: vec![ResourceProfiles {
             resource: Some(resource),
@@ -255,7 +290,7 @@ pub fn request_from_pprof<K: AsRef<str>, V: AsRef<str>>(
             }],
             schema_url: String::new(),
         }],
-        dictionary: Some(converter.dict.finish()),
+        dictionary: Some(dictionary),
     }
 }
 

@@ -5,48 +5,57 @@ use crate::pprof::proto as pp;
 /// Base of the one mapping of [`small_pprof`].
 const BASE: u64 = 1 << 40;
 
-/// Two sample types, three samples over two functions in one mapping, labels of both
-/// kinds, a comment. Ids are not 1..n, as pprof allows.
-fn small_pprof() -> pp::Profile {
-    let strings = [
-        "",
-        "alloc_objects",
-        "count",
-        "alloc_space",
-        "bytes",
-        "space",
-        "main",
-        "site_a",
-        "work.c",
-        "/usr/bin/work",
-        "abcd",
-        "pid",
-        "samples",
-        "bytes_ci95_low",
-        "bytes_ci95_high",
-        "allocbpf: a comment",
-        "hostname",
-        "host1",
-        "thread",
-        "worker",
-    ];
-    let s = |text: &str| strings.iter().position(|s| *s == text).unwrap() as i64;
-    let value_type = |t, u| pp::ValueType {
-        r#type: s(t),
-        unit: s(u),
-    };
+/// The string table of [`small_pprof`].
+const SMALL_STRINGS: [&str; 20] = [
+    "",
+    "alloc_objects",
+    "count",
+    "alloc_space",
+    "bytes",
+    "space",
+    "main",
+    "site_a",
+    "work.c",
+    "/usr/bin/work",
+    "abcd",
+    "pid",
+    "samples",
+    "bytes_ci95_low",
+    "bytes_ci95_high",
+    "allocbpf: a comment",
+    "hostname",
+    "host1",
+    "thread",
+    "worker",
+];
+
+/// The index of `text` in [`SMALL_STRINGS`], as [`small_pprof`] refers to strings.
+fn string_id(text: &str) -> i64 {
+    SMALL_STRINGS.iter().position(|s| *s == text).unwrap() as i64
+}
+
+/// A sample type or unit of [`small_pprof`] by its strings.
+fn small_value_type(r#type: &str, unit: &str) -> pp::ValueType {
+    pp::ValueType {
+        r#type: string_id(r#type),
+        unit: string_id(unit),
+    }
+}
+
+/// A sample of [`small_pprof`]: process `pid`'s, with labels of both kinds.
+fn small_sample(location_id: Vec<u64>, value: Vec<i64>, pid: i64) -> pp::Sample {
     let num = |key, num, unit: &str| pp::Label {
-        key: s(key),
+        key: string_id(key),
         num,
-        num_unit: s(unit),
+        num_unit: string_id(unit),
         ..Default::default()
     };
     let string = |key, value| pp::Label {
-        key: s(key),
-        str: s(value),
+        key: string_id(key),
+        str: string_id(value),
         ..Default::default()
     };
-    let sample = |location_id: Vec<u64>, value: Vec<i64>, pid| pp::Sample {
+    pp::Sample {
         location_id,
         value,
         label: vec![
@@ -58,8 +67,12 @@ fn small_pprof() -> pp::Profile {
             string("hostname", "host1"),
             string("thread", "worker"),
         ],
-    };
-    let location = |id, offset, function_id, line| pp::Location {
+    }
+}
+
+/// A location of [`small_pprof`]'s one mapping, `offset` into it, of one line.
+fn small_location(id: u64, offset: u64, function_id: u64, line: i64) -> pp::Location {
+    pp::Location {
         id,
         mapping_id: 7,
         address: BASE + offset,
@@ -69,44 +82,56 @@ fn small_pprof() -> pp::Profile {
             column: 0,
         }],
         is_folded: false,
-    };
-    let function = |id, name| pp::Function {
+    }
+}
+
+/// A function of [`small_pprof`], in `work.c`.
+fn small_function(id: u64, name: &str) -> pp::Function {
+    pp::Function {
         id,
-        name: s(name),
-        system_name: s(name),
-        filename: s("work.c"),
+        name: string_id(name),
+        system_name: string_id(name),
+        filename: string_id("work.c"),
         start_line: 0,
-    };
+    }
+}
+
+/// Two sample types, three samples over two functions in one mapping, labels of both
+/// kinds, a comment. Ids are not 1..n, as pprof allows.
+fn small_pprof() -> pp::Profile {
     pp::Profile {
         sample_type: vec![
-            value_type("alloc_objects", "count"),
-            value_type("alloc_space", "bytes"),
+            small_value_type("alloc_objects", "count"),
+            small_value_type("alloc_space", "bytes"),
         ],
         sample: vec![
-            sample(vec![11, 12], vec![5, 20_480], 42),
-            sample(vec![12], vec![2, 8_192], 42),
+            small_sample(vec![11, 12], vec![5, 20_480], 42),
+            small_sample(vec![12], vec![2, 8_192], 42),
             // No objects: absent from the alloc_objects profile.
-            sample(vec![11, 12], vec![0, 100], 43),
+            small_sample(vec![11, 12], vec![0, 100], 43),
         ],
         mapping: vec![pp::Mapping {
             id: 7,
             memory_start: BASE,
             memory_limit: 2 * BASE,
             file_offset: 0,
-            filename: s("/usr/bin/work"),
-            build_id: s("abcd"),
+            filename: string_id("/usr/bin/work"),
+            build_id: string_id("abcd"),
             has_functions: true,
             ..Default::default()
         }],
-        location: vec![location(11, 0x1234, 21, 5), location(12, 0x2000, 20, 9)],
-        function: vec![function(20, "main"), function(21, "site_a")],
-        string_table: strings.iter().map(|s| s.to_string()).collect(),
+        location: vec![
+            small_location(11, 0x1234, 21, 5),
+            small_location(12, 0x2000, 20, 9),
+        ],
+        function: vec![small_function(20, "main"), small_function(21, "site_a")],
+        string_table: SMALL_STRINGS.iter().map(|s| s.to_string()).collect(),
         time_nanos: 1_000,
         duration_nanos: 2_000,
-        period_type: Some(value_type("space", "bytes")),
+        period_type: Some(small_value_type("space", "bytes")),
         period: 4096,
-        comment: vec![s("allocbpf: a comment")],
-        default_sample_type: s("alloc_space"),
+        comment: vec![string_id("allocbpf: a comment")],
+        default_sample_type: string_id("alloc_space"),
         ..Default::default()
     }
 }

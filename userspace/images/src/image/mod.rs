@@ -397,7 +397,7 @@ impl AllocatorImage {
             tracing::warn!(
                 "{path}: {} has no instruction the kernel emulates before its arguments are \
                  lost; probed at +0 ({}), which the kernel single-steps: ~14 us per call \
-                 instead of ~0.5 us (docs/design.md, \"Probe points\")",
+                 instead of ~0.5 us (docs/benchmarks.md)",
                 entry.symbol,
                 entry.point.instruction
             );

@@ -3,9 +3,9 @@
 //!
 //! A uprobe replaces an instruction with `int3`. On the hit the kernel either emulates
 //! the original instruction or single-steps a copy of it out of line, which costs
-//! far more (docs/design.md has the figures, from `../shared/docs/uprobe-costs.md`).
+//! far more (docs/benchmarks.md has the figures, from `../shared/docs/uprobe-costs.md`).
 //! x86-64 Linux emulates (arch/x86/kernel/uprobes.c, `branch_setup_xol_ops` and
-//! `push_setup_xol_ops`; costs measured on this kernel, docs/design.md):
+//! `push_setup_xol_ops`; costs measured on this kernel, docs/benchmarks.md):
 //! - relative branches: `jmp rel8/rel32`, `jcc rel8/rel32`, `call rel32`, without an
 //!   operand-size prefix;
 //! - the one-byte `nop` (0x90) without prefixes;

@@ -35,8 +35,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use iced_x86::{
-    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
-    OpKind, Register,
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfo, InstructionInfoFactory,
+    Mnemonic, OpAccess, OpKind, Register, UsedMemory,
 };
 
 use super::calls::{Branch, CallResolver};
@@ -269,100 +269,11 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
         }
         let info = self.info.info(instruction);
         for memory in info.used_memory() {
-            let writes = matches!(
-                memory.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            );
-            if !writes {
-                continue;
-            }
-            let plain = memory.index() == Register::None;
-            // errno is set to a constant (ENOMEM, EINVAL): a TLS or errno write is
-            // allowed only as a store of an immediate. A thread cache's free list or
-            // counter in TLS is updated from registers, which this refuses.
-            let constant_store =
-                instruction.mnemonic() == Mnemonic::Mov && instruction.op_count() == 2 && {
-                    let source = instruction.op1_kind();
-                    matches!(
-                        source,
-                        OpKind::Immediate8
-                            | OpKind::Immediate16
-                            | OpKind::Immediate32
-                            | OpKind::Immediate8to32
-                            | OpKind::Immediate8to64
-                            | OpKind::Immediate32to64
-                    )
-                };
-            // `mov %reg, global(%rip)` of the page size: idempotent (module docs).
-            let page_size_store = instruction.mnemonic() == Mnemonic::Mov
-                && instruction.op_count() == 2
-                && instruction.op1_kind() == OpKind::Register
-                && bit(instruction.op1_register()).is_some_and(|b| facts.page_size & b != 0)
-                // iced resolves `rip`-relative operands to absolute addresses.
-                && matches!(memory.base(), Register::RIP | Register::None)
-                && plain;
-            let allowed = memory.base() == Register::RSP
-                || page_size_store
-                || (constant_store && memory.segment() == Register::FS)
-                || (constant_store
-                    && plain
-                    && memory.displacement() == 0
-                    && facts.errno_in_rax
-                    && memory.base() == Register::RAX)
-                || (plain
-                    && memory.displacement() == 0
-                    && bit(memory.base()).is_some_and(|b| facts.out_pointer & b != 0));
-            if !allowed {
+            if is_write(memory.access()) && !write_allowed(instruction, memory, facts) {
                 return None;
             }
         }
-        let mut after = facts;
-        after.frame = facts.frame.step(instruction, |register| {
-            writes(info.used_registers(), register)
-        });
-        let copy = instruction.mnemonic() == Mnemonic::Mov
-            && instruction.op0_kind() == OpKind::Register
-            && instruction.op1_kind() == OpKind::Register;
-        for used in info.used_registers() {
-            let written = matches!(
-                used.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            );
-            if !written {
-                continue;
-            }
-            let register = used.register().full_register();
-            if register == Register::RAX {
-                after.errno_in_rax = false;
-            }
-            if let Some(b) = bit(register) {
-                after.out_pointer &= !b;
-                after.page_size &= !b;
-            }
-        }
-        if copy && instruction.op0_register().is_gpr64() {
-            let source = bit(instruction.op1_register()).unwrap_or(0);
-            if facts.out_pointer & source != 0 {
-                after.out_pointer |= bit(instruction.op0_register()).unwrap_or(0);
-            }
-        }
-        // A register copy or sign extension (`movslq %eax,%rdi`) keeps the page size.
-        let extends = matches!(
-            instruction.mnemonic(),
-            Mnemonic::Mov | Mnemonic::Movsxd | Mnemonic::Movsx
-        ) && instruction.op_count() == 2
-            && instruction.op0_kind() == OpKind::Register
-            && instruction.op1_kind() == OpKind::Register;
-        if extends && bit(instruction.op1_register()).is_some_and(|b| facts.page_size & b != 0) {
-            after.page_size |= bit(instruction.op0_register()).unwrap_or(0);
-        }
-        Some(after)
+        Some(facts_after(instruction, info, facts))
     }
 
     /// The instruction at `address`, if the file has code there.
@@ -383,6 +294,99 @@ impl<'a, 'data, 'file, F: Fn(&str) -> bool> Purity<'a, 'data, 'file, F> {
         let instruction = decoder.decode();
         (!instruction.is_invalid()).then_some(instruction)
     }
+}
+
+/// Whether an operand `access` may write it (conditionally or not).
+fn is_write(access: OpAccess) -> bool {
+    matches!(
+        access,
+        OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
+/// Whether `instruction`'s write to `memory` is one an entry that allocates nothing may
+/// make, given the `facts` before it (module docs: the stack, a constant to TLS or
+/// errno, the page size to a global, or through the out pointer).
+fn write_allowed(instruction: &Instruction, memory: &UsedMemory, facts: Facts) -> bool {
+    let plain = memory.index() == Register::None;
+    // errno is set to a constant (ENOMEM, EINVAL): a TLS or errno write is
+    // allowed only as a store of an immediate. A thread cache's free list or
+    // counter in TLS is updated from registers, which this refuses.
+    let constant_store =
+        instruction.mnemonic() == Mnemonic::Mov && instruction.op_count() == 2 && {
+            let source = instruction.op1_kind();
+            matches!(
+                source,
+                OpKind::Immediate8
+                    | OpKind::Immediate16
+                    | OpKind::Immediate32
+                    | OpKind::Immediate8to32
+                    | OpKind::Immediate8to64
+                    | OpKind::Immediate32to64
+            )
+        };
+    // `mov %reg, global(%rip)` of the page size: idempotent (module docs).
+    let page_size_store = instruction.mnemonic() == Mnemonic::Mov
+        && instruction.op_count() == 2
+        && instruction.op1_kind() == OpKind::Register
+        && bit(instruction.op1_register()).is_some_and(|b| facts.page_size & b != 0)
+        // iced resolves `rip`-relative operands to absolute addresses.
+        && matches!(memory.base(), Register::RIP | Register::None)
+        && plain;
+    memory.base() == Register::RSP
+        || page_size_store
+        || (constant_store && memory.segment() == Register::FS)
+        || (constant_store
+            && plain
+            && memory.displacement() == 0
+            && facts.errno_in_rax
+            && memory.base() == Register::RAX)
+        || (plain
+            && memory.displacement() == 0
+            && bit(memory.base()).is_some_and(|b| facts.out_pointer & b != 0))
+}
+
+/// The facts after `instruction` (its register uses in `info`), from `facts` before
+/// it: a register written loses what it held, unless the write copies (or sign
+/// extends) a register that held the out pointer or the page size.
+fn facts_after(instruction: &Instruction, info: &InstructionInfo, facts: Facts) -> Facts {
+    let mut after = facts;
+    after.frame = facts.frame.step(instruction, |register| {
+        writes(info.used_registers(), register)
+    });
+    let copy = instruction.mnemonic() == Mnemonic::Mov
+        && instruction.op0_kind() == OpKind::Register
+        && instruction.op1_kind() == OpKind::Register;
+    for used in info.used_registers() {
+        if !is_write(used.access()) {
+            continue;
+        }
+        let register = used.register().full_register();
+        if register == Register::RAX {
+            after.errno_in_rax = false;
+        }
+        if let Some(b) = bit(register) {
+            after.out_pointer &= !b;
+            after.page_size &= !b;
+        }
+    }
+    if copy && instruction.op0_register().is_gpr64() {
+        let source = bit(instruction.op1_register()).unwrap_or(0);
+        if facts.out_pointer & source != 0 {
+            after.out_pointer |= bit(instruction.op0_register()).unwrap_or(0);
+        }
+    }
+    // A register copy or sign extension (`movslq %eax,%rdi`) keeps the page size.
+    let extends = matches!(
+        instruction.mnemonic(),
+        Mnemonic::Mov | Mnemonic::Movsxd | Mnemonic::Movsx
+    ) && instruction.op_count() == 2
+        && instruction.op0_kind() == OpKind::Register
+        && instruction.op1_kind() == OpKind::Register;
+    if extends && bit(instruction.op1_register()).is_some_and(|b| facts.page_size & b != 0) {
+        after.page_size |= bit(instruction.op0_register()).unwrap_or(0);
+    }
+    after
 }
 
 /// The facts after a call returns: only callee-saved registers keep theirs; `rax`

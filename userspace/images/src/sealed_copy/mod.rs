@@ -48,9 +48,11 @@ use crate::procfs::MAX_MAPPED_FILE_BYTES;
 
 mod build_id;
 mod headers;
+mod sections;
 
 pub use self::build_id::read_build_id;
-use self::headers::{set_u64, u32_at, u64_at, within, Headers};
+use self::headers::{set_u64, u32_at, u64_at, Headers};
+use self::sections::Sections;
 
 /// Bytes a copy holds at most: copied ranges, inflated sections and headers. Symbol
 /// tables are a few MB even for large programs; DWARF can be hundreds: a file whose
@@ -266,29 +268,6 @@ pub struct CopyPlan {
     debug_info: bool,
 }
 
-/// What symbolization does with a section.
-enum Class {
-    Link,
-    Symbols,
-    Note,
-    Dwarf,
-    Other,
-}
-
-fn classify(name: &[u8], kind: u64) -> Class {
-    if LINKS.contains(&name) {
-        Class::Link
-    } else if SYMBOLS.contains(&name) {
-        Class::Symbols
-    } else if name.starts_with(b".debug_") && !UNREAD_DEBUG.contains(&name) {
-        Class::Dwarf
-    } else if kind == SHT_NOTE {
-        Class::Note
-    } else {
-        Class::Other
-    }
-}
-
 /// Sorts and merges `ranges`; returns them and the bytes they cover.
 fn merged(mut ranges: Vec<Range<u64>>) -> (Vec<Range<u64>>, u64) {
     ranges.retain(|r| !r.is_empty());
@@ -308,6 +287,34 @@ fn align8(at: u64) -> u64 {
     at.div_ceil(8) * 8
 }
 
+/// Places the `compressed` DWARF sections (index, compressed bytes, inflated size)
+/// inflated in the copy, one after the other past the file's `file_size` bytes, and
+/// rewrites their headers to say so; returns what to inflate where.
+fn place_inflated(
+    elf: &mut Headers,
+    compressed: Vec<(usize, Range<u64>, u64)>,
+    file_size: u64,
+) -> Vec<Inflate> {
+    let mut to = align8(file_size);
+    let mut inflate = Vec::new();
+    for (section, from, size) in compressed {
+        inflate.push(Inflate {
+            section,
+            from,
+            to,
+            size,
+        });
+        // The header says where the inflated bytes are, uncompressed.
+        let header = elf.section_mut(section);
+        set_u64(header, 0x18, to);
+        set_u64(header, 0x20, size);
+        let flags = u64_at(header, 8) & !SHF_COMPRESSED;
+        set_u64(header, 8, flags);
+        to = align8(to + size);
+    }
+    inflate
+}
+
 impl CopyPlan {
     /// Reads and checks the headers of `file` (opened by
     /// [`crate::procfs::open_mapped`]) and plans its copy.
@@ -318,45 +325,12 @@ impl CopyPlan {
             return Err(CopyError::TooLarge { size });
         }
         let mut elf = Headers::read(file, size)?;
-        let mut symbols = Vec::new();
-        let mut dwarf = Vec::new();
-        let mut compressed_dwarf = Vec::new();
-        let mut neutral = Vec::new();
-        for i in 0..elf.sections() {
-            let header = elf.section(i);
-            let (kind, flags) = (u32_at(header, 4), u64_at(header, 8));
-            let (offset, len) = (u64_at(header, 0x18), u64_at(header, 0x20));
-            let compressed = flags & SHF_COMPRESSED != 0;
-            let range = within(offset, len, size).filter(|_| kind != SHT_NOBITS);
-            match classify(elf.name(i), kind) {
-                Class::Link => neutral.push(i),
-                Class::Other | Class::Symbols | Class::Note if compressed => neutral.push(i),
-                Class::Other => {}
-                // No bytes: nothing read, whatever its flags; hidden if compressed.
-                _ if kind == SHT_NOBITS => {
-                    if compressed {
-                        neutral.push(i);
-                    }
-                }
-                Class::Symbols => symbols
-                    .push(range.ok_or(CopyError::Refused("a symbol table lies outside the file"))?),
-                Class::Note => {
-                    if let Some(range) = range.filter(|_| len <= MAX_NOTE_BYTES) {
-                        symbols.push(range);
-                    }
-                }
-                Class::Dwarf => match range {
-                    Some(range) if compressed => match compression(file, &range)? {
-                        Some(size) => {
-                            compressed_dwarf.push((i, range.start + CHDR..range.end, size))
-                        }
-                        None => neutral.push(i),
-                    },
-                    Some(range) => dwarf.push((i, range)),
-                    None => neutral.push(i),
-                },
-            }
-        }
+        let Sections {
+            symbols,
+            dwarf,
+            compressed_dwarf,
+            mut neutral,
+        } = Sections::sort(file, &elf, size)?;
         let (mandatory, mandatory_bytes) = merged(symbols.clone());
         let mandatory_bytes = mandatory_bytes + elf.bytes();
         if mandatory_bytes > MAX_COPY_BYTES {
@@ -376,23 +350,7 @@ impl CopyPlan {
             .saturating_add(inflated);
         let debug_info = with_dwarf <= MAX_COPY_BYTES && (!dwarf.is_empty() || inflated > 0);
         let (ranges, bytes, inflate) = if with_dwarf <= MAX_COPY_BYTES {
-            let mut to = align8(size);
-            let mut inflate = Vec::new();
-            for (section, from, size) in compressed_dwarf {
-                inflate.push(Inflate {
-                    section,
-                    from,
-                    to,
-                    size,
-                });
-                // The header says where the inflated bytes are, uncompressed.
-                let header = elf.section_mut(section);
-                set_u64(header, 0x18, to);
-                set_u64(header, 0x20, size);
-                let flags = u64_at(header, 8) & !SHF_COMPRESSED;
-                set_u64(header, 8, flags);
-                to = align8(to + size);
-            }
+            let inflate = place_inflated(&mut elf, compressed_dwarf, size);
             (all, with_dwarf, inflate)
         } else {
             // Symbols only: no debug section is left for blazesym to read as zeros.
@@ -465,19 +423,6 @@ impl CopyPlan {
             loads,
         })
     }
-}
-
-/// The inflated size of the zlib-compressed section at `range` of `file`, if it is
-/// zlib and could fit in a copy (`None`: the section is not kept).
-fn compression(file: &File, range: &Range<u64>) -> Result<Option<u64>, CopyError> {
-    if range.end - range.start < CHDR {
-        return Ok(None);
-    }
-    let mut header = [0u8; CHDR as usize];
-    file.read_exact_at(&mut header, range.start)
-        .map_err(CopyError::Read)?;
-    let (kind, size) = (u32_at(&header, 0), u64_at(&header, 8));
-    Ok((kind == ELFCOMPRESS_ZLIB && size > 0 && size <= MAX_COPY_BYTES).then_some(size))
 }
 
 /// Copies `range` of `from` to the same offsets of `to`.

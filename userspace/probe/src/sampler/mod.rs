@@ -228,7 +228,7 @@ impl Sampler {
             }
             Some(LiveMechanism::Auto) => {
                 tracing::warn!(
-                    "this kernel has no uprobe session links (Linux 6.13+): live tracking uses a uretprobe on every allocation call, which costs about 0.4 us more per call (docs/design.md)"
+                    "this kernel has no uprobe session links (Linux 6.13+): live tracking uses a uretprobe on every allocation call, which costs about 0.4 us more per call (docs/benchmarks.md)"
                 );
                 LiveMode::Uretprobe
             }

@@ -5,8 +5,8 @@
 //! sampled calls pay for the return. A uprobe_multi link (kernel 6.6+) puts one program
 //! on many offsets of a file; closing it removes every breakpoint at once and waits for
 //! the kernel's grace period once, where closing one aya (perf event) uprobe per entry
-//! waits a grace period per probe under a global lock (docs/design.md, "Attaching
-//! and detaching", has the figures), with the later probes still trapping
+//! waits a grace period per probe under a global lock (docs/benchmarks.md has the
+//! figures), with the later probes still trapping
 //! meanwhile: the overhead budget's windows detach images every period, so they use
 //! these. aya 0.14 can neither load a program with those expected attach types (the
 //! kernel requires them) nor create such links, so this module does both itself: it

@@ -14,7 +14,7 @@
 //! tried byte by byte like any other (liveness does not depend on the sampling), so the
 //! same interval covers them (docs/statistics.md, "Timeline").
 
-use crate::aggregate::{BlockWeight, StackStats};
+use crate::aggregate::stats::{BlockWeight, StackStats};
 
 #[cfg(test)]
 mod tests;

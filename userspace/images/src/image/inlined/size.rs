@@ -41,22 +41,12 @@ pub(super) fn size_of_path(
     };
     let mut decoder = Decoder::with_ip(64, code_at(ip)?, ip, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
-    let mut written: Vec<Register> = Vec::new();
-    // Registers holding the allocator state's address (3.13).
-    let mut states: Vec<Register> = Vec::new();
-    // Registers the path set to a constant.
-    let mut constants: Vec<(Register, u64)> = Vec::new();
+    let mut registers = PathRegisters::default();
     let mut jumps = 0;
     for _ in 0..MAX_PATH_INSTRUCTIONS {
         let instruction = crate::image::next_instruction(&mut decoder)?;
-        let untouched = |register: Register| super::untouched(register, &written);
-        let constant = |register: Register| {
-            constants
-                .iter()
-                .find(|(r, _)| *r == register.full_register())
-                .map(|(_, v)| *v)
-                .filter(|v| (1..=allocbpf_common::PYMALLOC_SMALL_MAX).contains(v))
-        };
+        let untouched = |register: Register| registers.untouched(register);
+        let constant = |register: Register| registers.constant(register);
         match instruction.mnemonic() {
             // lea -1(%R), ...: the size class computation, of the size in R, or of a
             // constant the path put in R (the request itself).
@@ -98,18 +88,14 @@ pub(super) fn size_of_path(
                 return Some((point::register_code(instruction.op0_register())?, 1));
             }
             Mnemonic::Mov if instruction.code() == Code::Mov_r64_rm64 => {
-                if let Some(bytes) = constant_class(&instruction, usedpools, &states, &constants) {
+                let (states, constants) = (&registers.states, &registers.constants);
+                if let Some(bytes) = constant_class(&instruction, usedpools, states, constants) {
                     return Some((Reg::One, bytes));
                 }
             }
             _ => {}
         }
-        let loaded_state = match (usedpools, load_offset(&instruction)) {
-            (Usedpools::InState { state, .. }, Some(offset)) if offset == state => {
-                Some(instruction.op0_register())
-            }
-            _ => None,
-        };
+        let loaded_state = loaded_state(&instruction, usedpools);
         match instruction.flow_control() {
             FlowControl::Next => {}
             FlowControl::UnconditionalBranch
@@ -122,16 +108,69 @@ pub(super) fn size_of_path(
             }
             _ => return None,
         }
-        let now_written = point::written_registers(&mut info, &instruction);
-        states.retain(|r| !now_written.contains(r));
-        constants.retain(|(r, _)| !now_written.contains(r));
-        written.extend(now_written);
-        states.extend(loaded_state);
-        if let Some(value) = immediate_move(&instruction) {
-            constants.push((instruction.op0_register().full_register(), value));
-        }
+        registers.record(&mut info, &instruction, loaded_state);
     }
     None
+}
+
+/// What the instructions of an inlined path read so far did to the registers: what
+/// they tell of its size depends on whether a register still holds what it held at the
+/// path's start, or a value the path put there.
+#[derive(Default)]
+struct PathRegisters {
+    /// Registers written.
+    written: Vec<Register>,
+    /// Registers holding the allocator state's address (3.13).
+    states: Vec<Register>,
+    /// Registers the path set to a constant.
+    constants: Vec<(Register, u64)>,
+}
+
+impl PathRegisters {
+    /// Whether `register` still holds what it held at the path's start.
+    fn untouched(&self, register: Register) -> bool {
+        super::untouched(register, &self.written)
+    }
+
+    /// The constant the path put in `register`, if a small request can be of it.
+    fn constant(&self, register: Register) -> Option<u64> {
+        self.constants
+            .iter()
+            .find(|(r, _)| *r == register.full_register())
+            .map(|(_, v)| *v)
+            .filter(|v| (1..=allocbpf_common::PYMALLOC_SMALL_MAX).contains(v))
+    }
+
+    /// Records what `instruction` wrote: registers it wrote hold neither the state nor
+    /// a constant any more, unless it loaded the state into one (`loaded_state`) or
+    /// moved a constant into one.
+    fn record(
+        &mut self,
+        info: &mut InstructionInfoFactory,
+        instruction: &Instruction,
+        loaded_state: Option<Register>,
+    ) {
+        let now_written = point::written_registers(info, instruction);
+        self.states.retain(|r| !now_written.contains(r));
+        self.constants.retain(|(r, _)| !now_written.contains(r));
+        self.written.extend(now_written);
+        self.states.extend(loaded_state);
+        if let Some(value) = immediate_move(instruction) {
+            self.constants
+                .push((instruction.op0_register().full_register(), value));
+        }
+    }
+}
+
+/// The register `instruction` loads the allocator state's address into, if it does
+/// (3.13, whose `usedpools` are in that state).
+fn loaded_state(instruction: &Instruction, usedpools: Usedpools) -> Option<Register> {
+    match (usedpools, load_offset(instruction)) {
+        (Usedpools::InState { state, .. }, Some(offset)) if offset == state => {
+            Some(instruction.op0_register())
+        }
+        _ => None,
+    }
 }
 
 /// For `mov $imm, %reg` (32 or 64 bits, zero- or sign-extended into the full
