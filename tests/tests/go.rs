@@ -7,15 +7,17 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command},
-    sync::{atomic::AtomicBool, Arc},
+    process::Command,
     time::Duration,
 };
 
 use allocbpf_e2e::{
-    go_pprof, one_profiler_at_a_time, require_root, scratch_dir, stacks_with, workspace_root,
-    Profiler, Workload,
+    forge::Memory,
+    go_pprof, one_profiler_at_a_time,
+    prometheus::{query_load, start_prometheus},
+    require_root, scratch_dir, stacks_with, workspace_root, Profiler, Workload,
 };
+use allocbpf_harness::net::{free_port, http_get};
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
@@ -245,33 +247,6 @@ fn a_go_program_that_does_not_sample_is_told_apart() -> Result<()> {
     Ok(())
 }
 
-/// A free local port (bound, then released for the server to take).
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
-        .local_addr()?
-        .port())
-}
-
-/// `GET path` on `127.0.0.1:port`: the body (HTTP/1.0, the server closes).
-fn http_get(port: u16, path: &str) -> Result<Vec<u8>> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    let split = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("HTTP response without headers")?;
-    ensure!(
-        response.starts_with(b"HTTP/1.0 200") || response.starts_with(b"HTTP/1.1 200"),
-        "GET {path}: {}",
-        String::from_utf8_lossy(&response[..split])
-    );
-    Ok(response[split + 4..].to_vec())
-}
-
 /// A real Go server nobody here wrote: Debian's prometheus (a stripped Go 1.19 binary)
 /// scraping itself every second, with queries and scrapes of its metrics as load.
 /// allocbpf profiles it by pid while the test takes its own allocation profile
@@ -331,43 +306,6 @@ fn prometheus_top_sites_agree_with_its_own_pprof() -> Result<()> {
     let profile: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
     let theirs = pprof_flat_by_function(&before, &after, &scratch)?;
     top_shares_agree(&profile, &theirs)
-}
-
-/// Starts `prometheus` on `127.0.0.1:port`, scraping itself every second, its data
-/// and log under `scratch`.
-fn start_prometheus(prometheus: &Path, scratch: &Path, port: u16) -> Result<Child> {
-    let config = scratch.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: self\n    \
-             static_configs:\n      - targets: [\"127.0.0.1:{port}\"]\n"
-        ),
-    )?;
-    let server = Command::new(prometheus)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            scratch.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(scratch.join("prometheus.log"))?)
-        .spawn()?;
-    Ok(server)
-}
-
-/// Loads the server on `port` with scrapes of its metrics and queries until `stop`.
-fn query_load(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let _ = http_get(port, "/metrics");
-            let _ = http_get(
-                port,
-                "/api/v1/query?query=rate(prometheus_http_requests_total%5B1m%5D)",
-            );
-        }
-    })
 }
 
 /// What the program's own allocation profiles say it allocated between `before` and
@@ -529,33 +467,6 @@ fn go_symbol(binary: &Path, name: &str) -> Result<u64> {
         line.split_whitespace().next().context("address")?,
         16,
     )?)
-}
-
-/// A running process's memory, read and written through `/proc/PID/mem` (root).
-struct Memory(std::fs::File);
-
-impl Memory {
-    fn open(pid: u32) -> Result<Memory> {
-        Ok(Memory(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(format!("/proc/{pid}/mem"))?,
-        ))
-    }
-
-    fn read(&self, address: u64) -> Result<u64> {
-        use std::os::unix::fs::FileExt;
-        let mut word = [0u8; 8];
-        self.0.read_exact_at(&mut word, address)?;
-        Ok(u64::from_le_bytes(word))
-    }
-
-    fn write(&self, address: u64, value: u64) -> Result<()> {
-        use std::os::unix::fs::FileExt;
-        self.0.write_all_at(&value.to_le_bytes(), address)?;
-        Ok(())
-    }
 }
 
 /// A process whose heap-profile structures are forged while allocbpf reads them: its

@@ -4,13 +4,14 @@
 //! read the console, take a screenshot.
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
+
+use crate::net::free_port;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
@@ -34,10 +35,6 @@ pub struct Browser {
 /// Whether the browser can run here (its packages are installed).
 pub fn available() -> bool {
     Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists()
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Browser {

@@ -19,6 +19,7 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 
 pub mod browser;
+pub mod net;
 
 /// How long a workload may take to print its pid.
 const PID_TIMEOUT: Duration = Duration::from_secs(10);

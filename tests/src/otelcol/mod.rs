@@ -20,7 +20,7 @@
 
 use std::{
     fs::OpenOptions,
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Mutex, PoisonError},
@@ -28,6 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocbpf_harness::net::free_port;
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
@@ -332,13 +333,6 @@ impl Drop for Collector {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// A free TCP port on 127.0.0.1 (free when asked).
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
 }
 
 /// The log from byte `start` on (this run's part), for errors.

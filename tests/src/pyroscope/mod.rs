@@ -40,13 +40,14 @@
 
 use std::{
     fs::OpenOptions,
-    net::{Ipv4Addr, TcpListener, UdpSocket},
+    net::{Ipv4Addr, UdpSocket},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
+use allocbpf_harness::net::free_port;
 use anyhow::{bail, ensure, Context, Result};
 
 mod compare;
@@ -304,13 +305,6 @@ impl Drop for Pyroscope {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// A free TCP port on 127.0.0.1 (free when asked).
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
 }
 
 /// A port free for both TCP and UDP on 127.0.0.1 (memberlist gossips over both).

@@ -8,14 +8,15 @@
 //! new one is published at the head only once written whole.
 //!
 //! The process can forge all of it: the walk stops at [`MAX_BUCKETS`] buckets or
-//! [`MAX_WALK_BYTES`] read, or at an address seen before, each read is one bounded `process_vm_readv`, a bucket whose
-//! type or depth is impossible ends the walk, and counts are taken as they come (torn
-//! counts of a bucket being updated are what a reader without the runtime's locks
-//! gets; they settle by the next read).
+//! [`MAX_WALK_BYTES`] read, or at an address seen before, each read is one bounded
+//! read of its memory ([`RemoteMemory`]: `process_vm_readv`, or forged bytes in
+//! tests), a bucket whose type or depth is impossible ends the walk, and counts are
+//! taken as they come (torn counts of a bucket being updated are what a reader without
+//! the runtime's locks gets; they settle by the next read).
 
 use std::collections::HashSet;
 
-use allocbpf_images::memory::ProcessMemory;
+use allocbpf_runtime::toolkit::RemoteMemory;
 
 /// Most buckets read in one walk.
 pub const MAX_BUCKETS: usize = 1 << 18;
@@ -129,7 +130,7 @@ pub enum WalkEnd {
 
 /// The buckets of the process whose memory is `memory`, from the list head at
 /// `mbuckets` (an address in the process); and how the walk ended.
-pub fn walk(memory: &ProcessMemory, mbuckets: u64) -> (Vec<Bucket>, WalkEnd) {
+pub fn walk(memory: &dyn RemoteMemory, mbuckets: u64) -> (Vec<Bucket>, WalkEnd) {
     let mut buckets = Vec::new();
     let mut seen = HashSet::new();
     let Ok(mut next) = memory.u64(mbuckets) else {
@@ -156,7 +157,7 @@ pub fn walk(memory: &ProcessMemory, mbuckets: u64) -> (Vec<Bucket>, WalkEnd) {
 
 /// The bucket at `address` and its `allnext`, in two bounded reads.
 fn read_bucket(
-    memory: &ProcessMemory,
+    memory: &dyn RemoteMemory,
     address: u64,
     buffer: &mut Vec<u8>,
 ) -> Option<(Bucket, u64)> {
@@ -194,9 +195,12 @@ fn read_bucket(
 #[cfg(test)]
 mod tests {
     //! Forged bucket lists in this process's own memory, read back through
-    //! `process_vm_readv` as a target's would be.
+    //! `process_vm_readv` as a target's would be; and forged in [`FakeMemory`], at
+    //! addresses and of sizes no list in this process's memory could have.
 
     use super::*;
+    use allocbpf_images::memory::ProcessMemory;
+    use allocbpf_runtime::toolkit::FakeMemory;
 
     /// A bucket's words: header, `nstk` return addresses, a memRecord.
     fn bucket(allnext: u64, typ: u64, size: u64, stack: &[u64], active: [u64; 4]) -> Vec<u64> {
@@ -265,5 +269,185 @@ mod tests {
         assert_eq!((buckets.len(), end), (1, WalkEnd::Bad(0x10)));
         // A head that cannot be read.
         assert_eq!(walk(&me(), 0x10).1, WalkEnd::Bad(0x10));
+    }
+
+    /// Little-endian bytes of `words`.
+    fn bytes(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// Where the forged list's head and buckets are.
+    const HEAD: u64 = 0x1000;
+    const FIRST: u64 = 0x10_0000;
+    const SECOND: u64 = 0x20_0000;
+    const UNMAPPED: u64 = 0xdead_0000;
+
+    /// Memory holding the head, pointing at `FIRST`, and `buckets` at their addresses.
+    fn forged(buckets: &[(u64, Vec<u64>)]) -> FakeMemory {
+        let mut memory = FakeMemory::new();
+        memory.map(HEAD, bytes(&[FIRST]));
+        for (address, words) in buckets {
+            memory.map(*address, bytes(words));
+        }
+        memory
+    }
+
+    /// The bucket at `address` as read: `stack`, `size`, `active` counts, and `future`
+    /// (zeros, as [`bucket`] leaves them).
+    fn read(address: u64, size: u64, stack: &[u64], active: [u64; 4]) -> Bucket {
+        Bucket {
+            address,
+            size,
+            stack: stack.to_vec(),
+            active: Counts {
+                allocs: active[0],
+                frees: active[1],
+                alloc_bytes: active[2],
+                free_bytes: active[3],
+            },
+            future: [Counts::default(); 3],
+        }
+    }
+
+    #[test]
+    fn a_forged_two_bucket_list_is_read_to_its_end() {
+        let memory = forged(&[
+            (
+                FIRST,
+                bucket(
+                    SECOND,
+                    MEM_PROFILE,
+                    128,
+                    &[0x401000, 0x402000],
+                    [5, 2, 640, 256],
+                ),
+            ),
+            (
+                SECOND,
+                bucket(0, MEM_PROFILE, 64, &[0x403000], [3, 1, 192, 64]),
+            ),
+        ]);
+        let (buckets, end) = walk(&memory, HEAD);
+        assert_eq!(end, WalkEnd::Complete);
+        assert_eq!(
+            buckets,
+            [
+                read(FIRST, 128, &[0x401000, 0x402000], [5, 2, 640, 256]),
+                read(SECOND, 64, &[0x403000], [3, 1, 192, 64]),
+            ]
+        );
+        let read_bytes: u64 = buckets.iter().map(bytes_of).sum();
+        assert_eq!(read_bytes, 2 * (48 + 128) + 3 * 8);
+        // An empty list: nothing, and complete.
+        let mut memory = FakeMemory::new();
+        memory.map(HEAD, bytes(&[0]));
+        assert_eq!(walk(&memory, HEAD), (vec![], WalkEnd::Complete));
+    }
+
+    #[test]
+    fn a_forged_loop_ends_at_the_first_bucket_seen_again() {
+        // FIRST -> SECOND -> FIRST: each read once.
+        let memory = forged(&[
+            (
+                FIRST,
+                bucket(SECOND, MEM_PROFILE, 128, &[1], [1, 0, 128, 0]),
+            ),
+            (SECOND, bucket(FIRST, MEM_PROFILE, 64, &[2], [2, 0, 128, 0])),
+        ]);
+        let (buckets, end) = walk(&memory, HEAD);
+        assert_eq!(end, WalkEnd::Cycle);
+        let addresses: Vec<u64> = buckets.iter().map(|b| b.address).collect();
+        assert_eq!(addresses, [FIRST, SECOND]);
+        // A bucket that is its own next.
+        let memory = forged(&[(FIRST, bucket(FIRST, MEM_PROFILE, 8, &[1], [1, 0, 8, 0]))]);
+        let (buckets, end) = walk(&memory, HEAD);
+        assert_eq!((buckets.len(), end), (1, WalkEnd::Cycle));
+    }
+
+    #[test]
+    fn a_huge_stack_depth_is_not_read() {
+        // The deepest stack believed, whole: read.
+        let deepest: Vec<u64> = (1..=MAX_STACK).collect();
+        let memory = forged(&[(FIRST, bucket(0, MEM_PROFILE, 8, &deepest, [1, 0, 8, 0]))]);
+        let (buckets, end) = walk(&memory, HEAD);
+        assert_eq!(end, WalkEnd::Complete);
+        assert_eq!(buckets, [read(FIRST, 8, &deepest, [1, 0, 8, 0])]);
+        // One deeper, or as deep as a word says, after a good bucket: the walk ends
+        // there, having read nothing of it.
+        for depth in [MAX_STACK + 1, 1 << 40, u64::MAX] {
+            let mut deep = bucket(0, MEM_PROFILE, 8, &[1], [1, 0, 8, 0]);
+            deep[5] = depth;
+            let memory = forged(&[
+                (
+                    FIRST,
+                    bucket(SECOND, MEM_PROFILE, 128, &[1], [1, 0, 128, 0]),
+                ),
+                (SECOND, deep),
+            ]);
+            let (buckets, end) = walk(&memory, HEAD);
+            assert_eq!(end, WalkEnd::Bad(SECOND), "depth {depth}");
+            assert_eq!(buckets, [read(FIRST, 128, &[1], [1, 0, 128, 0])]);
+        }
+        // A depth believed, but a stack the memory ends in.
+        let mut cut = bucket(0, MEM_PROFILE, 8, &deepest, [1, 0, 8, 0]);
+        cut.truncate(6 + 100);
+        let memory = forged(&[(FIRST, cut)]);
+        assert_eq!(walk(&memory, HEAD), (vec![], WalkEnd::Bad(FIRST)));
+    }
+
+    #[test]
+    fn an_unmapped_next_pointer_ends_the_walk_after_the_buckets_read() {
+        let good = || bucket(UNMAPPED, MEM_PROFILE, 128, &[7], [4, 1, 512, 128]);
+        let memory = forged(&[(FIRST, good())]);
+        let (buckets, end) = walk(&memory, HEAD);
+        assert_eq!(end, WalkEnd::Bad(UNMAPPED));
+        assert_eq!(buckets, [read(FIRST, 128, &[7], [4, 1, 512, 128])]);
+        // Next pointers at the top of the address space: no read wraps around.
+        for next in [u64::MAX, u64::MAX - HEADER_BYTES as u64 + 8] {
+            let mut memory = forged(&[(FIRST, good())]);
+            memory.write_u64(FIRST + 8, next);
+            let (buckets, end) = walk(&memory, HEAD);
+            assert_eq!((buckets.len(), end), (1, WalkEnd::Bad(next)));
+        }
+        // A head that points at nothing, a head that is not there.
+        let memory = forged(&[]);
+        assert_eq!(walk(&memory, HEAD), (vec![], WalkEnd::Bad(FIRST)));
+        assert_eq!(walk(&memory, UNMAPPED), (vec![], WalkEnd::Bad(UNMAPPED)));
+    }
+
+    /// Buckets of depth `depth` every 48 bytes from `FIRST`, `count` of them, each
+    /// header inside the previous bucket's stack or record (what a process can forge
+    /// in little memory), the last one's next pointing past them all.
+    fn overlapping(depth: u64, count: u64) -> FakeMemory {
+        let stride = HEADER_BYTES as u64;
+        let span = (HEADER_BYTES as u64 + depth * 8 + 4 * CYCLE_BYTES as u64) / 8;
+        let mut words = vec![0u64; (count * stride / 8 + span) as usize];
+        for index in 0..count {
+            let at = (index * stride / 8) as usize;
+            let next = FIRST + (index + 1) * stride;
+            words[at..at + 6].copy_from_slice(&[0, next, MEM_PROFILE, 0, 16, depth]);
+        }
+        let mut memory = FakeMemory::new();
+        memory.map(HEAD, bytes(&[FIRST])).map(FIRST, bytes(&words));
+        memory
+    }
+
+    #[test]
+    fn forged_deep_buckets_stop_at_the_bytes_a_walk_reads() {
+        let each = (HEADER_BYTES as u64) + MAX_STACK * 8 + 4 * CYCLE_BYTES as u64;
+        let reached = MAX_WALK_BYTES.div_ceil(each);
+        let (buckets, end) = walk(&overlapping(MAX_STACK, reached + 10), HEAD);
+        assert_eq!(end, WalkEnd::TooMany);
+        assert_eq!(buckets.len() as u64, reached);
+        assert!(buckets.iter().all(|b| b.stack.len() as u64 == MAX_STACK));
+    }
+
+    #[test]
+    fn forged_shallow_buckets_stop_at_the_buckets_a_walk_reads() {
+        let (buckets, end) = walk(&overlapping(0, MAX_BUCKETS as u64 + 10), HEAD);
+        assert_eq!(end, WalkEnd::TooMany);
+        assert_eq!(buckets.len(), MAX_BUCKETS);
+        let last = buckets.last().unwrap().address;
+        assert_eq!(last, FIRST + (MAX_BUCKETS as u64 - 1) * HEADER_BYTES as u64);
     }
 }

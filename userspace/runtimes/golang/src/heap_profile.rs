@@ -11,6 +11,7 @@ use std::{
 
 use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
 use allocbpf_runtime::{
+    toolkit::{cache::ENTRY_OVERHEAD, ByteCache, ProcessStates, RetryPolicy},
     Counted, Departure, Found, IsCurrent, PollFigures, Polled, ProcessPoll, ProcessView, Runtime,
     RuntimeMaps,
 };
@@ -35,8 +36,29 @@ pub const UNKNOWN_GO_FRAME: &str = "[go: unknown pc]";
 /// polls loses what it allocated since the last one).
 pub const GO_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Go executables remembered (by device and inode); past it the cache starts over.
+/// Go executables remembered (by device and inode); past it those no process is read
+/// through go, and a file beyond it is not read.
 const MAX_GO_FILES: usize = 256;
+
+/// A Go process is never looked at again: what reading it needs is in its executable
+/// and its memory from its start, so a look that fails would fail again.
+const NO_RETRY: RetryPolicy = RetryPolicy {
+    every: GO_POLL_INTERVAL,
+    times: 0,
+};
+
+/// What a realistic bucket's frames cost in the cache: the entry, a stack as deep as
+/// the runtime records by default before Go 1.23 (32 frames; deeper ones are rarer),
+/// and the cache's own bookkeeping.
+const TYPICAL_FRAMES_BYTES: usize =
+    size_of::<Vec<Frame>>() + 32 * size_of::<Frame>() + ENTRY_OVERHEAD;
+
+/// Bytes of buckets' frames kept per process: as many realistic ones as the buckets
+/// of a large service's heap profile (16,384: sizes times allocation sites). The cache
+/// it replaces counted entries and started over past twice the buckets listed; counted
+/// in bytes, a forged list of deep buckets costs lookups of their frames again, never
+/// more memory.
+const MAX_FRAMES_BYTES: usize = 16_384 * TYPICAL_FRAMES_BYTES;
 
 /// One Go process read.
 struct GoReader {
@@ -46,16 +68,15 @@ struct GoReader {
     /// Its start time (a later process with its pid is not read as this one).
     start_time: Option<u64>,
     /// The frames of each bucket read so far (a bucket's stack never changes).
-    frames: HashMap<u64, Vec<Frame>>,
+    frames: ByteCache<u64, Vec<Frame>>,
 }
 
 /// The Go processes read, and their files.
-#[derive(Default)]
 pub struct GoRuntime {
     /// Examined files: `None` for one that cannot be read as Go.
     files: HashMap<(u64, u64), Option<GoFile>>,
-    /// Processes polled.
-    processes: HashMap<u32, GoReader>,
+    /// Processes polled (no kernel map: a Go process's profile is read, not walked).
+    processes: ProcessStates<GoReader>,
     /// Processes whose runtime does not sample (rate 0), said once.
     not_sampling: HashSet<u32>,
     /// How each process's last walk of its bucket list ended, when it did not reach the
@@ -65,6 +86,19 @@ pub struct GoRuntime {
     last_poll: Option<Instant>,
     /// Opens of executables that failed for want of descriptors so far.
     descriptor_errors: u64,
+}
+
+impl Default for GoRuntime {
+    fn default() -> Self {
+        Self {
+            files: HashMap::new(),
+            processes: ProcessStates::new(NO_RETRY, None),
+            not_sampling: HashSet::new(),
+            walk_ends: HashMap::new(),
+            last_poll: None,
+            descriptor_errors: 0,
+        }
+    }
 }
 
 impl Runtime for GoRuntime {
@@ -77,14 +111,15 @@ impl Runtime for GoRuntime {
     /// now).
     fn look_at(&mut self, process: &ProcessView<'_>, _maps: &mut dyn RuntimeMaps) -> Option<Found> {
         let pid = process.pid;
-        if self.processes.contains_key(&pid) {
+        if self.processes.knows(pid) {
             return None;
         }
         let mapping = process.files.go_mappings(process.maps).into_iter().next()?;
         let key = (mapping.device, mapping.inode);
         if self.files.len() >= MAX_GO_FILES && !self.files.contains_key(&key) {
             // Only files no process is read through go.
-            let used: HashSet<(u64, u64)> = self.processes.values().map(|r| r.file).collect();
+            let used: HashSet<(u64, u64)> =
+                (self.processes.iter_mut()).map(|(_, r)| r.file).collect();
             self.files.retain(|key, _| used.contains(key));
             if self.files.len() >= MAX_GO_FILES {
                 tracing::warn!("pid {pid}: {MAX_GO_FILES} Go executables read already");
@@ -134,7 +169,7 @@ impl Runtime for GoRuntime {
                 process: reader,
                 file: key,
                 start_time: process.start_time,
-                frames: HashMap::new(),
+                frames: ByteCache::new(MAX_FRAMES_BYTES),
             },
         );
         // Its profiles hold the Go runtime's own samples (their stacks end in
@@ -162,15 +197,14 @@ impl Runtime for GoRuntime {
         let started = Instant::now();
         self.last_poll = Some(started);
         let mut polled = Polled::default();
-        let pids: Vec<u32> = self.processes.keys().copied().collect();
-        for pid in pids {
-            let Some(reader) = self.processes.get_mut(&pid) else {
+        for pid in self.processes.pids() {
+            let Some(reader) = self.processes.get_mut(pid) else {
                 continue;
             };
             // The process read must still be the one followed under its pid.
             let same = is_current(pid, reader.start_time);
             let Some(Some(file)) = self.files.get_mut(&reader.file).filter(|_| same) else {
-                self.processes.remove(&pid);
+                self.processes.remove(pid);
                 continue;
             };
             let poll = match reader.process.poll(file) {
@@ -178,7 +212,7 @@ impl Runtime for GoRuntime {
                 Err(error) => {
                     // Gone, most likely: its last profile keeps what was read.
                     tracing::debug!("pid {pid}: Go heap profile not read: {error}");
-                    self.processes.remove(&pid);
+                    self.processes.remove(pid);
                     continue;
                 }
             };
@@ -219,8 +253,8 @@ impl Runtime for GoRuntime {
 
     /// Its memory is gone, or another program's: what its last poll read is what it
     /// has.
-    fn forget(&mut self, pid: u32, _why: Departure, _maps: &mut dyn RuntimeMaps) {
-        self.processes.remove(&pid);
+    fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
+        self.processes.forget(pid, why, maps);
         self.not_sampling.remove(&pid);
         self.walk_ends.remove(&pid);
     }
@@ -243,26 +277,30 @@ fn not_sampling(version: &str) -> String {
 fn process_poll(
     pid: u32,
     file: &mut GoFile,
-    frames: &mut HashMap<u64, Vec<Frame>>,
+    frames: &mut ByteCache<u64, Vec<Frame>>,
     poll: &Poll,
     locations: &mut SourceLocations,
 ) -> ProcessPoll {
     let rate = poll.rate as u64;
-    let mut counted = |bucket: &process::Counted| Counted {
-        frames: frames
-            .entry(bucket.bucket)
-            .or_insert_with(|| frames_of(file, &bucket.stack, locations))
-            .clone(),
-        size: bucket.size,
-        count: bucket.count,
-        rate,
+    let mut counted = |bucket: &process::Counted| {
+        let named = match frames.get(&bucket.bucket) {
+            Some(named) => named.clone(),
+            None => {
+                let named = frames_of(file, &bucket.stack, locations);
+                let bytes = size_of::<Vec<Frame>>() + named.len() * size_of::<Frame>();
+                frames.insert(bucket.bucket, named.clone(), bytes);
+                named
+            }
+        };
+        Counted {
+            frames: named,
+            size: bucket.size,
+            count: bucket.count,
+            rate,
+        }
     };
     let allocated = poll.allocated.iter().map(&mut counted).collect();
     let in_use = poll.in_use.iter().map(&mut counted).collect();
-    // Buckets no longer in the list (a forged one, gone) keep no frames.
-    if frames.len() > poll.buckets.saturating_mul(2).max(1024) {
-        frames.clear();
-    }
     ProcessPoll {
         pid,
         allocated,
@@ -310,4 +348,46 @@ fn frames_of(file: &mut GoFile, stack: &[u64], locations: &mut SourceLocations) 
         .into_iter()
         .map(|location| Frame::Runtime(locations.intern(location)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use allocbpf_runtime::RuntimeMapError;
+
+    use super::*;
+
+    /// Fails the test at any kernel map call: a Go process has no entry.
+    struct NoEntries;
+
+    impl RuntimeMaps for NoEntries {
+        fn set_entry(
+            &mut self,
+            map: &'static str,
+            _: u32,
+            _: &[u8],
+        ) -> Result<(), RuntimeMapError> {
+            panic!("{map} written");
+        }
+
+        fn forget_entry(&mut self, map: &'static str, _: u32) {
+            panic!("{map} forgotten");
+        }
+    }
+
+    #[test]
+    fn forgetting_a_process_touches_no_kernel_map() {
+        let mut runtime = GoRuntime::default();
+        runtime.not_sampling.insert(2);
+        runtime.walk_ends.insert(2, WalkEnd::Cycle);
+        for why in [
+            Departure::Exit,
+            Departure::Exec,
+            Departure::Reused,
+            Departure::Released,
+        ] {
+            runtime.forget(2, why, &mut NoEntries);
+        }
+        assert!(runtime.not_sampling.is_empty() && runtime.walk_ends.is_empty());
+        assert!(!runtime.poll_due(Instant::now()), "no process to poll");
+    }
 }

@@ -5,7 +5,8 @@
 //!
 //! The executable is read through the kernel's link to the very file mapped
 //! (`allocbpf_images::procfs::open_mapped`, checked and size-capped); the memory read
-//! is the process's own, bounded ([`crate::buckets`]).
+//! is the process's own, bounded ([`crate::buckets`]), through the toolkit's
+//! [`RemoteMemory`] so that tests hand the reader forged memory.
 
 use std::{collections::HashMap, path::PathBuf};
 
@@ -14,6 +15,7 @@ use allocbpf_images::{
     memory::ProcessMemory,
     procfs::{self, MapsEntry},
 };
+use allocbpf_runtime::toolkit::{cache::ENTRY_OVERHEAD, ByteCache, RemoteMemory};
 use object::{Object, ObjectSegment};
 
 use crate::{
@@ -23,9 +25,25 @@ use crate::{
     runtime::{self, LocateError, ProfileVariables},
 };
 
-/// Most return addresses whose location a file remembers; past it the cache starts
-/// over (a process cannot grow it without bound by forging stacks).
-const MAX_CACHED_LOCATIONS: usize = 1 << 16;
+/// What a realistic location costs in the cache: the entry, a package-qualified
+/// function name of some sixty characters (`github.com/org/repo/pkg.(*Type).Method`),
+/// a source path of about a hundred, and the cache's own bookkeeping.
+const TYPICAL_LOCATION_BYTES: usize = size_of::<Option<Location>>() + 64 + 96 + ENTRY_OVERHEAD;
+
+/// Bytes of return addresses' locations a file remembers: as many realistic ones as
+/// the 65,536 return addresses the cache was bounded by when it counted entries (more
+/// than the call sites of the allocations of most programs). Counted in bytes, a
+/// process forging stacks, or names as long as the function table allows, evicts the
+/// least used locations and costs lookups, never more memory.
+const MAX_CACHED_LOCATION_BYTES: usize = (1 << 16) * TYPICAL_LOCATION_BYTES;
+
+/// The bytes a cached location holds: the entry and its strings.
+fn location_bytes(location: &Option<Location>) -> usize {
+    size_of::<Option<Location>>()
+        + location.as_ref().map_or(0, |location| {
+            location.function.len() + location.file.as_ref().map_or(0, String::len)
+        })
+}
 
 /// Why a Go process cannot be read.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -71,8 +89,9 @@ pub struct GoFile {
     pub variables: ProfileVariables,
     /// Its loadable segments: (address, file offset, file size).
     segments: Vec<(u64, u64, u64)>,
-    /// Locations of return addresses (file addresses) seen so far.
-    locations: HashMap<u64, Option<Location>>,
+    /// Locations of return addresses (file addresses) seen so far; `None` for one the
+    /// function table does not know.
+    locations: ByteCache<u64, Option<Location>>,
 }
 
 impl GoFile {
@@ -127,7 +146,7 @@ impl GoFile {
             version,
             variables,
             segments,
-            locations: HashMap::new(),
+            locations: ByteCache::new(MAX_CACHED_LOCATION_BYTES),
         }))
     }
 
@@ -138,14 +157,12 @@ impl GoFile {
         if let Some(known) = self.locations.get(&pc) {
             return known.clone();
         }
-        if self.locations.len() >= MAX_CACHED_LOCATIONS {
-            self.locations.clear();
-        }
         let found = pc.checked_sub(1).and_then(|at| {
             let func = self.table.func_at(at)?;
             self.table.location(&func, at)
         });
-        self.locations.insert(pc, found.clone());
+        let bytes = location_bytes(&found);
+        self.locations.insert(pc, found.clone(), bytes);
         found
     }
 }
@@ -223,14 +240,23 @@ impl GoProcess {
     /// the previous poll (the first poll only sets the baseline: nothing is new) and
     /// the objects in use.
     pub fn poll(&mut self, file: &GoFile) -> Result<Poll, std::io::Error> {
-        let variables = file.variables;
-        let rate = self.memory.u64(self.bias.wrapping_add(variables.rate))? as i64;
+        let memory = self.memory;
+        self.poll_memory(&memory, file.variables)
+    }
+
+    /// [`GoProcess::poll`] of the process whose memory `memory` reads (its own, or
+    /// forged in tests), whose profiling variables are at `variables` (file addresses).
+    fn poll_memory(
+        &mut self,
+        memory: &dyn RemoteMemory,
+        variables: ProfileVariables,
+    ) -> Result<Poll, std::io::Error> {
+        let rate = memory.u64(self.bias.wrapping_add(variables.rate))? as i64;
         let cycle = variables
             .cycle
-            .and_then(|c| self.memory.i32(self.bias.wrapping_add(c)).ok())
+            .and_then(|c| memory.i32(self.bias.wrapping_add(c)).ok())
             .map(|c| c as u32);
-        let (buckets, end) =
-            buckets::walk(&self.memory, self.bias.wrapping_add(variables.mbuckets));
+        let (buckets, end) = buckets::walk(memory, self.bias.wrapping_add(variables.mbuckets));
         let first = !std::mem::replace(&mut self.polled, true);
         let mut poll = Poll {
             rate,
@@ -301,5 +327,118 @@ impl GoProcess {
             .iter()
             .map(|pc| pc.wrapping_sub(self.bias))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A Go process's profiling variables and bucket list forged in [`FakeMemory`],
+    //! polled as a real one is.
+
+    use allocbpf_runtime::toolkit::FakeMemory;
+
+    use super::*;
+
+    /// Where the executable is loaded: process addresses are file addresses plus it.
+    const BIAS: u64 = 0x7f00_0000_0000;
+    const VARIABLES: ProfileVariables = ProfileVariables {
+        rate: 0x5000,
+        cycle: Some(0x5008),
+        mbuckets: 0x5010,
+    };
+    const FIRST: u64 = 0x10_0000;
+    const SECOND: u64 = 0x20_0000;
+
+    /// A heap-profile bucket's bytes: `stack` (process addresses), its active counts
+    /// and one pending cycle's allocations in `future[2]`.
+    fn bucket(allnext: u64, size: u64, stack: &[u64], active: [u64; 4], pending: u64) -> Vec<u8> {
+        let mut words = vec![0, allnext, 1, 0, size, stack.len() as u64];
+        words.extend_from_slice(stack);
+        words.extend_from_slice(&active);
+        words.extend_from_slice(&[0; 8]);
+        words.extend_from_slice(&[pending, 0, 0, 0]);
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    fn process() -> GoProcess {
+        GoProcess {
+            memory: ProcessMemory::new(0),
+            bias: BIAS,
+            previous: HashMap::new(),
+            polled: false,
+        }
+    }
+
+    fn counted(bucket: u64, stack: &[u64], size: u64, count: u64) -> Counted {
+        Counted {
+            bucket,
+            stack: stack.to_vec(),
+            size,
+            count,
+        }
+    }
+
+    #[test]
+    fn polls_read_new_allocations_and_objects_in_use_from_forged_memory() {
+        let mut memory = FakeMemory::new();
+        let mut variables = vec![0u8; 24];
+        variables[..8].copy_from_slice(&(512u64 * 1024).to_le_bytes());
+        // Cycle 2 (shifted left by one): the reader folds in `future[2]`.
+        variables[8..12].copy_from_slice(&4u32.to_le_bytes());
+        variables[16..].copy_from_slice(&FIRST.to_le_bytes());
+        let stack = [BIAS + 0x401000, BIAS + 0x402000];
+        memory
+            .map(BIAS + VARIABLES.rate, variables)
+            .map(FIRST, bucket(0, 64, &stack, [5, 2, 320, 128], 1));
+        let mut process = process();
+
+        // The first poll sets the baseline: nothing new, 6 - 2 objects in use.
+        let poll = process.poll_memory(&memory, VARIABLES).unwrap();
+        let file_stack = [0x401000, 0x402000];
+        assert_eq!(poll.rate, 512 * 1024);
+        assert_eq!(poll.allocated, []);
+        assert_eq!(poll.in_use, [counted(FIRST, &file_stack, 64, 4)]);
+
+        // Three more published allocations, and a new bucket at the head.
+        memory.write_u64(FIRST + 8 * 8, 8);
+        memory
+            .map(
+                SECOND,
+                bucket(FIRST, 128, &[BIAS + 0x403000], [2, 0, 256, 0], 0),
+            )
+            .write_u64(BIAS + VARIABLES.mbuckets, SECOND);
+        let poll = process.poll_memory(&memory, VARIABLES).unwrap();
+        assert_eq!((poll.end, poll.buckets), (Some(WalkEnd::Complete), 2));
+        assert_eq!(
+            poll.bytes_read,
+            8 + 4 + 8 + (48 + 16 + 128) + (48 + 8 + 128)
+        );
+        assert_eq!(
+            poll.allocated,
+            [
+                counted(SECOND, &[0x403000], 128, 2),
+                counted(FIRST, &file_stack, 64, 3),
+            ]
+        );
+        assert_eq!(
+            poll.in_use,
+            [
+                counted(SECOND, &[0x403000], 128, 2),
+                counted(FIRST, &file_stack, 64, 7),
+            ]
+        );
+
+        // A count that went down is torn or forged: nothing new, and the next poll
+        // counts from the larger one.
+        memory.write_u64(FIRST + 8 * 8, 1);
+        let poll = process.poll_memory(&memory, VARIABLES).unwrap();
+        assert_eq!(poll.allocated, []);
+        memory.write_u64(FIRST + 8 * 8, 10);
+        let poll = process.poll_memory(&memory, VARIABLES).unwrap();
+        assert_eq!(poll.allocated, [counted(FIRST, &file_stack, 64, 2)]);
+
+        // Variables that cannot be read: no poll.
+        let memory = FakeMemory::new();
+        assert!(process.poll_memory(&memory, VARIABLES).is_err());
     }
 }

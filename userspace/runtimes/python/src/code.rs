@@ -3,12 +3,12 @@
 //! its names `str` of bounded length, its line table bounded), cached by address, and
 //! its instruction turned into a line with the version's line table.
 
-use std::collections::HashMap;
-
 use allocbpf_common::python::PythonFrameRecord;
+use allocbpf_runtime::toolkit::{cache::ENTRY_OVERHEAD, ByteCache, CacheFigures, RemoteMemory};
 
 use crate::{
     discover::PythonProcess,
+    layout::Layout,
     linetable::{line_of, LineTableFormat},
     memory::ProcessMemory,
 };
@@ -19,12 +19,26 @@ const MAX_NAME_CHARS: u64 = 1024;
 /// Largest line table read, in bytes; a code object with a larger one gets no lines.
 const MAX_LINE_TABLE_BYTES: u64 = 256 * 1024;
 
-/// Code objects cached per process; past it the cache starts again (a process that
-/// keeps creating code, or forges addresses, costs reads, never memory).
-const MAX_CACHED_CODE: usize = 16_384;
+/// What a realistic code object costs in the cache: what is kept of it, a qualified
+/// name of a few dozen characters, a file path of about a hundred, a line table of a
+/// few hundred bytes (3.11's location table takes a byte or two per instruction of a
+/// function of ordinary length), and the cache's own bookkeeping.
+const TYPICAL_CODE_BYTES: usize = size_of::<Option<Code>>() + 32 + 96 + 320 + ENTRY_OVERHEAD;
+
+/// Bytes of code objects cached per process: as many realistic ones as the 16,384 code
+/// objects the cache was bounded by when it counted entries (more functions than most
+/// programs run). Counted in bytes, a process that keeps creating code, or forges
+/// addresses, long names or large line tables, gets fewer entries and costs reads,
+/// never more memory: bounded by entries, 16,384 forged ones of the largest names and
+/// tables read would have held gigabytes.
+const MAX_CACHED_CODE_BYTES: usize = 16_384 * TYPICAL_CODE_BYTES;
 
 /// Bytes of a code object's fixed part read at once (every field used lies in it).
 const CODE_HEADER_BYTES: usize = 256;
+
+/// Bytes of a `str` object's header read at once (every field used lies in it, in
+/// every version).
+const STR_HEADER_BYTES: usize = 48;
 
 /// One Python frame, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +52,7 @@ pub struct ResolvedFrame {
 }
 
 /// What is kept of one code object.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Code {
     function: String,
     file: String,
@@ -48,28 +62,51 @@ struct Code {
     bytecode: u64,
 }
 
-/// Resolves one process's frame records, caching its code objects.
-pub struct CodeResolver {
+/// The bytes a cache entry holds: the entry itself and what its strings and table
+/// hold (a code object that did not check is the entry alone).
+fn cached_bytes(code: &Option<Code>) -> usize {
+    size_of::<Option<Code>>()
+        + code.as_ref().map_or(0, |code| {
+            code.function.len() + code.file.len() + code.line_table.len()
+        })
+}
+
+/// Resolves one process's frame records, caching its code objects; `M`: how that
+/// process's memory is read (its own, or forged in tests).
+pub struct CodeResolver<M: RemoteMemory = ProcessMemory> {
     process: PythonProcess,
-    memory: ProcessMemory,
+    memory: M,
     format: Option<LineTableFormat>,
-    cache: HashMap<u64, Option<Code>>,
+    /// Code objects by address: `None` for an address whose object did not check.
+    cache: ByteCache<u64, Option<Code>>,
 }
 
 impl CodeResolver {
-    /// A resolver for `process`.
+    /// A resolver for `process`, reading its memory.
     pub fn new(process: PythonProcess) -> Self {
+        CodeResolver::with_memory(ProcessMemory::new(process.pid), process)
+    }
+}
+
+impl<M: RemoteMemory> CodeResolver<M> {
+    /// A resolver for `process` whose memory `memory` reads.
+    pub fn with_memory(memory: M, process: PythonProcess) -> Self {
         Self {
-            memory: ProcessMemory::new(process.pid),
+            memory,
             format: LineTableFormat::for_minor(process.minor),
             process,
-            cache: HashMap::new(),
+            cache: ByteCache::new(MAX_CACHED_CODE_BYTES),
         }
     }
 
     /// The process resolved.
     pub fn process(&self) -> &PythonProcess {
         &self.process
+    }
+
+    /// What the cache of code objects holds and has evicted.
+    pub fn cache_figures(&self) -> CacheFigures {
+        self.cache.figures()
     }
 
     /// The records' frames in segments, innermost first: each segment is what one
@@ -107,130 +144,522 @@ impl CodeResolver {
 
     /// One record's frame, if its code object checks.
     fn resolve(&mut self, record: &PythonFrameRecord) -> Option<ResolvedFrame> {
-        if !self.cache.contains_key(&record.code) {
-            if self.cache.len() >= MAX_CACHED_CODE {
-                self.cache.clear();
-            }
-            let code = self.read_code(record.code);
-            self.cache.insert(record.code, code);
+        let (minor, format) = (self.process.minor, self.format);
+        let frame = |code: &Code| frame_of(code, minor, format, record.instruction);
+        if let Some(known) = self.cache.get(&record.code) {
+            return known.as_ref().map(frame);
         }
-        let code = self.cache.get(&record.code)?.as_ref()?;
-        let line = self
-            .instruction_offset(code, record.instruction)
-            .zip(self.format)
-            .and_then(|(offset, format)| line_of(format, &code.line_table, code.first_line, offset))
-            .unwrap_or(0);
-        Some(ResolvedFrame {
-            function: code.function.clone(),
-            file: code.file.clone(),
-            line,
-        })
+        let code = read_code(&self.memory, &self.process, record.code);
+        let resolved = code.as_ref().map(frame);
+        let bytes = cached_bytes(&code);
+        // An entry larger than the whole cache is refused: it is read again next time.
+        self.cache.insert(record.code, code, bytes);
+        resolved
     }
+}
 
-    /// The byte offset of the frame's instruction in its bytecode.
-    fn instruction_offset(&self, code: &Code, instruction: u64) -> Option<u32> {
-        match self.process.minor {
-            // `f_lasti`, an int: bytes in 3.9, code units in 3.10.
-            ..=9 => u32::try_from(instruction as u32 as i32).ok(),
-            10 => u32::try_from(instruction as u32 as i32)
-                .ok()?
-                .checked_mul(2),
-            _ => u32::try_from(instruction.checked_sub(code.bytecode)?).ok(),
-        }
+/// The frame of `code` at `instruction` (the record's) in 3.`minor`.
+fn frame_of(
+    code: &Code,
+    minor: u8,
+    format: Option<LineTableFormat>,
+    instruction: u64,
+) -> ResolvedFrame {
+    let line = instruction_offset(minor, code, instruction)
+        .zip(format)
+        .and_then(|(offset, format)| line_of(format, &code.line_table, code.first_line, offset))
+        .unwrap_or(0);
+    ResolvedFrame {
+        function: code.function.clone(),
+        file: code.file.clone(),
+        line,
     }
+}
 
-    /// Reads and checks the code object at `address`.
-    fn read_code(&self, address: u64) -> Option<Code> {
-        let layout = self.process.layout;
-        let mut header = [0u8; CODE_HEADER_BYTES];
-        self.memory.read(address, &mut header).ok()?;
-        let word = |offset: u32| -> Option<u64> {
-            let at = offset as usize;
-            Some(u64::from_le_bytes(header.get(at..at + 8)?.try_into().ok()?))
-        };
-        if word(8)? != self.process.code_type {
+/// The byte offset of the frame's instruction in its bytecode.
+fn instruction_offset(minor: u8, code: &Code, instruction: u64) -> Option<u32> {
+    match minor {
+        // `f_lasti`, an int: bytes in 3.9, code units in 3.10.
+        ..=9 => u32::try_from(instruction as u32 as i32).ok(),
+        10 => u32::try_from(instruction as u32 as i32)
+            .ok()?
+            .checked_mul(2),
+        _ => u32::try_from(instruction.checked_sub(code.bytecode)?).ok(),
+    }
+}
+
+/// Reads and checks the code object at `address` of `process`, whose memory `memory`
+/// reads.
+fn read_code(memory: &dyn RemoteMemory, process: &PythonProcess, address: u64) -> Option<Code> {
+    let layout = process.layout;
+    let mut header = [0u8; CODE_HEADER_BYTES];
+    memory.read(address, &mut header).ok()?;
+    let word = |offset: u32| -> Option<u64> {
+        let at = offset as usize;
+        Some(u64::from_le_bytes(header.get(at..at + 8)?.try_into().ok()?))
+    };
+    if word(8)? != process.code_type {
+        return None;
+    }
+    let first_line = word(layout.code_firstlineno)? as u32 as i32;
+    let name_field = layout.code_qualname.unwrap_or(layout.code_name);
+    let function = read_str(memory, process, word(name_field)?)?;
+    let file = read_str(memory, process, word(layout.code_filename)?)?;
+    let line_table = read_bytes(memory, layout, word(layout.code_linetable)?).unwrap_or_default();
+    // The header was read whole, so its end (and the bytecode's start in it) is an
+    // address: no overflow.
+    let bytecode = layout
+        .code_adaptive
+        .map_or(0, |offset| address + offset as u64);
+    Some(Code {
+        function,
+        file,
+        first_line,
+        line_table,
+        bytecode,
+    })
+}
+
+/// A `str` object's text (compact strings: every name and file name of a code object
+/// is one), cut to [`MAX_NAME_CHARS`].
+fn read_str(memory: &dyn RemoteMemory, process: &PythonProcess, address: u64) -> Option<String> {
+    let layout = process.layout;
+    let mut header = [0u8; STR_HEADER_BYTES];
+    memory.read(address, &mut header).ok()?;
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
+    if let Some(unicode_type) = process.unicode_type {
+        if word(8) != unicode_type {
             return None;
         }
-        let first_line = word(layout.code_firstlineno)? as u32 as i32;
-        let name_field = layout.code_qualname.unwrap_or(layout.code_name);
-        let function = self.read_str(word(name_field)?)?;
-        let file = self.read_str(word(layout.code_filename)?)?;
-        let line_table = self
-            .read_bytes(word(layout.code_linetable)?)
-            .unwrap_or_default();
-        let bytecode = layout
-            .code_adaptive
-            .map_or(0, |offset| address + offset as u64);
-        Some(Code {
-            function,
-            file,
-            first_line,
-            line_table,
-            bytecode,
-        })
     }
-
-    /// A `str` object's text (compact strings: every name and file name of a code
-    /// object is one), cut to [`MAX_NAME_CHARS`].
-    fn read_str(&self, address: u64) -> Option<String> {
-        let layout = self.process.layout;
-        let mut header = [0u8; 48];
-        self.memory.read(address, &mut header).ok()?;
-        let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
-        if let Some(unicode_type) = self.process.unicode_type {
-            if word(8) != unicode_type {
-                return None;
-            }
-        }
-        let length = word(layout.unicode_length as usize);
-        let state = u32::from_le_bytes(
-            header[layout.unicode_state as usize..layout.unicode_state as usize + 4]
-                .try_into()
-                .ok()?,
-        );
-        let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
-        if compact == 0 || !matches!(kind, 1 | 2 | 4) || length > isize::MAX as u64 {
-            return None;
-        }
-        let chars = length.min(MAX_NAME_CHARS);
-        let data = if ascii == 1 {
-            address + layout.unicode_ascii_size as u64
-        } else {
-            address + layout.unicode_compact_size as u64
-        };
-        let mut bytes = vec![0u8; (chars * kind as u64) as usize];
-        self.memory.read(data, &mut bytes).ok()?;
-        let text: String = match kind {
-            1 => bytes.iter().map(|&b| b as char).collect(),
-            2 => char::decode_utf16(
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]])),
-            )
-            .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+    let length = word(layout.unicode_length as usize);
+    let state = u32::from_le_bytes(
+        header[layout.unicode_state as usize..layout.unicode_state as usize + 4]
+            .try_into()
+            .ok()?,
+    );
+    let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+    if compact == 0 || !matches!(kind, 1 | 2 | 4) || length > isize::MAX as u64 {
+        return None;
+    }
+    let chars = length.min(MAX_NAME_CHARS);
+    let data = if ascii == 1 {
+        address.checked_add(layout.unicode_ascii_size as u64)?
+    } else {
+        address.checked_add(layout.unicode_compact_size as u64)?
+    };
+    let mut bytes = vec![0u8; (chars * kind as u64) as usize];
+    memory.read(data, &mut bytes).ok()?;
+    let mut text: String = match kind {
+        1 => bytes.iter().map(|&b| b as char).collect(),
+        2 => char::decode_utf16(
+            bytes
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]])),
+        )
+        .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+        .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .unwrap_or(char::REPLACEMENT_CHARACTER)
+            })
             .collect(),
-            _ => bytes
-                .chunks_exact(4)
-                .map(|c| {
-                    char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .unwrap_or(char::REPLACEMENT_CHARACTER)
-                })
+    };
+    // Kept in the cache, counted by its length: it holds no more than that.
+    text.shrink_to_fit();
+    Some(text)
+}
+
+/// A `bytes` object's contents, up to [`MAX_LINE_TABLE_BYTES`].
+fn read_bytes(memory: &dyn RemoteMemory, layout: &Layout, address: u64) -> Option<Vec<u8>> {
+    let size = memory
+        .u64(address.checked_add(layout.var_size as u64)?)
+        .ok()?;
+    if size > MAX_LINE_TABLE_BYTES {
+        return None;
+    }
+    let mut bytes = vec![0u8; size as usize];
+    memory
+        .read(address.checked_add(layout.bytes_data as u64)?, &mut bytes)
+        .ok()?;
+    Some(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Code objects forged in memory as CPython 3.11 lays them out (the offsets are
+    //! the crate's own layout table's, so the reads tested are the ones a real process
+    //! gets), read back through [`FakeMemory`] as a hostile process's would be.
+
+    use std::path::PathBuf;
+
+    use allocbpf_common::python::PythonWalk;
+    use allocbpf_runtime::toolkit::FakeMemory;
+
+    use super::*;
+
+    const CODE_TYPE: u64 = 0x7f00_0010_0000;
+    const UNICODE_TYPE: u64 = 0x7f00_0020_0000;
+
+    /// Where the forged objects are.
+    const CODE: u64 = 0x10_0000;
+    const QUALNAME: u64 = 0x20_0000;
+    const FILENAME: u64 = 0x21_0000;
+    const NAME: u64 = 0x22_0000;
+    const LINETABLE: u64 = 0x23_0000;
+    const UNMAPPED: u64 = 0xdead_0000;
+
+    /// A 3.11 location-table entry's header: kind, length in code units.
+    fn entry(kind: u8, units: u8) -> u8 {
+        0x80 | kind << 3 | (units - 1)
+    }
+
+    /// A function whose `def` is on line 10: [0,2) line 10 (one-line form, +0), [2,8)
+    /// line 11 (+1), [8,12) line 13 (no columns, svarint 4 = +2), [12,14) no line.
+    fn line_table() -> Vec<u8> {
+        [
+            &[entry(10, 1), 4, 8][..],
+            &[entry(11, 3), 4, 20],
+            &[entry(13, 2), 4],
+            &[entry(15, 1)],
+        ]
+        .concat()
+    }
+
+    fn layout() -> &'static Layout {
+        crate::layout::for_minor(11).expect("3.11's layout")
+    }
+
+    fn process() -> PythonProcess {
+        PythonProcess {
+            pid: 0,
+            minor: 11,
+            layout: layout(),
+            walk: PythonWalk::default(),
+            code_type: CODE_TYPE,
+            unicode_type: Some(UNICODE_TYPE),
+            eval_loop: None,
+            image: PathBuf::from("/usr/bin/python3.11"),
+        }
+    }
+
+    fn put(bytes: &mut [u8], at: u32, value: u64) {
+        bytes[at as usize..at as usize + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// A compact `str` of `kind` (1, 2 or 4 bytes a character) holding `text`.
+    fn str_object(text: &str, kind: u32) -> Vec<u8> {
+        let layout = layout();
+        let ascii = text.is_ascii() && kind == 1;
+        let start = match ascii {
+            true => layout.unicode_ascii_size,
+            false => layout.unicode_compact_size,
+        } as usize;
+        let data: Vec<u8> = match kind {
+            1 => text.chars().map(|c| u8::try_from(c).unwrap()).collect(),
+            2 => text.encode_utf16().flat_map(u16::to_le_bytes).collect(),
+            _ => text
+                .chars()
+                .flat_map(|c| (c as u32).to_le_bytes())
                 .collect(),
         };
-        Some(text)
+        let mut bytes = vec![0u8; start + data.len() + kind as usize];
+        put(&mut bytes, 0, 1);
+        put(&mut bytes, 8, UNICODE_TYPE);
+        put(
+            &mut bytes,
+            layout.unicode_length,
+            text.chars().count() as u64,
+        );
+        let state = (kind << 2) | (1 << 5) | (u32::from(ascii) << 6);
+        let at = layout.unicode_state as usize;
+        bytes[at..at + 4].copy_from_slice(&state.to_le_bytes());
+        bytes[start..start + data.len()].copy_from_slice(&data);
+        bytes
     }
 
-    /// A `bytes` object's contents, up to [`MAX_LINE_TABLE_BYTES`].
-    fn read_bytes(&self, address: u64) -> Option<Vec<u8>> {
-        let layout = self.process.layout;
-        let size = self.memory.u64(address + layout.var_size as u64).ok()?;
-        if size > MAX_LINE_TABLE_BYTES {
-            return None;
+    /// A `bytes` object holding `contents`.
+    fn bytes_object(contents: &[u8]) -> Vec<u8> {
+        let layout = layout();
+        let start = layout.bytes_data as usize;
+        let mut bytes = vec![0u8; start + contents.len() + 1];
+        put(&mut bytes, 0, 1);
+        put(&mut bytes, layout.var_size, contents.len() as u64);
+        bytes[start..start + contents.len()].copy_from_slice(contents);
+        bytes
+    }
+
+    /// A code object whose fields point at the forged objects, with 16 bytes of
+    /// bytecode.
+    fn code_object() -> Vec<u8> {
+        let layout = layout();
+        let mut bytes = vec![0u8; layout.code_adaptive.unwrap() as usize + 16];
+        bytes.resize(bytes.len().max(CODE_HEADER_BYTES), 0);
+        put(&mut bytes, 0, 1);
+        put(&mut bytes, 8, CODE_TYPE);
+        put(&mut bytes, layout.var_size, 8);
+        put(&mut bytes, layout.code_firstlineno, 10);
+        put(&mut bytes, layout.code_qualname.unwrap(), QUALNAME);
+        put(&mut bytes, layout.code_name, NAME);
+        put(&mut bytes, layout.code_filename, FILENAME);
+        put(&mut bytes, layout.code_linetable, LINETABLE);
+        bytes
+    }
+
+    /// A process's memory holding one well-formed code object of `Handler.get`, in
+    /// `/srv/app/views.py`.
+    fn forged() -> FakeMemory {
+        let mut memory = FakeMemory::new();
+        memory
+            .map(CODE, code_object())
+            .map(QUALNAME, str_object("Handler.get", 1))
+            .map(NAME, str_object("get", 1))
+            .map(FILENAME, str_object("/srv/app/views.py", 1))
+            .map(LINETABLE, bytes_object(&line_table()));
+        memory
+    }
+
+    /// The record of a frame of the code object at `code` at byte `offset` of its
+    /// bytecode (3.11's `prev_instr`); `entry`: the first frame its eval loop pushed.
+    fn record(code: u64, offset: u64, entry: bool) -> PythonFrameRecord {
+        PythonFrameRecord {
+            code,
+            instruction: code + layout().code_adaptive.unwrap() as u64 + offset,
+            owner: u8::from(entry),
+            ..PythonFrameRecord::default()
         }
-        let mut bytes = vec![0u8; size as usize];
-        self.memory
-            .read(address + layout.bytes_data as u64, &mut bytes)
-            .ok()?;
-        Some(bytes)
+    }
+
+    fn frame(function: &str, file: &str, line: u32) -> ResolvedFrame {
+        ResolvedFrame {
+            function: function.to_string(),
+            file: file.to_string(),
+            line,
+        }
+    }
+
+    /// The frames `memory` gives one record each of, in order (`None`: dropped).
+    fn resolve_each(
+        memory: FakeMemory,
+        records: &[PythonFrameRecord],
+    ) -> Vec<Option<ResolvedFrame>> {
+        let mut resolver = CodeResolver::with_memory(memory, process());
+        records
+            .iter()
+            .map(|record| resolver.resolve(record))
+            .collect()
+    }
+
+    #[test]
+    fn a_forged_code_object_reads_as_its_names_and_lines() {
+        let mut resolver = CodeResolver::with_memory(forged(), process());
+        let views = |line| frame("Handler.get", "/srv/app/views.py", line);
+        // Two frames of one eval loop call (the outer one its entry frame), then one
+        // of another: two segments.
+        let records = [
+            record(CODE, 4, false),
+            record(CODE, 10, true),
+            record(CODE, 0, true),
+        ];
+        assert_eq!(
+            resolver.segments(&records),
+            vec![vec![views(11), views(13)], vec![views(10)]]
+        );
+        // No line for an instruction the table says has none, nor past its end, nor
+        // before the bytecode.
+        let lines: Vec<u32> = [
+            record(CODE, 12, true),
+            record(CODE, 14, true),
+            PythonFrameRecord {
+                instruction: CODE,
+                ..record(CODE, 0, true)
+            },
+        ]
+        .iter()
+        .map(|record| resolver.resolve(record).unwrap().line)
+        .collect();
+        assert_eq!(lines, [0, 0, 0]);
+    }
+
+    #[test]
+    fn names_that_are_not_ascii_read_in_their_kind() {
+        let mut memory = forged();
+        memory
+            .map(QUALNAME, str_object("Ωmega.λ", 2))
+            .map(FILENAME, str_object("/srv/données.py", 1))
+            .map(NAME, str_object("λ", 2));
+        assert_eq!(
+            resolve_each(memory.clone(), &[record(CODE, 4, true)]),
+            [Some(frame("Ωmega.λ", "/srv/données.py", 11))]
+        );
+        memory.map(QUALNAME, str_object("𝔣.𝔤", 4));
+        assert_eq!(
+            resolve_each(memory, &[record(CODE, 4, true)]),
+            [Some(frame("𝔣.𝔤", "/srv/données.py", 11))]
+        );
+    }
+
+    #[test]
+    fn huge_length_fields_are_cut_or_refused() {
+        let layout = layout();
+        // A name that claims 2^40 characters: the first MAX_NAME_CHARS are read.
+        let mut memory = forged();
+        let mut long = str_object(&"a".repeat(2048), 1);
+        put(&mut long, layout.unicode_length, 1 << 40);
+        memory.map(QUALNAME, long);
+        let cut = "a".repeat(MAX_NAME_CHARS as usize);
+        assert_eq!(
+            resolve_each(memory.clone(), &[record(CODE, 4, true)]),
+            [Some(frame(&cut, "/srv/app/views.py", 11))]
+        );
+        // A length past any allocation: the name, and its frame, are refused.
+        memory.write_u64(FILENAME + layout.unicode_length as u64, u64::MAX);
+        assert_eq!(resolve_each(memory, &[record(CODE, 4, true)]), [None]);
+        // A line table one byte larger than read, or of u64::MAX bytes: no lines.
+        for size in [MAX_LINE_TABLE_BYTES + 1, u64::MAX] {
+            let mut memory = forged();
+            memory.write_u64(LINETABLE + layout.var_size as u64, size);
+            assert_eq!(
+                resolve_each(memory, &[record(CODE, 4, true)]),
+                [Some(frame("Handler.get", "/srv/app/views.py", 0))]
+            );
+        }
+    }
+
+    #[test]
+    fn pointers_to_unmapped_memory_drop_the_frame_or_its_line() {
+        let layout = layout();
+        let field = |offset: u32| CODE + offset as u64;
+        // The code object itself, a name, the file name: no frame.
+        assert_eq!(resolve_each(forged(), &[record(UNMAPPED, 4, true)]), [None]);
+        for (name, pointer) in [
+            (layout.code_qualname.unwrap(), UNMAPPED),
+            (layout.code_filename, UNMAPPED),
+            (layout.code_qualname.unwrap(), u64::MAX - 8),
+        ] {
+            let mut memory = forged();
+            memory.write_u64(field(name), pointer);
+            assert_eq!(resolve_each(memory, &[record(CODE, 4, true)]), [None]);
+        }
+        // The line table, anywhere, at the top of the address space: no line.
+        for pointer in [UNMAPPED, u64::MAX - 8, u64::MAX] {
+            let mut memory = forged();
+            memory.write_u64(field(layout.code_linetable), pointer);
+            assert_eq!(
+                resolve_each(memory, &[record(CODE, 4, true)]),
+                [Some(frame("Handler.get", "/srv/app/views.py", 0))]
+            );
+        }
+    }
+
+    #[test]
+    fn self_referencing_pointers_are_read_once_and_not_believed() {
+        let layout = layout();
+        // Its name is the code object itself: not a `str`, whether `PyUnicode_Type`
+        // is known or its state is all there is to check.
+        let mut memory = forged();
+        memory.write_u64(CODE + layout.code_qualname.unwrap() as u64, CODE);
+        assert_eq!(
+            resolve_each(memory.clone(), &[record(CODE, 4, true)]),
+            [None]
+        );
+        let mut resolver = CodeResolver::with_memory(memory, process());
+        resolver.process.unicode_type = None;
+        assert_eq!(resolver.resolve(&record(CODE, 4, true)), None);
+        // Its line table is the code object itself: its size field (8) and the bytes
+        // after (zeros) are read, as a table that gives no line.
+        let mut memory = forged();
+        memory.write_u64(CODE + layout.code_linetable as u64, CODE);
+        assert_eq!(
+            resolve_each(memory, &[record(CODE, 4, true)]),
+            [Some(frame("Handler.get", "/srv/app/views.py", 0))]
+        );
+        // A name that is a code object, a code object that is a name.
+        let mut memory = forged();
+        memory.write_u64(CODE + layout.code_filename as u64, CODE);
+        assert_eq!(
+            resolve_each(memory, &[record(CODE, 4, true), record(QUALNAME, 0, true)]),
+            [None, None]
+        );
+    }
+
+    #[test]
+    fn truncated_objects_are_not_read_past_their_end() {
+        let layout = layout();
+        // A code object that ends before its fields do.
+        let mut memory = forged();
+        memory.map(CODE, code_object()[..CODE_HEADER_BYTES - 8].to_vec());
+        assert_eq!(resolve_each(memory, &[record(CODE, 4, true)]), [None]);
+        // A name whose characters end before its length does, a header cut short.
+        let name = str_object("Handler.get", 1);
+        for cut in [name.len() - 4, layout.unicode_ascii_size as usize - 8] {
+            let mut memory = forged();
+            memory.map(QUALNAME, name[..cut].to_vec());
+            assert_eq!(resolve_each(memory, &[record(CODE, 4, true)]), [None]);
+        }
+        // A line table whose bytes end before its size does: no line.
+        let mut memory = forged();
+        let table = bytes_object(&line_table());
+        memory.map(LINETABLE, table[..table.len() - 4].to_vec());
+        assert_eq!(
+            resolve_each(memory, &[record(CODE, 4, true)]),
+            [Some(frame("Handler.get", "/srv/app/views.py", 0))]
+        );
+    }
+
+    #[test]
+    fn code_objects_are_cached_by_address_and_counted_by_their_bytes() {
+        let mut resolver = CodeResolver::with_memory(forged(), process());
+        let first = resolver.resolve(&record(CODE, 4, true));
+        assert_eq!(first, Some(frame("Handler.get", "/srv/app/views.py", 11)));
+        // What the address holds now is not read again: the code object is cached.
+        resolver.memory.map(QUALNAME, str_object("Other.name", 1));
+        assert_eq!(resolver.resolve(&record(CODE, 4, true)), first);
+        // Nor is an address that held no code object.
+        assert_eq!(resolver.resolve(&record(UNMAPPED, 0, true)), None);
+        resolver.memory.map(UNMAPPED, code_object());
+        assert_eq!(resolver.resolve(&record(UNMAPPED, 0, true)), None);
+        let figures = resolver.cache_figures();
+        let code = size_of::<Option<Code>>()
+            + "Handler.get".len()
+            + "/srv/app/views.py".len()
+            + line_table().len();
+        let none = size_of::<Option<Code>>();
+        assert_eq!(
+            (figures.entries, figures.bytes),
+            (2, code + none + 2 * ENTRY_OVERHEAD)
+        );
+        assert_eq!(figures.max_bytes, MAX_CACHED_CODE_BYTES);
+    }
+
+    #[test]
+    fn code_objects_of_the_largest_names_and_tables_stay_within_the_bound() {
+        let layout = layout();
+        // Every code object names the longest names and table read.
+        let mut memory = forged();
+        let mut long = str_object(&"ÿ".repeat(MAX_NAME_CHARS as usize), 1);
+        put(&mut long, layout.unicode_length, 1 << 40);
+        let table = vec![entry(15, 1); MAX_LINE_TABLE_BYTES as usize];
+        memory
+            .map(QUALNAME, long.clone())
+            .map(FILENAME, long)
+            .map(LINETABLE, bytes_object(&table));
+        let largest = size_of::<Option<Code>>()
+            + 2 * 2 * MAX_NAME_CHARS as usize
+            + MAX_LINE_TABLE_BYTES as usize
+            + ENTRY_OVERHEAD;
+        let fit = MAX_CACHED_CODE_BYTES / largest;
+        let mut resolver = CodeResolver::with_memory(memory, process());
+        for copy in 0..fit as u64 + 3 {
+            let at = 0x1000_0000 + copy * 0x1000;
+            resolver.memory.map(at, code_object());
+            let frame = resolver.resolve(&record(at, 4, true)).unwrap();
+            assert_eq!((frame.function.chars().count(), frame.line), (1024, 0));
+        }
+        let figures = resolver.cache_figures();
+        assert_eq!((figures.entries, figures.evictions), (fit, 3));
+        assert_eq!(figures.bytes, fit * largest);
     }
 }

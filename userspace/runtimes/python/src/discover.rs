@@ -7,13 +7,14 @@
 //! pointers are read from the process's memory and believed only as far as the eBPF
 //! walk needs them (it checks the thread state against the thread it samples).
 
-use std::{collections::HashMap, ops::Range, path::Path};
+use std::{ops::Range, path::Path};
 
 use allocbpf_common::python::{PythonWalk, NO_OFFSET};
 use allocbpf_images::{
     image::inlined::{self, Usedpools},
     procfs::{self, MapsEntry},
 };
+use allocbpf_runtime::toolkit::{cache::ENTRY_OVERHEAD, ByteCache, RemoteMemory};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use crate::{layout::Layout, memory::ProcessMemory, pools::usedpools_address};
@@ -104,16 +105,45 @@ pub struct InterpreterFile {
     usedpools: Option<Usedpools>,
 }
 
-/// Most interpreter files remembered (by device and inode): a host runs a handful of
-/// interpreters in many processes, and each file is read once rather than per process.
-const MAX_FILES: usize = 64;
+/// What examining one file found: an interpreter's, another file (`None`), or why an
+/// interpreter's cannot be read.
+type Examined = Result<Option<InterpreterFile>, PythonError>;
+
+/// What one examined file realistically costs in the cache: the entry, a path of a
+/// couple of hundred bytes when it holds an error, and the cache's own bookkeeping.
+const TYPICAL_FILE_BYTES: usize = size_of::<Examined>() + 192 + ENTRY_OVERHEAD;
+
+/// Bytes of interpreter files remembered (by device and inode): as many realistic
+/// entries as the 64 files the cache was bounded by when it counted entries. A host
+/// runs a handful of interpreters in many processes, and each file is read once rather
+/// than per process; files whose names say Python but hold no interpreter (extension
+/// modules, `*.cpython-*.so`) take entries too, and are the first to go when they are
+/// not seen again.
+const MAX_FILES_BYTES: usize = 64 * TYPICAL_FILE_BYTES;
+
+/// The bytes one examined file holds: the entry, and the path an error keeps.
+fn examined_bytes(examined: &Examined) -> usize {
+    let path = match examined {
+        Err(PythonError::NoVersion { path } | PythonError::NoSymbol { path, .. }) => path.len(),
+        Ok(_) | Err(PythonError::UnknownVersion { .. } | PythonError::Unreadable { .. }) => 0,
+    };
+    size_of::<Examined>() + path
+}
 
 /// Interpreter files examined, by (device, inode): `None` for a file that is not one.
-#[derive(Default)]
 pub struct InterpreterFiles {
-    files: HashMap<(u64, u64), Result<Option<InterpreterFile>, PythonError>>,
+    files: ByteCache<(u64, u64), Examined>,
     /// Opens that failed for want of descriptors so far.
     descriptor_errors: u64,
+}
+
+impl Default for InterpreterFiles {
+    fn default() -> Self {
+        Self {
+            files: ByteCache::new(MAX_FILES_BYTES),
+            descriptor_errors: 0,
+        }
+    }
 }
 
 impl InterpreterFiles {
@@ -134,19 +164,21 @@ impl InterpreterFiles {
                 continue;
             }
             seen.push(key);
-            if !self.files.contains_key(&key) {
-                if self.files.len() >= MAX_FILES {
-                    self.files.clear();
+            let examined = match self.files.get(&key) {
+                Some(examined) => examined.clone(),
+                None => {
+                    let examined = examine(pid, mapping, path, &mut self.descriptor_errors);
+                    let bytes = examined_bytes(&examined);
+                    self.files.insert(key, examined.clone(), bytes);
+                    examined
                 }
-                let examined = examine(pid, mapping, path, &mut self.descriptor_errors);
-                self.files.insert(key, examined);
-            }
-            let file = match self.files.get(&key) {
-                Some(Ok(Some(file))) => file,
-                Some(Ok(None)) | None => continue,
-                Some(Err(error)) => return Err(error.clone()),
             };
-            return in_process(pid, mapping, path, file).map(Some);
+            let file = match examined {
+                Ok(Some(file)) => file,
+                Ok(None) => continue,
+                Err(error) => return Err(error),
+            };
+            return in_process(pid, mapping, path, &file).map(Some);
         }
         Ok(None)
     }
@@ -219,6 +251,7 @@ fn in_process(
         minor,
         layout,
         walk: walk_of(
+            &ProcessMemory::new(pid),
             pid,
             layout,
             bias.wrapping_add(file.runtime),
@@ -238,7 +271,7 @@ fn in_process(
         unicode_type: file.unicode_type.map(|a| bias.wrapping_add(a)),
         eval_loop: file
             .eval_loop
-            .map(|(a, size)| bias.wrapping_add(a)..bias.wrapping_add(a + size.max(1))),
+            .map(|(a, size)| bias.wrapping_add(a)..bias.wrapping_add(a.wrapping_add(size.max(1)))),
         image: path.to_path_buf(),
     })
 }
@@ -267,41 +300,46 @@ fn read_u32(elf: &object::File, address: u64) -> Option<u32> {
     })
 }
 
-/// The walk of process `pid` whose `_PyRuntime` is at `runtime`, and whose `usedpools`
-/// address `usedpools` tells from the main interpreter's address.
+/// The walk of process `pid`, whose memory `memory` reads, whose `_PyRuntime` is at
+/// `runtime`, and whose `usedpools` address `usedpools` tells from the main
+/// interpreter's address.
 fn walk_of(
+    memory: &dyn RemoteMemory,
     pid: u32,
     layout: &Layout,
     runtime: u64,
-    usedpools: impl Fn(&ProcessMemory, u64) -> u64,
+    usedpools: impl Fn(&dyn RemoteMemory, u64) -> u64,
 ) -> Result<PythonWalk, PythonError> {
-    let memory = ProcessMemory::new(pid);
     let unreadable = |what| PythonError::Unreadable { pid, what };
+    // Every address below is the process's to forge: sums wrap (and the reads of
+    // what they name fail) rather than overflow.
     let interpreter = memory
-        .u64(runtime + layout.runtime_main_interpreter as u64)
+        .u64(runtime.wrapping_add(layout.runtime_main_interpreter as u64))
         .map_err(|_| unreadable("the main interpreter"))?;
     let holder = match (layout.runtime_tstate_current, layout.interpreter_gil) {
-        (Some(current), _) => runtime + current as u64,
+        (Some(current), _) => runtime.wrapping_add(current as u64),
         (None, Some(gil)) => {
             let gil = memory
-                .u64(interpreter + gil as u64)
+                .u64(interpreter.wrapping_add(gil as u64))
                 .map_err(|_| unreadable("the GIL"))?;
             if gil == 0 {
                 return Err(unreadable("the GIL"));
             }
-            gil + layout.gil_last_holder.unwrap_or(8) as u64
+            gil.wrapping_add(layout.gil_last_holder.unwrap_or(8) as u64)
         }
         (None, None) => return Err(unreadable("the GIL holder")),
     };
     let pthread_tid = match layout.thread_native_id {
         Some(_) => NO_OFFSET,
-        None => pthread_tid_offset(&memory, layout, interpreter).unwrap_or(GLIBC_PTHREAD_TID),
+        None => thread_ids(pid)
+            .and_then(|tids| pthread_tid_offset(memory, layout, interpreter, &tids))
+            .unwrap_or(GLIBC_PTHREAD_TID),
     };
     let opt = |offset: Option<u32>| offset.unwrap_or(NO_OFFSET);
     Ok(PythonWalk {
         holder,
-        threads_head: interpreter + layout.interpreter_threads_head as u64,
-        usedpools: usedpools(&memory, interpreter),
+        threads_head: interpreter.wrapping_add(layout.interpreter_threads_head as u64),
+        usedpools: usedpools(memory, interpreter),
         interpreter,
         thread_next: layout.thread_next,
         thread_native_id: opt(layout.thread_native_id),
@@ -316,22 +354,36 @@ fn walk_of(
     })
 }
 
-/// Where this process's libc keeps a thread's id in its thread descriptor: the offset
-/// at which some thread state's descriptor holds one of the process's thread ids.
-fn pthread_tid_offset(memory: &ProcessMemory, layout: &Layout, interpreter: u64) -> Option<u32> {
-    let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{}/task", memory.pid()))
-        .ok()?
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+/// The ids of process `pid`'s threads, as its `/proc/<pid>/task` lists them.
+fn thread_ids(pid: u32) -> Option<Vec<i32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    Some(
+        tasks
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+    )
+}
+
+/// Where the libc of the process whose memory `memory` reads keeps a thread's id in
+/// its thread descriptor: the offset at which some thread state's descriptor holds one
+/// of the process's thread ids `tids`.
+fn pthread_tid_offset(
+    memory: &dyn RemoteMemory,
+    layout: &Layout,
+    interpreter: u64,
+    tids: &[i32],
+) -> Option<u32> {
     let mut thread = memory
-        .u64(interpreter + layout.interpreter_threads_head as u64)
+        .u64(interpreter.wrapping_add(layout.interpreter_threads_head as u64))
         .ok()?;
     let mut descriptor = vec![0u8; PTHREAD_SEARCH_BYTES];
     for _ in 0..MAX_THREAD_STATES {
         if thread == 0 {
             break;
         }
-        let pthread = memory.u64(thread + layout.thread_pthread as u64).ok()?;
+        let pthread = memory
+            .u64(thread.wrapping_add(layout.thread_pthread as u64))
+            .ok()?;
         if memory.read(pthread, &mut descriptor).is_ok() {
             let found = descriptor.chunks_exact(4).position(|word| {
                 tids.contains(&i32::from_le_bytes(word.try_into().unwrap_or_default()))
@@ -342,14 +394,127 @@ fn pthread_tid_offset(memory: &ProcessMemory, layout: &Layout, interpreter: u64)
                 return Some(index as u32 * 4);
             }
         }
-        thread = memory.u64(thread + layout.thread_next as u64).ok()?;
+        thread = memory
+            .u64(thread.wrapping_add(layout.thread_next as u64))
+            .ok()?;
     }
     None
 }
 
 #[cfg(test)]
 mod tests {
+    use allocbpf_runtime::toolkit::FakeMemory;
+
     use super::*;
+
+    /// Where the forged runtime, interpreter, GIL and thread states are.
+    const RUNTIME: u64 = 0x50_0000;
+    const INTERPRETER: u64 = 0x60_0000;
+    const GIL: u64 = 0x70_0000;
+    const THREAD: u64 = 0x80_0000;
+    const PTHREAD: u64 = 0x90_0000;
+
+    fn layout(minor: u8) -> &'static Layout {
+        crate::layout::for_minor(minor).expect("a known version")
+    }
+
+    /// The walk of the forged process `memory` (pid 0: no thread of its own to read).
+    fn walk(memory: &FakeMemory, minor: u8) -> Result<PythonWalk, PythonError> {
+        walk_of(memory, 0, layout(minor), RUNTIME, |_, interpreter| {
+            interpreter + 1
+        })
+    }
+
+    /// A `_PyRuntime` whose main interpreter is `interpreter`, and the interpreter
+    /// (room for its fields read) whose GIL pointer (3.12+) is `gil`.
+    fn runtime(minor: u8, interpreter: u64, gil: u64) -> FakeMemory {
+        let layout = layout(minor);
+        let mut memory = FakeMemory::new();
+        memory
+            .map(RUNTIME, vec![0u8; 1024])
+            .write_u64(
+                RUNTIME + layout.runtime_main_interpreter as u64,
+                interpreter,
+            )
+            .map(INTERPRETER, vec![0u8; 8192]);
+        if let Some(at) = layout.interpreter_gil {
+            memory.write_u64(INTERPRETER + at as u64, gil);
+        }
+        memory
+    }
+
+    #[test]
+    fn walks_are_read_from_a_forged_runtime() {
+        // 3.11: the GIL holder is a field of the runtime.
+        let walk11 = walk(&runtime(11, INTERPRETER, 0), 11).unwrap();
+        let layout11 = layout(11);
+        assert_eq!(
+            (walk11.holder, walk11.threads_head, walk11.interpreter),
+            (
+                RUNTIME + layout11.runtime_tstate_current.unwrap() as u64,
+                INTERPRETER + layout11.interpreter_threads_head as u64,
+                INTERPRETER
+            )
+        );
+        assert_eq!(
+            (walk11.usedpools, walk11.pthread_tid),
+            (INTERPRETER + 1, NO_OFFSET)
+        );
+        assert_eq!(walk11.frame_owner, layout11.frame_owner.unwrap());
+        // 3.12: behind the interpreter's GIL pointer.
+        let walk12 = walk(&runtime(12, INTERPRETER, GIL), 12).unwrap();
+        assert_eq!(
+            walk12.holder,
+            GIL + layout(12).gil_last_holder.unwrap() as u64
+        );
+    }
+
+    #[test]
+    fn a_forged_runtime_that_does_not_hold_what_the_layout_says_is_unreadable() {
+        let what = |result: Result<PythonWalk, PythonError>| match result {
+            Err(PythonError::Unreadable { what, .. }) => what,
+            other => panic!("read as {other:?}"),
+        };
+        // Nothing mapped; a null GIL; an interpreter at the top of the address space,
+        // whose GIL field's address wraps around to nothing mapped.
+        assert_eq!(what(walk(&FakeMemory::new(), 12)), "the main interpreter");
+        assert_eq!(what(walk(&runtime(12, INTERPRETER, 0), 12)), "the GIL");
+        assert_eq!(what(walk(&runtime(12, u64::MAX - 8, GIL), 12)), "the GIL");
+    }
+
+    #[test]
+    fn the_thread_id_is_found_in_a_forged_thread_descriptor() {
+        let layout = layout(10);
+        let mut memory = FakeMemory::new();
+        memory
+            .map(INTERPRETER, vec![0u8; 64])
+            .write_u64(INTERPRETER + layout.interpreter_threads_head as u64, THREAD)
+            .map(THREAD, vec![0u8; 256])
+            .write_u64(THREAD + layout.thread_pthread as u64, PTHREAD)
+            .map(PTHREAD, vec![0u8; PTHREAD_SEARCH_BYTES])
+            .write_u32(PTHREAD + 0x2c0, 4242);
+        assert_eq!(
+            pthread_tid_offset(&memory, layout, INTERPRETER, &[7, 4242]),
+            Some(0x2c0)
+        );
+        assert_eq!(pthread_tid_offset(&memory, layout, INTERPRETER, &[7]), None);
+        // A thread id in the descriptor's leading pointers is a pointer's half: that
+        // descriptor is not believed.
+        memory.write_u32(PTHREAD + 4, 4242);
+        assert_eq!(
+            pthread_tid_offset(&memory, layout, INTERPRETER, &[4242]),
+            None
+        );
+        // A thread state that is its own next: looked at a bounded number of times.
+        memory.write_u64(THREAD + layout.thread_next as u64, THREAD);
+        assert_eq!(pthread_tid_offset(&memory, layout, INTERPRETER, &[7]), None);
+        // A descriptor that cannot be read: the next thread state is looked at.
+        memory.write_u64(THREAD + layout.thread_pthread as u64, 0xdead_0000);
+        assert_eq!(
+            pthread_tid_offset(&memory, layout, INTERPRETER, &[4242]),
+            None
+        );
+    }
 
     #[test]
     fn versions_from_file_names() {

@@ -12,7 +12,8 @@
 //! - [`linetable`]: the line of an instruction, from the code object's line table in
 //!   each version's format;
 //! - [`memory`]: bounded reads of another process's memory (`allocbpf-images`' own,
-//!   shared with the Go reader);
+//!   shared with the Go reader); every reader here takes it as the toolkit's
+//!   [`allocbpf_runtime::toolkit::RemoteMemory`], so that tests hand them forged memory;
 //! - [`pools`]: where pymalloc's used pools are, for `--live` at inlined sites;
 //! - [`runtime`]: all of it behind the engine's [`allocbpf_runtime::Runtime`]
 //!   interface.

@@ -9,8 +9,7 @@
 //! the inlined sites' samples are then not tracked.
 
 use allocbpf_images::image::inlined::Usedpools;
-
-use crate::memory::ProcessMemory;
+use allocbpf_runtime::toolkit::RemoteMemory;
 
 /// pymalloc's small size classes on 64-bit builds (512 bytes in steps of 16).
 const SIZE_CLASSES: usize = 32;
@@ -25,7 +24,7 @@ const POOL_ALIGNMENT: u64 = 4096;
 /// loaded at `bias` whose main interpreter is at `interpreter`; 0 when the file has
 /// none or the process's memory does not hold one there.
 pub fn usedpools_address(
-    memory: &ProcessMemory,
+    memory: &dyn RemoteMemory,
     table: Option<Usedpools>,
     bias: u64,
     interpreter: u64,
@@ -75,6 +74,34 @@ mod tests {
             pair[8..].copy_from_slice(&value.to_le_bytes());
         }
         bytes
+    }
+
+    #[test]
+    fn usedpools_are_found_in_forged_memory_where_the_file_says() {
+        use allocbpf_runtime::toolkit::FakeMemory;
+
+        const BIAS: u64 = 0x5500_0000_0000;
+        const INTERPRETER: u64 = 0x60_0000;
+        const STATE: u64 = 0x70_0000;
+        let (at, in_state) = (0x959d20, 0x20);
+        let mut memory = FakeMemory::new();
+        memory
+            .map(BIAS + at, table(BIAS + at, &[3]).to_vec())
+            .map(INTERPRETER, vec![0u8; 64])
+            .write_u64(INTERPRETER + 8, STATE)
+            .map(STATE + in_state, table(STATE + in_state, &[]).to_vec());
+        let state = |state| Usedpools::InState {
+            state,
+            usedpools: in_state,
+        };
+        let address = |table| usedpools_address(&memory, table, BIAS, INTERPRETER);
+        assert_eq!(address(Some(Usedpools::At(at))), BIAS + at);
+        assert_eq!(address(Some(state(8))), STATE + in_state);
+        assert_eq!(address(None), 0);
+        // A null state, a state pointer to nothing mapped, a table elsewhere.
+        assert_eq!(address(Some(state(16))), 0);
+        assert_eq!(address(Some(state(u64::MAX))), 0);
+        assert_eq!(address(Some(Usedpools::At(at + 16))), 0);
     }
 
     #[test]

@@ -4,10 +4,7 @@
 //! interpreter's eval loop is replaced by the Python frames that call of the loop was
 //! running, so a C extension's allocation shows the Python line that called it.
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use allocbpf_common::{
     python::MAX_PYTHON_FRAMES,
@@ -15,38 +12,49 @@ use allocbpf_common::{
     PythonStack, SAMPLE_FLAG_PYTHON,
 };
 use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
-use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
+use allocbpf_runtime::{
+    toolkit::{ProcessStates, RetryPolicy},
+    Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack,
+};
 
 use crate::{
     code::{CodeResolver, ResolvedFrame},
     discover::{InterpreterFiles, PythonError},
 };
 
-/// What is known of one process.
-enum Known {
-    /// A CPython process whose frames are walked.
-    Python(Box<CodeResolver>),
-    /// Not Python, or Python allocbpf cannot walk (the reason was said once).
-    Other,
-    /// A CPython whose runtime could not be read yet (an interpreter that has only just
-    /// started initialising): looked at again at a sample after `next`, a few times.
-    Retry { next: Instant, attempts: u32 },
-}
-
 /// This runtime's [`Runtime::name`].
 pub const NAME: &str = "python";
 
-/// How often an interpreter whose runtime was not readable yet is looked at again.
+/// How often an interpreter whose runtime was not readable yet (one that has only just
+/// started initialising) is looked at again.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 /// How many times it is, before it is profiled without Python frames for good.
 const RETRIES: u32 = 20;
 
+/// Looks again at an interpreter that was not readable yet, as [`RETRY_EVERY`] and
+/// [`RETRIES`] say.
+const RETRY: RetryPolicy = RetryPolicy {
+    every: RETRY_EVERY,
+    times: RETRIES,
+};
+
 /// The Python processes of a session and the resolution of their frames.
-#[derive(Default)]
 pub struct PythonRuntime {
-    processes: HashMap<u32, Known>,
+    /// Each process looked at: a CPython one's resolver (boxed: a process that is not
+    /// Python, or waits for a look again, does not cost a resolver's size), a retry, or
+    /// nothing to do; forgetting one drops its entry of the kernel's [`PYTHON_MAP`].
+    processes: ProcessStates<Box<CodeResolver>>,
     files: InterpreterFiles,
+}
+
+impl Default for PythonRuntime {
+    fn default() -> Self {
+        Self {
+            processes: ProcessStates::new(RETRY, Some(PYTHON_MAP)),
+            files: InterpreterFiles::default(),
+        }
+    }
 }
 
 impl PythonRuntime {
@@ -57,32 +65,29 @@ impl PythonRuntime {
         process: &ProcessView<'_>,
     ) -> Result<Option<&CodeResolver>, PythonError> {
         let pid = process.pid;
-        let attempts = match self.processes.get(&pid) {
-            None => 0,
-            Some(Known::Retry { attempts, .. }) => *attempts,
-            Some(_) => return Ok(None),
+        let Some(attempts) = self.processes.attempts(pid) else {
+            return Ok(None);
         };
         match self.files.discover(pid, process.maps) {
             Ok(Some(found)) => {
-                let resolver = Box::new(CodeResolver::new(found));
-                self.processes.insert(pid, Known::Python(resolver));
-                match self.processes.get(&pid) {
-                    Some(Known::Python(resolver)) => Ok(Some(resolver)),
-                    _ => Ok(None),
-                }
+                let resolver = self
+                    .processes
+                    .insert(pid, Box::new(CodeResolver::new(found)));
+                Ok(Some(&**resolver))
             }
             Ok(None) => {
-                self.processes.insert(pid, Known::Other);
-                Ok(None)
-            }
-            Err(PythonError::Unreadable { .. }) if attempts < RETRIES => {
-                let next = Instant::now() + RETRY_EVERY;
-                let attempts = attempts + 1;
-                self.processes.insert(pid, Known::Retry { next, attempts });
+                self.processes.set_other(pid);
                 Ok(None)
             }
             Err(error) => {
-                self.processes.insert(pid, Known::Other);
+                // An interpreter still initialising is looked at again, a few times;
+                // past them, or for any other reason, it is said once and not again.
+                let again = matches!(error, PythonError::Unreadable { .. })
+                    && self.processes.retry_later(pid, attempts, Instant::now());
+                if again {
+                    return Ok(None);
+                }
+                self.processes.set_other(pid);
                 Err(error)
             }
         }
@@ -125,14 +130,14 @@ impl Runtime for PythonRuntime {
             Err(error) => {
                 // Still labelled with its version: it runs CPython, without its frames.
                 tracing::warn!("pid {pid} is profiled without Python frames: {error}");
-                self.processes.remove(&pid);
+                self.processes.remove(pid);
             }
         }
         Some(found)
     }
 
     fn look_again_due(&self, pid: u32, now: Instant) -> bool {
-        matches!(self.processes.get(&pid), Some(Known::Retry { next, .. }) if now >= *next)
+        self.processes.look_again_due(pid, now)
     }
 
     /// Python frames left over (the native unwind stopped early) go outermost.
@@ -152,7 +157,7 @@ impl Runtime for PythonRuntime {
         if records.is_empty() {
             return native;
         }
-        let Some(Known::Python(resolver)) = self.processes.get_mut(&sample.pid) else {
+        let Some(resolver) = self.processes.get_mut(sample.pid) else {
             return native;
         };
         let eval_loop = resolver.process().eval_loop.clone();
@@ -191,13 +196,46 @@ impl Runtime for PythonRuntime {
     /// that outlive the main thread keep it until the cut releases the pid's kernel
     /// entries.
     fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
-        self.processes.remove(&pid);
-        if matches!(why, Departure::Exec | Departure::Reused) {
-            maps.forget_entry(PYTHON_MAP, pid);
-        }
+        self.processes.forget(pid, why, maps);
     }
 
     fn descriptor_errors(&self) -> u64 {
         self.files.descriptor_errors()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use allocbpf_runtime::RuntimeMapError;
+
+    use super::*;
+
+    /// The kernel map entries forgotten.
+    #[derive(Default)]
+    struct Forgotten(Vec<(&'static str, u32)>);
+
+    impl RuntimeMaps for Forgotten {
+        fn set_entry(&mut self, _: &'static str, _: u32, _: &[u8]) -> Result<(), RuntimeMapError> {
+            Ok(())
+        }
+
+        fn forget_entry(&mut self, map: &'static str, pid: u32) {
+            self.0.push((map, pid));
+        }
+    }
+
+    #[test]
+    fn the_kernel_walk_goes_at_an_exec_or_a_reuse_only() {
+        let mut runtime = PythonRuntime::default();
+        let mut maps = Forgotten::default();
+        for (pid, why) in [
+            (1, Departure::Exit),
+            (2, Departure::Exec),
+            (3, Departure::Reused),
+            (4, Departure::Released),
+        ] {
+            runtime.forget(pid, why, &mut maps);
+        }
+        assert_eq!(maps.0, [(PYTHON_MAP, 2), (PYTHON_MAP, 3)]);
     }
 }
