@@ -7,9 +7,11 @@
 //! instruction range must hold the address (so a word of machine code that merely
 //! looks like the map is never believed).
 
-use std::collections::HashMap;
+use std::mem::size_of;
 
-use crate::heap::{Heap, Memory};
+use allocbpf_runtime::toolkit::{cache::ENTRY_OVERHEAD, ByteCache, RemoteMemory};
+
+use crate::heap::Heap;
 
 /// Bytes below a return address searched for its code's start at most.
 const MAX_SEARCH: u64 = 64 << 10;
@@ -24,8 +26,17 @@ const SMALL_PAGE: u64 = 4096;
 /// 32 or 64 bytes on x86-64).
 const CODE_ALIGNMENT: u64 = 32;
 
-/// Addresses remembered at most; a full cache starts over.
+/// The return addresses a process's cache was sized for when it counted entries: the
+/// cache is bounded in bytes from it.
 const MAX_CACHED: usize = 1 << 16;
+
+/// What one return address's entry holds besides its overhead: what was found there.
+const ENTRY_BYTES: usize = size_of::<Option<CodeRange>>();
+
+/// Bytes the return addresses' code holds: every entry is the same size (an address
+/// and what was found there, if anything), so this keeps [`MAX_CACHED`] of them, as
+/// when entries were counted.
+const MAX_CACHED_BYTES: usize = MAX_CACHED * (ENTRY_OVERHEAD + ENTRY_BYTES);
 
 /// A code object and its instructions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,21 +59,33 @@ impl CodeRange {
 }
 
 /// Code found by address in one process.
-#[derive(Default)]
 pub struct CodeFinder {
-    by_address: HashMap<u64, Option<CodeRange>>,
+    /// What each return address looked up is in (nothing, for one in no code),
+    /// evicting the addresses used least recently.
+    by_address: ByteCache<u64, Option<CodeRange>>,
     /// The `InstructionStream` map, once seen.
     stream_map: Option<u64>,
 }
 
+impl Default for CodeFinder {
+    fn default() -> Self {
+        Self {
+            by_address: ByteCache::new(MAX_CACHED_BYTES),
+            stream_map: None,
+        }
+    }
+}
+
 impl CodeFinder {
-    /// Forgets what was found (code is freed and its space reused).
+    /// Forgets what was found (code is freed and its space reused), the stream map
+    /// with it: everything is read again.
     pub fn clear(&mut self) {
         self.by_address.clear();
+        self.stream_map = None;
     }
 
     /// The code holding return address `pc`, trying `hint` (a `Code`, tagged) first.
-    pub fn code_at<M: Memory + ?Sized>(
+    pub fn code_at<M: RemoteMemory + ?Sized>(
         &mut self,
         heap: &Heap<'_, M>,
         pc: u64,
@@ -75,15 +98,16 @@ impl CodeFinder {
             .and_then(|code| read_range(heap, code))
             .filter(|range| range.holds(pc))
             .or_else(|| self.search(heap, pc));
-        if self.by_address.len() >= MAX_CACHED {
-            self.by_address.clear();
-        }
-        self.by_address.insert(pc, found);
+        self.by_address.insert(pc, found, ENTRY_BYTES);
         found
     }
 
     /// Searches the page below `pc` for the instruction stream holding it.
-    fn search<M: Memory + ?Sized>(&mut self, heap: &Heap<'_, M>, pc: u64) -> Option<CodeRange> {
+    fn search<M: RemoteMemory + ?Sized>(
+        &mut self,
+        heap: &Heap<'_, M>,
+        pc: u64,
+    ) -> Option<CodeRange> {
         let layout = heap.layout;
         let header = layout.fields.stream_header as u64;
         // The readable pages below `pc`, down to its heap page's start (whose header
@@ -91,14 +115,12 @@ impl CodeFinder {
         let floor = (pc & !(PAGE - 1)).max(pc.saturating_sub(MAX_SEARCH));
         let mut low = pc & !(SMALL_PAGE - 1);
         let mut word = [0u8; 8];
-        while low >= floor + SMALL_PAGE && heap.memory.read(low - SMALL_PAGE, &mut word) {
+        while low >= floor + SMALL_PAGE && heap.memory.read(low - SMALL_PAGE, &mut word).is_ok() {
             low -= SMALL_PAGE;
         }
         let low = low.max(floor);
         let mut window = vec![0u8; (pc - low) as usize];
-        if !heap.memory.read(low, &mut window) {
-            return None;
-        }
+        heap.memory.read(low, &mut window).ok()?;
         let word_at = |address: u64| -> Option<u64> {
             let at = usize::try_from(address.checked_sub(low)?).ok()?;
             Some(u64::from_le_bytes(window.get(at..at + 8)?.try_into().ok()?))
@@ -134,7 +156,7 @@ impl CodeFinder {
 }
 
 /// What the `Code` `code` (tagged) says of its instructions.
-fn read_range<M: Memory + ?Sized>(heap: &Heap<'_, M>, code: u64) -> Option<CodeRange> {
+fn read_range<M: RemoteMemory + ?Sized>(heap: &Heap<'_, M>, code: u64) -> Option<CodeRange> {
     let fields = &heap.layout.fields;
     heap.typed(code, heap.layout.types.code)?;
     let start = heap.field(code, fields.code_start)?;
@@ -149,43 +171,4 @@ fn read_range<M: Memory + ?Sized>(heap: &Heap<'_, M>, code: u64) -> Option<CodeR
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::heap::tests::{layout, FakeMemory};
-
-    #[test]
-    fn code_is_found_below_its_address_and_decoys_are_not_believed() {
-        let layout = layout();
-        let mut memory = FakeMemory::default();
-        let stream_map = memory.map(0x1000, 252);
-        let code_map = memory.map(0x1100, 245);
-        // A page of generated code: zeros, a decoy map word at 0x7000_1000 (followed
-        // by no code), the real stream at 0x7000_2030 (instructions at 0x7000_2040).
-        let page = 0x7000_0000u64;
-        memory.put(page, &vec![0u8; 0x4000]);
-        memory.word(page + 0x1000, stream_map);
-        memory.word(page + 0x1008, 0x4242);
-        memory.word(page + 0x2030, stream_map);
-        memory.word(page + 0x2038, 0x9001);
-        // Its Code: instructions at 0x7000_2040, 0x100 bytes, Turbofan's kind.
-        memory.word(0x9000, code_map);
-        memory.word(0x9000 + 40, page + 0x2040);
-        memory.word(0x9000 + 48, 13);
-        memory.word(0x9000 + 56, 0x100);
-        let heap = Heap {
-            memory: &memory,
-            layout: &layout,
-        };
-        let mut finder = CodeFinder::default();
-        let found = finder.code_at(&heap, page + 0x2080, None).unwrap();
-        assert_eq!(
-            (found.code, found.start, found.size, found.kind),
-            (0x9001, page + 0x2040, 0x100, 13)
-        );
-        // Past its end: the stream below does not hold it, and the decoy is no code.
-        assert_eq!(finder.code_at(&heap, page + 0x2400, None), None);
-        assert_eq!(finder.code_at(&heap, page + 0x1800, None), None);
-        // A hint that does not hold the address is not believed either.
-        assert_eq!(finder.code_at(&heap, page + 0x3000, Some(0x9001)), None);
-    }
-}
+mod tests;

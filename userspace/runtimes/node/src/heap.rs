@@ -4,22 +4,9 @@
 //! string's parts are followed a bounded number of times (a forged cons string may
 //! point at itself).
 
-use allocbpf_images::memory::ProcessMemory;
+use allocbpf_runtime::toolkit::RemoteMemory;
 
 use crate::v8dbg::Layout;
-
-/// Reads of a process's memory (a trait so that the walks can be tested on forged
-/// memory).
-pub trait Memory {
-    /// Fills `buffer` from `address`; false unless every byte was read.
-    fn read(&self, address: u64, buffer: &mut [u8]) -> bool;
-}
-
-impl Memory for ProcessMemory {
-    fn read(&self, address: u64, buffer: &mut [u8]) -> bool {
-        ProcessMemory::read(self, address, buffer).is_ok()
-    }
-}
 
 /// Longest name (function or script) read, in characters.
 pub const MAX_NAME_CHARS: usize = 512;
@@ -34,7 +21,7 @@ const MAX_STRING_PARTS: usize = 1024;
 pub const MAX_ARRAY_ELEMENTS: usize = 4 << 20;
 
 /// The heap of one process, read with its build's layout.
-pub struct Heap<'a, M: Memory + ?Sized> {
+pub struct Heap<'a, M: RemoteMemory + ?Sized> {
     /// Its memory.
     pub memory: &'a M,
     /// Its layout.
@@ -51,13 +38,10 @@ pub fn smi(word: u64) -> Option<i64> {
     (word & 1 == 0).then_some((word as i64) >> 32)
 }
 
-impl<M: Memory + ?Sized> Heap<'_, M> {
+impl<M: RemoteMemory + ?Sized> Heap<'_, M> {
     /// The word at `address`.
     pub fn word(&self, address: u64) -> Option<u64> {
-        let mut bytes = [0u8; 8];
-        self.memory
-            .read(address, &mut bytes)
-            .then(|| u64::from_le_bytes(bytes))
+        self.memory.u64(address).ok()
     }
 
     /// The field at byte `offset` of the object `object` points to.
@@ -67,11 +51,8 @@ impl<M: Memory + ?Sized> Heap<'_, M> {
 
     /// The 32-bit field at byte `offset` of `object`.
     fn field_u32(&self, object: u64, offset: u32) -> Option<u32> {
-        let mut bytes = [0u8; 4];
         let address = object.wrapping_sub(1).wrapping_add(offset as u64);
-        self.memory
-            .read(address, &mut bytes)
-            .then(|| u32::from_le_bytes(bytes))
+        self.memory.u32(address).ok()
     }
 
     /// The instance type of the object `word` points to; `None` for a Smi or an
@@ -84,13 +65,10 @@ impl<M: Memory + ?Sized> Heap<'_, M> {
         if !is_object(map) {
             return None;
         }
-        let mut bytes = [0u8; 2];
         let address = map
             .wrapping_sub(1)
             .wrapping_add(self.layout.fields.instance_type as u64);
-        self.memory
-            .read(address, &mut bytes)
-            .then(|| u16::from_le_bytes(bytes))
+        self.memory.u16(address).ok()
     }
 
     /// `word` if it points to an object of type `wanted`.
@@ -118,7 +96,8 @@ impl<M: Memory + ?Sized> Heap<'_, M> {
         let start = array
             .wrapping_sub(1)
             .wrapping_add(self.layout.fields.array_data as u64);
-        self.memory.read(start, &mut bytes).then_some(bytes)
+        self.memory.read(start, &mut bytes).ok()?;
+        Some(bytes)
     }
 
     /// A fixed array of Smis (a script's line ends), at most `limit` of them.
@@ -129,9 +108,7 @@ impl<M: Memory + ?Sized> Heap<'_, M> {
         let start = array
             .wrapping_sub(1)
             .wrapping_add(self.layout.fields.array_data as u64);
-        if !self.memory.read(start, &mut bytes) {
-            return None;
-        }
+        self.memory.read(start, &mut bytes).ok()?;
         bytes
             .chunks_exact(8)
             .map(|word| smi(u64::from_le_bytes(word.try_into().ok()?)))
@@ -226,9 +203,7 @@ impl<M: Memory + ?Sized> Heap<'_, M> {
         let width = if one_byte { 1 } else { 2 };
         let mut bytes = vec![0u8; (end - skip) * width];
         let start = chars.wrapping_add((skip * width) as u64);
-        if !self.memory.read(start, &mut bytes) {
-            return None;
-        }
+        self.memory.read(start, &mut bytes).ok()?;
         match one_byte {
             true => out.extend(bytes.iter().map(|&b| b as u16)),
             false => out.extend(
@@ -248,82 +223,35 @@ impl<M: Memory + ?Sized> Heap<'_, M> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use std::collections::BTreeMap;
+mod tests {
+    use allocbpf_runtime::toolkit::FakeMemory;
 
     use super::*;
-    use crate::v8dbg::{tests::node20, Layout};
-
-    /// Memory made of the pages a test writes.
-    #[derive(Default)]
-    pub(crate) struct FakeMemory(pub(crate) BTreeMap<u64, u8>);
-
-    impl FakeMemory {
-        pub(crate) fn put(&mut self, address: u64, bytes: &[u8]) {
-            for (i, &b) in bytes.iter().enumerate() {
-                self.0.insert(address + i as u64, b);
-            }
-        }
-
-        pub(crate) fn word(&mut self, address: u64, value: u64) {
-            self.put(address, &value.to_le_bytes());
-        }
-
-        /// A map at `map` of instance type `instance_type`; returns its tagged pointer.
-        pub(crate) fn map(&mut self, map: u64, instance_type: u16) -> u64 {
-            self.put(map + 12, &instance_type.to_le_bytes());
-            map + 1
-        }
-
-        /// A sequential one-byte string at `at`, of map `map` (tagged).
-        pub(crate) fn string(&mut self, at: u64, map: u64, text: &str) -> u64 {
-            self.word(at, map);
-            self.put(at + 12, &(text.len() as u32).to_le_bytes());
-            self.put(at + 16, text.as_bytes());
-            at + 1
-        }
-    }
-
-    impl Memory for FakeMemory {
-        fn read(&self, address: u64, buffer: &mut [u8]) -> bool {
-            for (i, b) in buffer.iter_mut().enumerate() {
-                match self.0.get(&(address + i as u64)) {
-                    Some(&v) => *b = v,
-                    None => return false,
-                }
-            }
-            true
-        }
-    }
-
-    pub(crate) fn layout() -> Layout {
-        Layout::new(&node20(), (11, 3)).unwrap()
-    }
+    use crate::forged::{self, layout, Forge};
 
     #[test]
     fn strings_of_every_representation_are_read() {
         let layout = layout();
-        let mut memory = FakeMemory::default();
-        let seq = memory.map(0x1000, 40);
-        let cons = memory.map(0x1100, 41);
-        let thin = memory.map(0x1200, 45);
-        let sliced = memory.map(0x1300, 43);
+        let mut memory = forged::heap();
+        let seq = memory.v8_map(0x1000, 40);
+        let cons = memory.v8_map(0x1100, 41);
+        let thin = memory.v8_map(0x1200, 45);
+        let sliced = memory.v8_map(0x1300, 43);
         let hello = memory.string(0x2000, seq, "hello ");
         let world = memory.string(0x2100, seq, "world");
         // cons("hello ", "world")
-        memory.word(0x2200, cons);
-        memory.put(0x220c, &11u32.to_le_bytes());
-        memory.word(0x2210, hello);
-        memory.word(0x2218, world);
+        memory.cons(0x2200, cons, 11, hello, world);
         // thin -> cons
-        memory.word(0x2300, thin);
-        memory.put(0x230c, &11u32.to_le_bytes());
-        memory.word(0x2310, 0x2201);
+        memory
+            .write_u64(0x2300, thin)
+            .write_u32(0x230c, 11)
+            .write_u64(0x2310, 0x2201);
         // sliced(cons, 3, 5) = "lo wo"
-        memory.word(0x2400, sliced);
-        memory.put(0x240c, &5u32.to_le_bytes());
-        memory.word(0x2410, 0x2201);
-        memory.word(0x2418, 3u64 << 32);
+        memory
+            .write_u64(0x2400, sliced)
+            .write_u32(0x240c, 5)
+            .write_u64(0x2410, 0x2201)
+            .write_u64(0x2418, 3u64 << 32);
         let heap = Heap {
             memory: &memory,
             layout: &layout,
@@ -337,20 +265,16 @@ pub(crate) mod tests {
     #[test]
     fn forged_strings_end_unread() {
         let layout = layout();
-        let mut memory = FakeMemory::default();
-        let seq = memory.map(0x1000, 40);
-        let cons = memory.map(0x1100, 41);
+        let mut memory = forged::heap();
+        let seq = memory.v8_map(0x1000, 40);
+        let cons = memory.v8_map(0x1100, 41);
         // A cons string whose parts are itself: followed a bounded number of times.
-        memory.word(0x2200, cons);
-        memory.put(0x220c, &11u32.to_le_bytes());
-        memory.word(0x2210, 0x2201);
-        memory.word(0x2218, 0x2201);
+        memory.cons(0x2200, cons, 11, 0x2201, 0x2201);
         // A string claiming 2^31 characters.
-        memory.word(0x2300, seq);
-        memory.put(0x230c, &(1u32 << 31).to_le_bytes());
+        memory.write_u64(0x2300, seq).write_u32(0x230c, 1 << 31);
         // A map whose type is no string's.
-        let other = memory.map(0x1200, 2066);
-        memory.word(0x2400, other);
+        let other = memory.v8_map(0x1200, 2066);
+        memory.write_u64(0x2400, other);
         let heap = Heap {
             memory: &memory,
             layout: &layout,
@@ -359,5 +283,26 @@ pub(crate) mod tests {
         assert_eq!(heap.name(0x2301), None);
         assert_eq!(heap.name(0x2401), None);
         assert_eq!(heap.name(0x2400), None, "an untagged word is no object");
+    }
+
+    #[test]
+    fn objects_past_the_mapped_memory_are_not_read() {
+        let layout = layout();
+        let mut memory = FakeMemory::new();
+        // A string whose map is mapped but whose characters run past its region.
+        memory.map(0x1000, vec![0u8; 0x20]);
+        let seq = memory.v8_map(0x1000, 40);
+        memory.map(0x2000, vec![0u8; 0x18]);
+        memory.write_u64(0x2000, seq).write_u32(0x200c, 16);
+        memory.write(0x2010, b"abcdefgh");
+        let heap = Heap {
+            memory: &memory,
+            layout: &layout,
+        };
+        assert_eq!(heap.name(0x2001), None, "half its characters are unmapped");
+        assert_eq!(heap.instance_type(0x2001), Some(40));
+        assert_eq!(heap.instance_type(0x3001), None, "nothing maps it");
+        assert_eq!(heap.word(u64::MAX - 3), None);
+        assert_eq!(heap.field(0, 0), None, "wraps below zero");
     }
 }

@@ -21,6 +21,8 @@
 #![deny(missing_docs)]
 
 pub mod code;
+#[cfg(test)]
+mod forged;
 pub mod heap;
 pub mod names;
 pub mod observer;

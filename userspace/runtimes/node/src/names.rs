@@ -5,22 +5,46 @@
 //! bytecode position tables lazily (when a stack trace first needs them), so a frame
 //! often gets its function's first line.
 //!
-//! What is read is cached by address (shared infos, scripts, tables), bounded, and
-//! forgotten now and then by the caller: the collector moves objects.
+//! What is read is cached by address (instance types, shared infos, scripts, tables),
+//! bounded in bytes (the least recently used go first), and forgotten now and then by
+//! the caller: the collector moves objects.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{mem::size_of, sync::Arc};
+
+use allocbpf_runtime::toolkit::{cache::ENTRY_OVERHEAD, ByteCache, RemoteMemory};
 
 use crate::{
     code::CodeFinder,
-    heap::{is_object, smi, Heap, Memory, MAX_ARRAY_ELEMENTS, MAX_SOURCE_CHARS},
+    heap::{is_object, smi, Heap, MAX_ARRAY_ELEMENTS, MAX_SOURCE_CHARS},
     positions::{self, Position},
 };
 
-/// Entries each cache keeps at most; a full cache starts over.
+/// The objects each cache was sized for when it counted entries: the caches are
+/// bounded in bytes from it.
 const MAX_CACHED: usize = 1 << 16;
 
-/// Line ends all cached scripts keep at most together.
+/// Bytes the instance types read hold: every entry is the same size (an object's
+/// address and its type, if read), so this keeps [`MAX_CACHED`] of them, as when
+/// entries were counted.
+const MAX_TYPE_BYTES: usize = MAX_CACHED * (ENTRY_OVERHEAD + size_of::<Option<u16>>());
+
+/// Bytes the shared infos read hold: a shared info is its function's name (some tens
+/// of bytes) and its fields, about 128 bytes with its entry, so this keeps about
+/// [`MAX_CACHED`] of them. It is also under what the entry count allowed at worst
+/// ([`MAX_CACHED`] names of [`MAX_NAME_CHARS`](crate::heap::MAX_NAME_CHARS)
+/// characters).
+const MAX_SHARED_BYTES: usize = MAX_CACHED * 128;
+
+/// Line ends all cached scripts kept at most together when entries were counted.
 const MAX_CACHED_LINE_ENDS: usize = 4 << 20;
+
+/// Bytes the scripts read hold, mostly their line ends (4 bytes each): as many line
+/// ends as [`MAX_CACHED_LINE_ENDS`] allowed, and 4 MiB besides for the scripts' names
+/// and fields. A script's name is a path of about a hundred bytes, about 256 bytes
+/// with its fields and entry, so that share holds some sixteen thousand scripts, more
+/// than a process loads; the entry count it replaces ([`MAX_CACHED`] scripts) bounded
+/// nothing a process reaches.
+const MAX_SCRIPT_BYTES: usize = MAX_CACHED_LINE_ENDS * size_of::<u32>() + (4 << 20);
 
 /// Line ends one script keeps at most: a longer script's frames get no line (its line
 /// ends would be read again and again).
@@ -29,8 +53,19 @@ const MAX_SCRIPT_LINE_ENDS: usize = 1 << 20;
 /// Largest source position table read.
 const MAX_TABLE_BYTES: usize = 256 << 10;
 
-/// Decoded positions all cached tables keep at most together.
+/// Decoded positions all cached tables kept at most together when entries were
+/// counted.
 const MAX_CACHED_POSITIONS: usize = 1 << 20;
+
+/// Bytes the tables read hold, mostly their decoded positions: as many positions as
+/// [`MAX_CACHED_POSITIONS`] allowed. A function's table has some tens of positions,
+/// so its fields and entry are a small share of it, and the entry count the positions'
+/// bound replaced ([`MAX_CACHED`] tables, some tens of positions each) allowed more
+/// than the positions' bound did.
+const MAX_CACHED_TABLE_BYTES: usize = MAX_CACHED_POSITIONS * size_of::<Position>();
+
+/// What an `Arc` holds besides its value: its strong and weak counts.
+const ARC_COUNTS: usize = 2 * size_of::<usize>();
 
 /// Functions inlined into one another followed at most at one position.
 const MAX_INLINED: usize = 64;
@@ -87,27 +122,44 @@ pub enum CodeOffset {
     Machine(u64),
 }
 
-/// The names read from one process.
-#[derive(Default)]
+/// The names read from one process, by address.
 pub struct Names {
     /// Instance types read, by object.
-    types: HashMap<u64, Option<u16>>,
+    types: ByteCache<u64, Option<u16>>,
+    /// Code found by return address.
     code: CodeFinder,
-    shared: HashMap<u64, Option<Shared>>,
-    scripts: HashMap<u64, Script>,
-    tables: HashMap<u64, Option<Arc<Vec<Position>>>>,
-    positions_kept: usize,
-    line_ends_kept: usize,
+    /// What each `SharedFunctionInfo` says (nothing, for one unreadable).
+    shared: ByteCache<u64, Option<Shared>>,
+    /// What each `Script` says.
+    scripts: ByteCache<u64, Script>,
+    /// Decoded source position tables, by their owner (nothing, for none readable).
+    tables: ByteCache<u64, Option<Arc<Vec<Position>>>>,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Self {
+            types: ByteCache::new(MAX_TYPE_BYTES),
+            code: CodeFinder::default(),
+            shared: ByteCache::new(MAX_SHARED_BYTES),
+            scripts: ByteCache::new(MAX_SCRIPT_BYTES),
+            tables: ByteCache::new(MAX_CACHED_TABLE_BYTES),
+        }
+    }
 }
 
 impl Names {
     /// Forgets everything read (the collector may have moved it).
     pub fn clear(&mut self) {
-        *self = Names::default();
+        self.types.clear();
+        self.code.clear();
+        self.shared.clear();
+        self.scripts.clear();
+        self.tables.clear();
     }
 
     /// The instance type of the object `word` points to (cached).
-    pub fn instance_type<M: Memory + ?Sized>(
+    pub fn instance_type<M: RemoteMemory + ?Sized>(
         &mut self,
         heap: &Heap<'_, M>,
         word: u64,
@@ -116,13 +168,13 @@ impl Names {
             return *known;
         }
         let read = heap.instance_type(word);
-        bounded_insert(&mut self.types, word, read);
+        self.types.insert(word, read, size_of::<Option<u16>>());
         read
     }
 
     /// Names the frame of `function` (a tagged `JSFunction`) at `at`: the functions
     /// optimized code inlined at that point first (innermost first), then `function`.
-    pub fn frames<M: Memory + ?Sized>(
+    pub fn frames<M: RemoteMemory + ?Sized>(
         &mut self,
         heap: &Heap<'_, M>,
         function: u64,
@@ -153,7 +205,7 @@ impl Names {
     /// The frames of `position` in optimized `code` whose function is `outer`: each
     /// inlined function at its position, then its caller at the position of the call,
     /// out to `outer`.
-    fn inlined<M: Memory + ?Sized>(
+    fn inlined<M: RemoteMemory + ?Sized>(
         &mut self,
         heap: &Heap<'_, M>,
         code: u64,
@@ -208,7 +260,7 @@ impl Names {
 
     /// The frame of the function `sfi` describes at `script_offset` (its first line
     /// when `None`).
-    fn named<M: Memory + ?Sized>(
+    fn named<M: RemoteMemory + ?Sized>(
         &mut self,
         heap: &Heap<'_, M>,
         sfi: u64,
@@ -240,7 +292,7 @@ impl Names {
     /// code found by the address) and the position there, if that code is optimized
     /// (Maglev's or Turbofan's: a baseline code's table maps to bytecodes, not to the
     /// source) and has a table.
-    fn optimized_position<M: Memory + ?Sized>(
+    fn optimized_position<M: RemoteMemory + ?Sized>(
         &mut self,
         heap: &Heap<'_, M>,
         function: u64,
@@ -269,7 +321,7 @@ impl Names {
 
     /// The decoded source position table at field `field` of `owner` (of type
     /// `owner_type`).
-    fn table<M: Memory + ?Sized>(
+    fn table<M: RemoteMemory + ?Sized>(
         &mut self,
         heap: &Heap<'_, M>,
         owner: u64,
@@ -285,28 +337,27 @@ impl Names {
             .and_then(|table| heap.byte_array(table, MAX_TABLE_BYTES))
             .filter(|bytes| !bytes.is_empty())
             .map(|bytes| Arc::new(positions::decode(&bytes)));
-        let kept = read.as_ref().map_or(0, |table| table.len());
-        if self.positions_kept + kept > MAX_CACHED_POSITIONS {
-            self.tables.clear();
-            self.positions_kept = 0;
-        }
-        self.positions_kept += kept;
-        bounded_insert(&mut self.tables, owner, read.clone());
+        let bytes = size_of::<Option<Arc<Vec<Position>>>>()
+            + read.as_ref().map_or(0, |table| {
+                ARC_COUNTS + size_of::<Vec<Position>>() + table.len() * size_of::<Position>()
+            });
+        self.tables.insert(owner, read.clone(), bytes);
         read
     }
 
     /// What `sfi` says of its function.
-    fn shared<M: Memory + ?Sized>(&mut self, heap: &Heap<'_, M>, sfi: u64) -> Option<Shared> {
+    fn shared<M: RemoteMemory + ?Sized>(&mut self, heap: &Heap<'_, M>, sfi: u64) -> Option<Shared> {
         if let Some(known) = self.shared.get(&sfi) {
             return known.clone();
         }
         let read = read_shared(heap, sfi);
-        bounded_insert(&mut self.shared, sfi, read.clone());
+        let bytes = size_of::<Option<Shared>>() + read.as_ref().map_or(0, |s| s.name.len());
+        self.shared.insert(sfi, read.clone(), bytes);
         read
     }
 
     /// What `script` says of itself (a script unreadable has no name and no lines).
-    fn script<M: Memory + ?Sized>(&mut self, heap: &Heap<'_, M>, script: u64) -> Script {
+    fn script<M: RemoteMemory + ?Sized>(&mut self, heap: &Heap<'_, M>, script: u64) -> Script {
         if let Some(known) = self.scripts.get(&script) {
             return known.clone();
         }
@@ -329,24 +380,22 @@ impl Names {
             })
             .filter(|ends: &Vec<u32>| ends.len() <= MAX_SCRIPT_LINE_ENDS)
             .map(Arc::new);
-        let lines = line_ends.as_ref().map_or(0, |ends| ends.len());
-        if self.line_ends_kept + lines > MAX_CACHED_LINE_ENDS || self.scripts.len() >= MAX_CACHED {
-            self.scripts.clear();
-            self.line_ends_kept = 0;
-        }
-        self.line_ends_kept += lines;
         let script_info = Script { name, line_ends };
-        self.scripts.insert(script, script_info.clone());
+        self.scripts
+            .insert(script, script_info.clone(), script_info.bytes());
         script_info
     }
 }
 
-/// Inserts into a cache that starts over when full.
-fn bounded_insert<K: std::hash::Hash + Eq, V>(cache: &mut HashMap<K, V>, key: K, value: V) {
-    if cache.len() >= MAX_CACHED {
-        cache.clear();
+impl Script {
+    /// What it holds: its fields, its name and its line ends (in their `Arc`).
+    fn bytes(&self) -> usize {
+        size_of::<Script>()
+            + self.name.len()
+            + (self.line_ends.as_ref()).map_or(0, |ends| {
+                ARC_COUNTS + size_of::<Vec<u32>>() + ends.len() * size_of::<u32>()
+            })
     }
-    cache.insert(key, value);
 }
 
 /// How an unreadable frame reads.
@@ -360,7 +409,7 @@ fn unreadable() -> Named {
 
 /// Reads a shared function info: its name (a string, or in its scope info), its
 /// script and where it starts.
-fn read_shared<M: Memory + ?Sized>(heap: &Heap<'_, M>, sfi: u64) -> Option<Shared> {
+fn read_shared<M: RemoteMemory + ?Sized>(heap: &Heap<'_, M>, sfi: u64) -> Option<Shared> {
     let layout = heap.layout;
     let name_or_scope = heap.field(sfi, layout.fields.shared_name)?;
     let (name, start) = match heap.instance_type(name_or_scope) {
@@ -386,7 +435,10 @@ fn read_shared<M: Memory + ?Sized>(heap: &Heap<'_, M>, sfi: u64) -> Option<Share
 /// and is not published: after the context locals' names and infos, the first string
 /// is taken as the function's name, and the first two Smis after it that make a
 /// rising pair as its start and end positions.
-fn scope_name<M: Memory + ?Sized>(heap: &Heap<'_, M>, scope: u64) -> (Option<String>, Option<u32>) {
+fn scope_name<M: RemoteMemory + ?Sized>(
+    heap: &Heap<'_, M>,
+    scope: u64,
+) -> (Option<String>, Option<u32>) {
     let mut words = [0u64; SCOPE_WORDS];
     let base = scope
         .wrapping_sub(1)
@@ -419,3 +471,6 @@ fn scope_name<M: Memory + ?Sized>(heap: &Heap<'_, M>, scope: u64) -> (Option<Str
     }
     (name, None)
 }
+
+#[cfg(test)]
+mod tests;

@@ -102,7 +102,7 @@ pub fn line_ends(source: &[u16]) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn zigzag(value: i64, out: &mut Vec<u8>) {
@@ -119,7 +119,7 @@ mod tests {
     }
 
     /// Encodes pairs the way V8 does: differences, statements by a negative code step.
-    fn encode(pairs: &[(i64, u32, bool)]) -> Vec<u8> {
+    pub(crate) fn encode(pairs: &[(i64, u32, bool)]) -> Vec<u8> {
         let mut out = Vec::new();
         let (mut code, mut source) = (-1i64, 0i64);
         for &(offset, script_offset, statement) in pairs {

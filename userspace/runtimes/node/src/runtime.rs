@@ -5,7 +5,8 @@
 //! place of the generated code or interpreter builtin they ran in.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
+    mem::size_of,
     ops::Range,
     time::{Duration, Instant},
 };
@@ -16,21 +17,38 @@ use allocbpf_common::{
 };
 use allocbpf_images::memory::ProcessMemory;
 use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
-use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
+use allocbpf_runtime::{
+    toolkit::{ByteCache, ProcessStates, RetryPolicy, StackCopy},
+    Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack,
+};
 
 use crate::{
     heap::Heap,
     names::{CodeOffset, Names},
     process::NodeFiles,
     v8dbg::Layout,
-    walk::{walk, Origin, StackCopy},
+    walk::{walk, Origin},
 };
 
 /// This runtime's [`Runtime::name`].
 pub const NAME: &str = "node";
 
-/// Frames named remembered at most per process; a full cache starts over.
+/// A node process's constants are read once: what its binary says does not change
+/// while it runs, so a look that refused them is final (one that found no node binary
+/// records nothing, and a later look may find one).
+const NO_RETRY: RetryPolicy = RetryPolicy {
+    every: Duration::ZERO,
+    times: 0,
+};
+
+/// The functions at places a process's cache was sized for when it counted entries:
+/// the cache is bounded in bytes from it.
 const MAX_CACHED_FRAMES: usize = 1 << 16;
+
+/// Bytes the frames named hold per process: a function at a place is named as one
+/// frame, or a few where optimized code inlined others, in a vector, about 128 bytes
+/// with its key and entry, so this keeps about [`MAX_CACHED_FRAMES`] of them.
+const MAX_FRAME_BYTES: usize = MAX_CACHED_FRAMES * 128;
 
 /// V8's tagged word: what a JS heap chunk's sample stands for (an object of that size).
 const JS_HEAP_WORD: u64 = 8;
@@ -47,25 +65,29 @@ struct NodeProcess {
     layout: Layout,
     names: Names,
     /// The frames each function at each place was named as (interned).
-    frames: HashMap<(u64, CodeOffset), Vec<Frame>>,
+    frames: ByteCache<(u64, CodeOffset), Vec<Frame>>,
     /// Its embedded builtins, where mapped.
     builtins: Option<Range<u64>>,
     refreshed: Instant,
 }
 
-/// What is known of one process.
-enum Known {
-    /// Node.js, read.
-    Node(Box<NodeProcess>),
-    /// Not Node.js, or one allocbpf cannot read (said once).
-    Other,
+/// The node processes of a session and the naming of their frames.
+pub struct NodeRuntime {
+    /// Each process looked at: Node.js, read (boxed: most processes are not node and
+    /// keep a small state), or not Node.js or one allocbpf cannot read (the reason was
+    /// said once). A node process's entry in [`NODE_MAP`] goes when it execs or its
+    /// pid is reused.
+    processes: ProcessStates<Box<NodeProcess>>,
+    files: NodeFiles,
 }
 
-/// The node processes of a session and the naming of their frames.
-#[derive(Default)]
-pub struct NodeRuntime {
-    processes: HashMap<u32, Known>,
-    files: NodeFiles,
+impl Default for NodeRuntime {
+    fn default() -> Self {
+        Self {
+            processes: ProcessStates::new(NO_RETRY, Some(NODE_MAP)),
+            files: NodeFiles::default(),
+        }
+    }
 }
 
 impl Runtime for NodeRuntime {
@@ -75,7 +97,7 @@ impl Runtime for NodeRuntime {
 
     fn look_at(&mut self, process: &ProcessView<'_>, maps: &mut dyn RuntimeMaps) -> Option<Found> {
         let pid = process.pid;
-        if self.processes.contains_key(&pid) {
+        if self.processes.knows(pid) {
             return None;
         }
         let found = self.files.discover(pid, process.maps)?;
@@ -89,7 +111,7 @@ impl Runtime for NodeRuntime {
                     "pid {pid}: {path} exports V8 constants but is profiled as native code \
                      only: {error}"
                 );
-                self.processes.insert(pid, Known::Other);
+                self.processes.set_other(pid);
                 return None;
             }
         };
@@ -115,14 +137,14 @@ impl Runtime for NodeRuntime {
             .map(|r| r.start.wrapping_add(found.bias)..r.end.wrapping_add(found.bias));
         self.processes.insert(
             pid,
-            Known::Node(Box::new(NodeProcess {
+            Box::new(NodeProcess {
                 memory: ProcessMemory::new(pid),
                 layout,
                 names: Names::default(),
-                frames: HashMap::new(),
+                frames: ByteCache::new(MAX_FRAME_BYTES),
                 builtins,
                 refreshed: Instant::now(),
-            })),
+            }),
         );
         Some(Found {
             runtime: NAME,
@@ -137,9 +159,7 @@ impl Runtime for NodeRuntime {
         mut native: Vec<Frame>,
         locations: &mut SourceLocations,
     ) -> Vec<Frame> {
-        let (Some(Known::Node(node)), Some(copied)) =
-            (self.processes.get_mut(&sample.pid), sample.native)
-        else {
+        let (Some(node), Some(copied)) = (self.processes.get_mut(sample.pid), sample.native) else {
             return native;
         };
         if node.refreshed.elapsed() >= REFRESH_EVERY {
@@ -164,7 +184,7 @@ impl Runtime for NodeRuntime {
         };
         let [_, sp, bp] = copied.regs;
         let copy = StackCopy {
-            sp,
+            base: sp,
             bytes: copied.stack,
         };
         // Each JavaScript frame replaces the native frame of its code's address (which
@@ -197,10 +217,9 @@ impl Runtime for NodeRuntime {
                             }))
                         })
                         .collect();
-                    if node.frames.len() >= MAX_CACHED_FRAMES {
-                        node.frames.clear();
-                    }
-                    node.frames.insert((js.function, js.at), frames.clone());
+                    let bytes = size_of::<Vec<Frame>>() + frames.len() * size_of::<Frame>();
+                    node.frames
+                        .insert((js.function, js.at), frames.clone(), bytes);
                     frames
                 }
             };
@@ -223,10 +242,7 @@ impl Runtime for NodeRuntime {
     }
 
     fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
-        self.processes.remove(&pid);
-        if matches!(why, Departure::Exec | Departure::Reused) {
-            maps.forget_entry(NODE_MAP, pid);
-        }
+        self.processes.forget(pid, why, maps);
     }
 
     fn descriptor_errors(&self) -> u64 {

@@ -12,8 +12,10 @@
 //! Only the copy is read for the chain (it is what the thread's stack was at the
 //! probe); the functions it names are read from the process's memory afterwards.
 
+use allocbpf_runtime::toolkit::{RemoteMemory, StackCopy};
+
 use crate::{
-    heap::{is_object, smi, Heap, Memory},
+    heap::{is_object, smi, Heap},
     names::{CodeOffset, Names},
 };
 
@@ -40,29 +42,13 @@ pub struct JsFrame {
     pub at: CodeOffset,
 }
 
-/// The stack copy.
-pub struct StackCopy<'a> {
-    /// `sp` at the probe: where `bytes` starts.
-    pub sp: u64,
-    /// The stack from `sp` up.
-    pub bytes: &'a [u8],
-}
-
-impl StackCopy<'_> {
-    /// The word at `address`, if it lies in the copy.
-    fn word(&self, address: u64) -> Option<u64> {
-        let start = usize::try_from(address.checked_sub(self.sp)?).ok()?;
-        let bytes = self.bytes.get(start..start.checked_add(8)?)?;
-        Some(u64::from_le_bytes(bytes.try_into().ok()?))
-    }
-}
-
-/// The frames in V8's code of a stack copied at a probe where `[sp]` is the return
-/// address and `bp` the caller's frame pointer, innermost first: each one's address and
-/// its JavaScript frame, `None` for a frame that is none (a stub's, an exit's), so that
-/// the caller can keep its place among the native frames. `origin` tells whose code an
-/// address is in; `names` caches the instance types read.
-pub fn walk<M: Memory + ?Sized>(
+/// The frames in V8's code of a stack copied at a probe from its `sp` (the copy's
+/// base), where `[sp]` is the return address and `bp` the caller's frame pointer,
+/// innermost first: each one's address and its JavaScript frame, `None` for a frame
+/// that is none (a stub's, an exit's), so that the caller can keep its place among the
+/// native frames. `origin` tells whose code an address is in; `names` caches the
+/// instance types read.
+pub fn walk<M: RemoteMemory + ?Sized>(
     heap: &Heap<'_, M>,
     names: &mut Names,
     copy: &StackCopy<'_>,
@@ -70,7 +56,7 @@ pub fn walk<M: Memory + ?Sized>(
     origin: &dyn Fn(u64) -> Origin,
 ) -> Vec<(u64, Option<JsFrame>)> {
     let mut frames = Vec::new();
-    let Some(mut pc) = copy.word(copy.sp) else {
+    let Some(mut pc) = copy.word(copy.base) else {
         return frames;
     };
     let mut fp = bp;
@@ -95,7 +81,7 @@ pub fn walk<M: Memory + ?Sized>(
 }
 
 /// The JavaScript frame at `fp`, if it is one.
-fn js_frame<M: Memory + ?Sized>(
+fn js_frame<M: RemoteMemory + ?Sized>(
     heap: &Heap<'_, M>,
     names: &mut Names,
     copy: &StackCopy<'_>,
@@ -144,7 +130,7 @@ fn js_frame<M: Memory + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heap::tests::{layout, FakeMemory};
+    use crate::forged::{self, layout, Forge};
 
     /// A stack of words from `sp` up.
     fn stack(words: &[u64]) -> Vec<u8> {
@@ -154,9 +140,9 @@ mod tests {
     #[test]
     fn js_frames_are_found_between_native_ones_and_loops_end() {
         let layout = layout();
-        let mut memory = FakeMemory::default();
-        let function_map = memory.map(0x1000, 2066);
-        memory.word(0x5000, function_map);
+        let mut memory = forged::heap();
+        let function_map = memory.v8_map(0x1000, 2066);
+        memory.object(0x5000, function_map);
         let function = 0x5001;
         let sp = 0x7000_0000u64;
         // sp: return address into native code; a native frame at sp+16, then a JS
@@ -172,7 +158,10 @@ mod tests {
         words[8] = function; // function
         words[5] = 7u64 << 32; // a bytecode offset (generated code: compiled all the same)
         let bytes = stack(&words);
-        let copy = StackCopy { sp, bytes: &bytes };
+        let copy = StackCopy {
+            base: sp,
+            bytes: &bytes,
+        };
         let heap = Heap {
             memory: &memory,
             layout: &layout,
@@ -187,5 +176,47 @@ mod tests {
             at: CodeOffset::Machine(0x90_0000),
         };
         assert_eq!(frames, vec![(0x90_0000, Some(js))]);
+    }
+
+    #[test]
+    fn an_interpreted_frame_is_at_its_bytecode_and_a_typed_frame_is_none() {
+        let layout = layout();
+        let mut memory = forged::heap();
+        let function_map = memory.v8_map(0x1000, 2066);
+        let bytecode_map = memory.v8_map(0x1100, 191);
+        let function = memory.object(0x5000, function_map);
+        let array = memory.object(0x5100, bytecode_map);
+        let sp = 0x7000_0000u64;
+        // The interpreter's frame at sp+48 (its slots below: context, function, an
+        // argument count, the bytecode array and offset), then a stub's frame at sp+96
+        // (a Smi marker where the context is), whose saved fp ends the chain.
+        let mut words = vec![0u64; 16];
+        words[0] = 0x50_0000; // [sp]: in the builtins
+        words[1] = forged::smi(53 + 7); // bytecode 7, counted from the tagged array
+        words[2] = array;
+        words[4] = function;
+        words[5] = 0x3001; // context (tagged)
+        words[6] = sp + 96;
+        words[7] = 0x50_0100; // the stub's code, in the builtins too
+        words[11] = forged::smi(4); // a typed frame's marker
+        let bytes = stack(&words);
+        let copy = StackCopy {
+            base: sp,
+            bytes: &bytes,
+        };
+        let heap = Heap {
+            memory: &memory,
+            layout: &layout,
+        };
+        let origin = |pc: u64| match pc >= 0x50_0000 {
+            true => Origin::Builtins,
+            false => Origin::Native,
+        };
+        let frames = walk(&heap, &mut Names::default(), &copy, sp + 48, &origin);
+        let js = JsFrame {
+            function,
+            at: CodeOffset::Bytecode { array, offset: 7 },
+        };
+        assert_eq!(frames, vec![(0x50_0000, Some(js)), (0x50_0100, None)]);
     }
 }
