@@ -19,6 +19,7 @@ use allocbpf_probe::{
     events::{Event, RawSample, RuntimeCapture},
     sampler::monotonic_now_ns,
 };
+use allocbpf_profile::report::Report;
 use allocbpf_runtime::Runtime;
 use allocbpf_runtime_contract::{
     capture_of, entry_of, shown_name, FakeLang, CAPTURE_FLAG, MAP, NAME, VERSION_LABEL,
@@ -102,6 +103,27 @@ fn a_runtime_of_its_own_crate_runs_through_the_engine_and_the_exporters() {
     );
     let report = &profile.report;
     assert_eq!(report.totals.samples, 4);
+    check_frames(report);
+    check_exporters(report);
+    check_pprof(report);
+
+    // Its exit releases the process at the next cut: its entry goes with it.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    fake.send([Event::Exit { pid: me }]);
+    let _ = collector.cut();
+    assert!(
+        fake.state
+            .borrow()
+            .entries
+            .get(MAP)
+            .is_none_or(|m| !m.contains_key(&me)),
+        "the runtime's entry is forgotten when its process leaves"
+    );
+}
+
+/// The report's stacks name the runtime's frames as their locations say.
+fn check_frames(report: &Report) {
     let shown: Vec<Vec<String>> = (report.stacks.iter())
         .map(|stack| {
             (stack.locations.iter())
@@ -118,8 +140,10 @@ fn a_runtime_of_its_own_crate_runs_through_the_engine_and_the_exporters() {
         shown.contains(&vec![shown_name(3), shown_name(2)]),
         "{shown:?}"
     );
+}
 
-    // Every exporter names its frames as their locations say.
+/// Every exporter that shows names names the runtime's frames.
+fn check_exporters(report: &Report) {
     for format in [
         Format::Text,
         Format::Json,
@@ -141,6 +165,10 @@ fn a_runtime_of_its_own_crate_runs_through_the_engine_and_the_exporters() {
             assert!(text.contains(&name), "{format:?} lacks {name}:\n{text}");
         }
     }
+}
+
+/// pprof carries the runtime's function, file and line apart.
+fn check_pprof(report: &Report) {
     let mut gzipped = Vec::new();
     allocbpf_export::write(report, Format::Pprof, "", &mut gzipped).unwrap();
     let read = pprof::read(&pprof::decode_gzipped(&gzipped[..], 1 << 24).unwrap());
@@ -155,18 +183,4 @@ fn a_runtime_of_its_own_crate_runs_through_the_engine_and_the_exporters() {
             "pprof lacks {expected:?}: {functions:?}"
         );
     }
-
-    // Its exit releases the process at the next cut: its entry goes with it.
-    child.kill().unwrap();
-    child.wait().unwrap();
-    fake.send([Event::Exit { pid: me }]);
-    let _ = collector.cut();
-    assert!(
-        fake.state
-            .borrow()
-            .entries
-            .get(MAP)
-            .is_none_or(|m| !m.contains_key(&me)),
-        "the runtime's entry is forgotten when its process leaves"
-    );
 }

@@ -100,34 +100,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         let mut children = spawn_sleepers(count)?;
         // Let each sleeper's loader map libc before timing.
         thread::sleep(Duration::from_millis(300 + count as u64));
-        let (mut attach, mut detach) = (Vec::new(), Vec::new());
-        for _ in 0..ROUNDS {
-            let started = Instant::now();
-            let attached = sampler.attach(image)?;
-            let attached_at = Instant::now();
-            if multi {
-                let closes: Vec<_> = sampler
-                    .take_links(attached.links)
-                    .split()
-                    .into_iter()
-                    .map(|link| thread::spawn(move || drop(link)))
-                    .collect();
-                for close in closes {
-                    let _ = close.join();
-                }
-            } else {
-                sampler.detach(attached.links);
-            }
-            attach.push(attached_at.duration_since(started));
-            detach.push(attached_at.elapsed());
-        }
+        let (attach, detach) = time_rounds(&mut sampler, image, multi)?;
         for child in &mut children {
             let _ = child.kill();
         }
         for child in &mut children {
             let _ = child.wait();
         }
-        let (attach, detach) = (median(attach), median(detach));
         // Marginal: what attaching costs for each process more than the first row's
         // (detaching is dominated by a fixed wait per probe, see the module docs).
         let per_process = match first {
@@ -147,6 +126,37 @@ fn main() -> Result<(), Box<dyn Error>> {
         );
     }
     Ok(())
+}
+
+/// Attaches and detaches `image`'s probes [`ROUNDS`] times: the median attach and
+/// detach times (`multi`: uprobe_multi links, closed on a thread each).
+fn time_rounds(
+    sampler: &mut Sampler,
+    image: &allocbpf_images::image::AllocatorImage,
+    multi: bool,
+) -> Result<(Duration, Duration), Box<dyn Error>> {
+    let (mut attach, mut detach) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let started = Instant::now();
+        let attached = sampler.attach(image)?;
+        let attached_at = Instant::now();
+        if multi {
+            let closes: Vec<_> = sampler
+                .take_links(attached.links)
+                .split()
+                .into_iter()
+                .map(|link| thread::spawn(move || drop(link)))
+                .collect();
+            for close in closes {
+                let _ = close.join();
+            }
+        } else {
+            sampler.detach(attached.links);
+        }
+        attach.push(attached_at.duration_since(started));
+        detach.push(attached_at.elapsed());
+    }
+    Ok((median(attach), median(detach)))
 }
 
 fn spawn_sleepers(count: usize) -> std::io::Result<Vec<Child>> {
