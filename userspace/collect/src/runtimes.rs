@@ -17,7 +17,3 @@ pub fn supported() -> Vec<Box<dyn Runtime>> {
         Box::new(NodeRuntime::default()),
     ]
 }
-
-/// The Go runtime's name, as the engine's figures key it
-/// ([`crate::engine::CollectorStats::runtime_reads`]).
-pub const GO: &str = allocbpf_go::heap_profile::NAME;

@@ -24,5 +24,6 @@ pub mod aggregate;
 pub mod estimate;
 pub mod frame;
 pub mod report;
+pub(crate) mod stats;
 pub mod timeline;
 pub mod units;

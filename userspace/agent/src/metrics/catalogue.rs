@@ -237,26 +237,6 @@ pub(super) const COUNTERS: &[Metric] = &[
         help: "Metrics connections closed at once: too many open",
         reading: Reading::Counted,
     },
-    Metric {
-        name: "go_polls",
-        help: "Reads of Go processes' heap profiles (the Go runtime's own sampler)",
-        reading: Reading::Engine(|s| s.runtime_reads(allocbpf_collect::runtimes::GO).polls),
-    },
-    Metric {
-        name: "go_buckets_read",
-        help: "Heap-profile buckets those reads walked",
-        reading: Reading::Engine(|s| s.runtime_reads(allocbpf_collect::runtimes::GO).records),
-    },
-    Metric {
-        name: "go_bytes_read",
-        help: "Bytes of Go processes' memory those reads copied",
-        reading: Reading::Engine(|s| s.runtime_reads(allocbpf_collect::runtimes::GO).bytes),
-    },
-    Metric {
-        name: "go_poll_milliseconds",
-        help: "Time spent reading Go processes' heap profiles",
-        reading: Reading::Engine(|s| s.runtime_reads(allocbpf_collect::runtimes::GO).ns / 1_000_000),
-    },
 ];
 
 /// Gauges: values now.

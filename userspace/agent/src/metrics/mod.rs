@@ -21,6 +21,7 @@ use tokio::{
 };
 
 mod catalogue;
+mod runtimes;
 
 use self::catalogue::{Metric, Reading, COUNTERS, GAUGES};
 use super::{push::PushStats, writer::WriterStats};
@@ -37,6 +38,7 @@ pub struct Metrics {
     cpu_seconds: Gauge<f64, AtomicU64>,
     budget: BudgetGauges,
     per_store: StoreGauges,
+    per_runtime: runtimes::RuntimeCounters,
 }
 
 /// What [`Metrics::update`] reads.
@@ -182,6 +184,7 @@ impl Metrics {
             "Profiles waiting in one profile store's spool",
             per_store.spooled.clone(),
         );
+        let per_runtime = runtimes::RuntimeCounters::register(&mut registry);
         Self {
             registry,
             counters,
@@ -189,6 +192,7 @@ impl Metrics {
             cpu_seconds,
             budget,
             per_store,
+            per_runtime,
         }
     }
 
@@ -251,6 +255,7 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(stats.spool_files.load(Ordering::Relaxed) as f64);
         }
+        self.per_runtime.update(sources.engine);
         self.cpu_seconds.set(own_cpu_and_rss().0);
     }
 

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use allocbpf_probe::events::RawSample;
 
-use super::{process_table::Owner, Collector};
+use super::{process_table::Owner, Collector, WINDOW_CHECK_EVERY};
 
 /// Samples of processes first seen in the batch under way, in arrival order.
 #[derive(Default)]
@@ -53,15 +53,18 @@ impl Collector {
             }
         };
         let mut looked = HashSet::new();
-        for sample in held {
-            if looked.insert(sample.pid) {
+        for (index, sample) in held.into_iter().enumerate() {
+            let first = looked.insert(sample.pid);
+            if first {
                 self.observe(sample.pid);
-                // A new program's first look (its unwind tables, its runtime) takes a
-                // large program a good part of a second: an early check due meanwhile
-                // comes between looks.
-                if self.window_due() {
-                    self.windows_tick();
-                }
+            }
+            // A new program's first look and first stack (its unwind tables, its
+            // runtime) take a large program a good part of a second, and a long run of
+            // held samples as long as a batch: a window change due meanwhile comes
+            // between them, as it does between a batch's events.
+            if (first || index % WINDOW_CHECK_EVERY == WINDOW_CHECK_EVERY - 1) && self.window_due()
+            {
+                self.windows_tick();
             }
             self.add_sample(sample, Owner::Tracked);
         }

@@ -339,6 +339,9 @@ impl Collector {
             // A long batch (stacks unwound for every sample) must not make the budget's
             // windows late: they are checked between events.
             if index % WINDOW_CHECK_EVERY == WINDOW_CHECK_EVERY - 1 && self.window_due() {
+                // Held samples first: a window that moves must see every process
+                // sampled before it (its live blocks expire with the window).
+                self.look_at_first_seen(None);
                 self.windows_tick();
             }
             let Some(event) = self.cutter.hold(event) else {

@@ -12,6 +12,7 @@ use allocbpf_runtime::{
 };
 
 use super::Collector;
+use crate::identity;
 use crate::kernel::Kernel;
 
 impl Collector {
@@ -44,9 +45,12 @@ impl Collector {
     /// looked at too early (an interpreter still initialising): on the housekeeping
     /// tick, never in the path of a sample.
     pub(super) fn look_again_due(&mut self, now: Instant) {
-        let due: Vec<u32> = (self.processes.tracked.keys())
-            .copied()
-            .filter(|&pid| self.stacks.look_again_due(pid, now))
+        // Only the process that asked: a pid reused since is another one, looked at
+        // when it samples.
+        let due: Vec<u32> = (self.processes.tracked.iter())
+            .filter(|(&pid, _)| self.stacks.look_again_due(pid, now))
+            .filter(|(&pid, tracked)| identity::start_time(pid) == tracked.info.start_time)
+            .map(|(&pid, _)| pid)
             .collect();
         for pid in due {
             let maps = procfs::read_maps_counting_cuts(pid, &mut self.processes.maps_cut);

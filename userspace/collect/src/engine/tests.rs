@@ -292,6 +292,37 @@ fn a_new_process_is_looked_at_gated_profiled_and_forgotten_after_its_exit() {
     assert_eq!(collector.stats.processes_seen, 1);
 }
 
+/// Samples of processes not seen yet are held while the batch goes on, and their
+/// processes looked at once it ends, or before any other event of theirs: an exit right
+/// after a new process's samples comes after its look, and every sample counts, each in
+/// its own process, as when a process was looked at in the middle of the batch.
+#[test]
+fn new_processes_are_looked_at_off_the_sample_path_with_no_sample_lost_or_misplaced() {
+    let fake = FakeLoader::new(false);
+    let mut collector = host(&fake, None);
+    let mut first = Sleeper::start();
+    let second = Sleeper::start();
+    let (a, b) = (first.pid(), second.pid());
+    fake.send([
+        sample(a, 1, 100, 0),
+        sample(b, 2, 200, 0),
+        sample(a, 3, 100, 0),
+        Event::Exit { pid: a },
+        sample(b, 4, 200, 0),
+    ]);
+    collector.drain_ring();
+    assert!(!collector.intake.first_sight.holds(a) && !collector.intake.first_sight.holds(b));
+    assert_eq!(collector.stats.processes_seen, 2);
+    assert_eq!(collector.stats.samples, 4);
+    assert_eq!(collector.stats.exit_events, 1);
+    first.kill();
+    let profiles = collector.cut();
+    let (of_a, of_b) = (profile_of(&profiles, a), profile_of(&profiles, b));
+    assert!(of_a.exited && !of_b.exited);
+    assert_eq!(of_a.report.totals.samples, 2);
+    assert_eq!(of_b.report.totals.samples, 2);
+}
+
 #[test]
 fn a_sample_of_a_process_the_filter_excludes_is_dropped_and_its_gate_closed() {
     let fake = FakeLoader::new(false);

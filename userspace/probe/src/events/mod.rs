@@ -278,6 +278,64 @@ mod tests {
         assert!(!sample.certain);
     }
 
+    /// A record with `user_stack` copied after the header and `capture` (the bytes of
+    /// a runtime's capture, its flag set) at its end.
+    fn record_with(user_stack: &[u8], flag: u32, capture: &[u8]) -> Vec<u8> {
+        let mut e = event();
+        e.flags = flag;
+        e.user_stack_len = user_stack.len() as u32;
+        [event_bytes(&e).as_slice(), user_stack, capture].concat()
+    }
+
+    #[test]
+    fn a_runtime_capture_is_the_records_last_bytes_after_its_stack_copy() {
+        use allocbpf_common::{
+            runtime_entry::{capture_of, CAPTURES},
+            SAMPLE_FLAG_JAVA, SAMPLE_FLAG_PYTHON,
+        };
+        for layout in CAPTURES {
+            let capture: Vec<u8> = (0..layout.bytes).map(|i| i as u8).collect();
+            let stack = [7u8; 64];
+            let Some(Event::Sample(sample)) = decode(&record_with(&stack, layout.flag, &capture))
+            else {
+                panic!("not a sample")
+            };
+            let decoded = sample.capture.expect("a capture");
+            assert_eq!(
+                (decoded.flag, &decoded.bytes[..]),
+                (layout.flag, &capture[..])
+            );
+            assert_eq!(
+                sample.user_stack, stack,
+                "the copied stack is not the capture's"
+            );
+            assert_eq!(sample.stack, vec![0x1500, 0x2000, 0x3000, 0x4000]);
+        }
+        assert_eq!(
+            capture_of(SAMPLE_FLAG_PYTHON).map(|c| c.flag),
+            Some(SAMPLE_FLAG_PYTHON)
+        );
+        assert_eq!(
+            capture_of(SAMPLE_FLAG_JAVA).map(|c| c.flag),
+            Some(SAMPLE_FLAG_JAVA)
+        );
+        assert_eq!(capture_of(SAMPLE_FLAG_CERTAIN), None);
+    }
+
+    #[test]
+    fn a_capture_too_short_for_its_flag_is_not_believed() {
+        use allocbpf_common::runtime_entry::CAPTURES;
+        for layout in CAPTURES {
+            // The record is shorter than header + capture: no capture, and the stack
+            // copy is cut at the record's end.
+            let short = record_with(&[], layout.flag, &vec![1u8; layout.bytes - 1]);
+            let Some(Event::Sample(sample)) = decode(&short) else {
+                panic!("not a sample")
+            };
+            assert!(sample.capture.is_none());
+        }
+    }
+
     #[test]
     fn a_failed_stack_keeps_only_the_caller() {
         let mut e = event();

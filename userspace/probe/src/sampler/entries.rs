@@ -34,50 +34,81 @@ impl Sampler {
         pid: u32,
         value: &[u8],
     ) -> Result<(), ProbeError> {
-        let data = pid_map(self.ebpf.map(map)).ok_or_else(|| load_error(missing(map)))?;
-        let expected = data.info().map_err(super::map_error(map))?.value_size() as usize;
-        if value.len() != expected {
-            return Err(ProbeError::System {
+        let value_size = self.entry_map_value_size(map)?;
+        if value.len() != value_size {
+            return Err(invalid(
                 map,
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!(
-                        "an entry of {} bytes, where the map holds {expected}",
-                        value.len()
-                    ),
+                format!(
+                    "an entry of {} bytes, where the map holds {value_size}",
+                    value.len()
                 ),
-            });
+            ));
         }
+        let data = self
+            .ebpf
+            .map(map)
+            .and_then(hash_map_data)
+            .ok_or_else(|| load_error(missing(map)))?;
         element_call(data.fd().as_fd(), BPF_MAP_UPDATE_ELEM, pid, Some(value))
-            .map_err(|source| ProbeError::System { map, source })?;
-        self.runtime_maps.insert(map);
-        Ok(())
+            .map_err(|source| ProbeError::System { map, source })
     }
 
-    /// Removes `pid`'s entry of the per-process hash map `map`, if any.
+    /// Removes `pid`'s entry of the per-process hash map `map`, if any (a map never
+    /// written this session has none).
     pub fn forget_entry(&mut self, map: &str, pid: u32) {
-        if let Some(data) = pid_map(self.ebpf.map(map)) {
+        if !self.runtime_maps.contains_key(map) {
+            return;
+        }
+        if let Some(data) = self.ebpf.map(map).and_then(hash_map_data) {
             let _ = element_call(data.fd().as_fd(), BPF_MAP_DELETE_ELEM, pid, None);
         }
     }
 
     /// Removes `pid`'s entry of every runtime map written so far.
     pub(super) fn forget_entries(&mut self, pid: u32) {
-        let maps: Vec<&'static str> = self.runtime_maps.iter().copied().collect();
+        let maps: Vec<&'static str> = self.runtime_maps.keys().copied().collect();
         for map in maps {
             self.forget_entry(map, pid);
         }
     }
+
+    /// The value size of `map`, a pid-keyed hash map, read from the kernel once per
+    /// session; the map is remembered as a runtime's.
+    fn entry_map_value_size(&mut self, map: &'static str) -> Result<usize, ProbeError> {
+        if let Some(&size) = self.runtime_maps.get(map) {
+            return Ok(size);
+        }
+        let data = self
+            .ebpf
+            .map(map)
+            .and_then(hash_map_data)
+            .ok_or_else(|| load_error(missing(map)))?;
+        let info = data.info().map_err(super::map_error(map))?;
+        if info.key_size() as usize != std::mem::size_of::<u32>() {
+            return Err(invalid(
+                map,
+                format!("keys of {} bytes, not a pid", info.key_size()),
+            ));
+        }
+        let size = info.value_size() as usize;
+        self.runtime_maps.insert(map, size);
+        Ok(size)
+    }
 }
 
-/// `map` when it is a pid-keyed hash map.
-fn pid_map(map: Option<&Map>) -> Option<&MapData> {
-    match map? {
-        Map::HashMap(data) | Map::LruHashMap(data) => {
-            let key_size = data.info().ok()?.key_size() as usize;
-            (key_size == std::mem::size_of::<u32>()).then_some(data)
-        }
+/// The data of `map` when it is a (non-per-CPU) hash map.
+fn hash_map_data(map: &Map) -> Option<&MapData> {
+    match map {
+        Map::HashMap(data) | Map::LruHashMap(data) => Some(data),
         _ => None,
+    }
+}
+
+/// A runtime's entry that does not fit its map.
+fn invalid(map: &'static str, what: String) -> ProbeError {
+    ProbeError::System {
+        map,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, what),
     }
 }
 

@@ -207,8 +207,9 @@ pub struct Sampler {
     window_shift: u8,
     /// The process whose own links the attach under way makes ([`Sampler::attach_own`]).
     own_pid: Option<u32>,
-    /// The runtimes' per-process maps written so far ([`Sampler::set_entry`]).
-    runtime_maps: std::collections::BTreeSet<&'static str>,
+    /// The runtimes' per-process maps written so far, with their value sizes
+    /// ([`Sampler::set_entry`]).
+    runtime_maps: std::collections::BTreeMap<&'static str, usize>,
 }
 
 impl Sampler {

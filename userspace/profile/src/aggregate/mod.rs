@@ -11,9 +11,7 @@ use crate::estimate::{
 use crate::frame::Frame;
 use crate::timeline::{Timeline, TimelineRecorder};
 
-pub(crate) mod stats;
-
-pub use self::stats::{BlockWeight, StackStats};
+pub use crate::stats::{BlockWeight, StackStats};
 
 /// What the estimator needs of one sampled allocation (the ring buffer's sample, less
 /// its stack, which is the [`StackKey`] it is added under).

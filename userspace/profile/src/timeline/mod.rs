@@ -14,7 +14,7 @@
 //! tried byte by byte like any other (liveness does not depend on the sampling), so the
 //! same interval covers them (docs/statistics.md, "Timeline").
 
-use crate::aggregate::stats::{BlockWeight, StackStats};
+use crate::stats::{BlockWeight, StackStats};
 
 #[cfg(test)]
 mod tests;

@@ -53,12 +53,28 @@ const NO_RETRY: RetryPolicy = RetryPolicy {
 const TYPICAL_FRAMES_BYTES: usize =
     size_of::<Vec<Frame>>() + 32 * size_of::<Frame>() + ENTRY_OVERHEAD;
 
-/// Bytes of buckets' frames kept per process: as many realistic ones as the buckets
-/// of a large service's heap profile (16,384: sizes times allocation sites). The cache
-/// it replaces counted entries and started over past twice the buckets listed; counted
-/// in bytes, a forged list of deep buckets costs lookups of their frames again, never
-/// more memory.
-const MAX_FRAMES_BYTES: usize = 16_384 * TYPICAL_FRAMES_BYTES;
+/// Bytes of buckets' frames kept per process at least: as many realistic ones as the
+/// buckets of a large service's heap profile (16,384: sizes times allocation sites).
+const MIN_FRAMES_BYTES: usize = 16_384 * TYPICAL_FRAMES_BYTES;
+
+/// Bytes of buckets' frames kept per process at most, whatever a poll lists: a forged
+/// list of deep buckets costs lookups of their frames again, never more memory.
+const MAX_FRAMES_BYTES: usize = 64 << 20;
+
+/// The bound of a process's frames cache for a poll that lists `poll`'s buckets: twice
+/// what their frames take (a poll names every bucket it lists, in order, the worst
+/// case for a cache that evicts the least recently used: a bound below what one poll
+/// needs would miss every time), within [`MIN_FRAMES_BYTES`] and [`MAX_FRAMES_BYTES`].
+fn frames_bound(poll: &Poll) -> usize {
+    let needed: usize = (poll.allocated.iter().chain(&poll.in_use))
+        .map(|bucket| {
+            ENTRY_OVERHEAD + size_of::<Vec<Frame>>() + bucket.stack.len() * size_of::<Frame>()
+        })
+        .sum();
+    needed
+        .saturating_mul(2)
+        .clamp(MIN_FRAMES_BYTES, MAX_FRAMES_BYTES)
+}
 
 /// One Go process read.
 struct GoReader {
@@ -169,7 +185,7 @@ impl Runtime for GoRuntime {
                 process: reader,
                 file: key,
                 start_time: process.start_time,
-                frames: ByteCache::new(MAX_FRAMES_BYTES),
+                frames: ByteCache::new(MIN_FRAMES_BYTES),
             },
         );
         // Its profiles hold the Go runtime's own samples (their stacks end in
@@ -282,6 +298,7 @@ fn process_poll(
     locations: &mut SourceLocations,
 ) -> ProcessPoll {
     let rate = poll.rate as u64;
+    frames.set_max_bytes(frames_bound(poll));
     let mut counted = |bucket: &process::Counted| {
         let named = match frames.get(&bucket.bucket) {
             Some(named) => named.clone(),

@@ -95,6 +95,28 @@ impl<K: Hash + Eq + Clone, V> ByteCache<K, V> {
         self.entries.contains_key(key)
     }
 
+    /// Changes the bound to `max_bytes`, evicting the least recently used entries
+    /// until what is held fits (a bound that follows the workload: what one poll
+    /// lists, say).
+    pub fn set_max_bytes(&mut self, max_bytes: usize) {
+        self.figures.max_bytes = max_bytes;
+        self.evict_until(0);
+    }
+
+    /// Evicts the least recently used entries until `room` more bytes fit.
+    fn evict_until(&mut self, room: usize) {
+        while self.figures.bytes + room > self.figures.max_bytes {
+            let Some((_, oldest)) = self.by_use.pop_first() else {
+                break;
+            };
+            if let Some(gone) = self.entries.remove(&oldest) {
+                self.figures.bytes -= gone.bytes;
+                self.figures.evictions += 1;
+            }
+        }
+        self.figures.entries = self.entries.len();
+    }
+
     /// Keeps `value` at `key`, counted as `bytes` (plus [`ENTRY_OVERHEAD`]), evicting
     /// the least recently used entries as needed. Returns false (and keeps nothing) when
     /// the entry alone is larger than the bound.
@@ -105,15 +127,7 @@ impl<K: Hash + Eq + Clone, V> ByteCache<K, V> {
             self.figures.refused += 1;
             return false;
         }
-        while self.figures.bytes + bytes > self.figures.max_bytes {
-            let Some((_, oldest)) = self.by_use.pop_first() else {
-                break;
-            };
-            if let Some(gone) = self.entries.remove(&oldest) {
-                self.figures.bytes -= gone.bytes;
-                self.figures.evictions += 1;
-            }
-        }
+        self.evict_until(bytes);
         self.clock += 1;
         self.by_use.insert(self.clock, key.clone());
         self.entries.insert(
@@ -206,6 +220,22 @@ mod tests {
         );
         assert_eq!(cache.figures().refused, 1);
         assert!(cache.figures().bytes <= max && !cache.is_empty());
+    }
+
+    #[test]
+    fn a_lower_bound_evicts_the_oldest_until_what_is_held_fits() {
+        let entry = 100 + ENTRY_OVERHEAD;
+        let mut cache = ByteCache::new(4 * entry);
+        for key in 0..4 {
+            cache.insert(key, (), 100);
+        }
+        cache.get(&0);
+        cache.set_max_bytes(2 * entry);
+        assert_eq!(cache.len(), 2);
+        assert!(cache.contains_key(&0) && cache.contains_key(&3));
+        assert_eq!(cache.figures().evictions, 2);
+        cache.set_max_bytes(8 * entry);
+        assert!(cache.insert(9, (), 100) && cache.len() == 3);
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub struct StackStats {
     /// What the confidence interval on `estimated_bytes` needs.
     pub interval_inputs: IntervalInputs,
     /// Byte weights of the samples still live (live tracking; filled by
-    /// [`Aggregate::finish`](super::Aggregate::finish)).
+    /// [`Aggregate::finish`](crate::aggregate::Aggregate::finish)).
     pub inuse_bytes: f64,
     /// Object weights of the samples still live.
     pub inuse_objects: f64,
