@@ -212,7 +212,9 @@ impl Pclntab {
     fn func(&self, index: usize) -> Option<Func> {
         let (entry, record) = self.entry(index)?;
         Some(Func {
-            entry: self.text_start + u64::from(entry),
+            // The text start is the file's to forge: an entry past the top of the
+            // address space wraps (and names nothing), it does not stop the reader.
+            entry: self.text_start.wrapping_add(u64::from(entry)),
             record: record as usize,
         })
     }
@@ -339,9 +341,9 @@ impl Pclntab {
         let index = usize::try_from(index).ok()?;
         let name_offset = match self.format {
             // funcID u8, pad [3]u8, nameOff i32, parentPc i32, startLine i32
-            Format::Go120 => read_u32(tree, index.checked_mul(16)? + 4)?,
+            Format::Go120 => read_u32(tree, index.checked_mul(16)?.checked_add(4)?)?,
             // parent i16, funcID u8, pad u8, file i32, line i32, func_ i32, parentPc i32
-            Format::Go118 => read_u32(tree, index.checked_mul(20)? + 12)?,
+            Format::Go118 => read_u32(tree, index.checked_mul(20)?.checked_add(12)?)?,
         };
         c_string(self.funcnames(), name_offset as usize)
     }
