@@ -131,10 +131,31 @@ fn js_frame<M: RemoteMemory + ?Sized>(
 mod tests {
     use super::*;
     use crate::forged::{self, layout, Forge};
+    use crate::v8dbg::Layout;
+    use allocbpf_runtime::toolkit::FakeMemory;
 
-    /// A stack of words from `sp` up.
-    fn stack(words: &[u64]) -> Vec<u8> {
-        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    /// What [`walk`] finds on a stack of `words` copied from `sp` up, starting at the
+    /// frame pointer `bp`, in `memory` laid out as `layout`; addresses at or above
+    /// `v8_code` are V8's (`origin`), the others native code.
+    fn walked(
+        memory: &FakeMemory,
+        layout: &Layout,
+        words: &[u64],
+        sp: u64,
+        bp: u64,
+        (v8_code, origin): (u64, Origin),
+    ) -> Vec<(u64, Option<JsFrame>)> {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let copy = StackCopy {
+            base: sp,
+            bytes: &bytes,
+        };
+        let heap = Heap { memory, layout };
+        let origin = |pc: u64| match pc >= v8_code {
+            true => origin,
+            false => Origin::Native,
+        };
+        walk(&heap, &mut Names::default(), &copy, bp, &origin)
     }
 
     #[test]
@@ -157,20 +178,8 @@ mod tests {
         words[9] = 0x3001; // context (tagged)
         words[8] = function; // function
         words[5] = 7u64 << 32; // a bytecode offset (generated code: compiled all the same)
-        let bytes = stack(&words);
-        let copy = StackCopy {
-            base: sp,
-            bytes: &bytes,
-        };
-        let heap = Heap {
-            memory: &memory,
-            layout: &layout,
-        };
-        let origin = |pc: u64| match pc >= 0x90_0000 {
-            true => Origin::Generated,
-            false => Origin::Native,
-        };
-        let frames = walk(&heap, &mut Names::default(), &copy, sp + 16, &origin);
+        let generated = (0x90_0000, Origin::Generated);
+        let frames = walked(&memory, &layout, &words, sp, sp + 16, generated);
         let js = JsFrame {
             function,
             at: CodeOffset::Machine(0x90_0000),
@@ -199,20 +208,8 @@ mod tests {
         words[6] = sp + 96;
         words[7] = 0x50_0100; // the stub's code, in the builtins too
         words[11] = forged::smi(4); // a typed frame's marker
-        let bytes = stack(&words);
-        let copy = StackCopy {
-            base: sp,
-            bytes: &bytes,
-        };
-        let heap = Heap {
-            memory: &memory,
-            layout: &layout,
-        };
-        let origin = |pc: u64| match pc >= 0x50_0000 {
-            true => Origin::Builtins,
-            false => Origin::Native,
-        };
-        let frames = walk(&heap, &mut Names::default(), &copy, sp + 48, &origin);
+        let builtins = (0x50_0000, Origin::Builtins);
+        let frames = walked(&memory, &layout, &words, sp, sp + 48, builtins);
         let js = JsFrame {
             function,
             at: CodeOffset::Bytecode { array, offset: 7 },
