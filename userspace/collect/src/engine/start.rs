@@ -43,10 +43,11 @@ impl Collector {
             Scope::Process(pid) => match Target::resolve(pid, &options.lookup()) {
                 Ok(target) => Some(target),
                 // It existed when resolving began (else `NoSuchProcess`): an unreadable
-                // map or no allocator in an emptied one is its exit.
+                // map, or no allocator in files it could no longer show, is its exit
+                // (under way: it may not be a zombie yet).
                 Err(error)
                     if !matches!(error, TargetError::NoSuchProcess(_))
-                        && procfs::has_exited(pid) =>
+                        && procfs::is_exiting(pid) =>
                 {
                     return Err(CollectError::TargetExited { pid })
                 }

@@ -141,6 +141,32 @@ pub fn has_exited(pid: u32) -> bool {
     }
 }
 
+/// The kernel's `PF_EXITING` task flag: set as the task starts to exit, before its
+/// memory map is torn down and long before it is a zombie.
+const PF_EXITING: u64 = 0x4;
+
+/// True if `pid` has exited ([`has_exited`]) or its main thread has begun to exit: what
+/// a look at a process that fails half-way (its files unreadable, its map emptied)
+/// tells apart from a process that really lacks what was looked for.
+pub fn is_exiting(pid: u32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            parse_state(&stat).is_none_or(|state| matches!(state, b'Z' | b'X'))
+                || parse_flags(&stat).is_some_and(|flags| flags & PF_EXITING != 0)
+        }
+        Err(_) => true,
+    }
+}
+
+/// The task flags of a `/proc/PID/stat` line (field 9, the sixth after the name).
+fn parse_flags(stat: &[u8]) -> Option<u64> {
+    let after_name = stat.iter().rposition(|&b| b == b')')? + 1;
+    let field = (stat[after_name..].split(|b| b.is_ascii_whitespace()))
+        .filter(|field| !field.is_empty())
+        .nth(6)?;
+    std::str::from_utf8(field).ok()?.parse().ok()
+}
+
 /// The state letter of a `/proc/PID/stat` line (field 3, the first after the name).
 fn parse_state(stat: &[u8]) -> Option<u8> {
     let after_name = stat.iter().rposition(|&b| b == b')')? + 1;

@@ -443,3 +443,23 @@ fn a_file_on_a_detached_mount_is_not_opened() {
         other => panic!("opened or refused otherwise: {other:?}"),
     }
 }
+
+#[test]
+fn task_flags_are_read_after_a_name_with_spaces_and_parentheses() {
+    let stat = b"4242 (a) (b c) R 1 4242 4242 0 -1 4194564 120 0 0 0";
+    assert_eq!(parse_flags(stat), Some(4_194_564));
+    assert!(parse_flags(stat).is_some_and(|flags| flags & PF_EXITING != 0));
+    let running = b"4242 (busy) S 1 4242 4242 0 -1 4194560 120 0";
+    assert!(parse_flags(running).is_some_and(|flags| flags & PF_EXITING == 0));
+    assert_eq!(parse_flags(b"4242 (short) R 1"), None);
+    assert_eq!(parse_flags(b"no name at all"), None);
+}
+
+#[test]
+fn this_process_is_not_exiting_and_a_reaped_child_is() {
+    assert!(!is_exiting(std::process::id()));
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    assert!(is_exiting(pid));
+}
