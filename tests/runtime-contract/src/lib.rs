@@ -7,10 +7,13 @@
 //! function ids that become frames `fn_N (prog.fake:N)`, in place of the native ones.
 #![deny(missing_docs)]
 
-use std::collections::HashSet;
+use std::{collections::HashSet, time::Duration};
 
 use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
-use allocbpf_runtime::{Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack};
+use allocbpf_runtime::{
+    toolkit::{ProcessStates, RetryPolicy},
+    Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack,
+};
 
 /// This runtime's name.
 pub const NAME: &str = "fakelang";
@@ -43,12 +46,27 @@ pub fn shown_name(id: u32) -> String {
 }
 
 /// The fake language runtime: the processes it was told to claim.
-#[derive(Default)]
 pub struct FakeLang {
     /// Pids it claims when it looks at them.
     pub claims: HashSet<u32>,
-    /// Pids it profiles now (claimed, entry written).
-    profiled: HashSet<u32>,
+    /// Pids it profiles now (claimed, entry written), with the toolkit's one forget.
+    profiled: ProcessStates<()>,
+}
+
+impl Default for FakeLang {
+    fn default() -> Self {
+        Self {
+            claims: HashSet::new(),
+            // One look: a process is claimed or not.
+            profiled: ProcessStates::new(
+                RetryPolicy {
+                    every: Duration::ZERO,
+                    times: 0,
+                },
+                Some(MAP),
+            ),
+        }
+    }
 }
 
 impl Runtime for FakeLang {
@@ -62,7 +80,7 @@ impl Runtime for FakeLang {
         }
         maps.set_entry(MAP, process.pid, &entry_of(process.pid))
             .ok()?;
-        self.profiled.insert(process.pid);
+        self.profiled.insert(process.pid, ());
         Some(Found {
             runtime: NAME,
             labels: vec![(VERSION_LABEL.0, VERSION_LABEL.1.to_string())],
@@ -79,7 +97,7 @@ impl Runtime for FakeLang {
         let Some(capture) = sample.capture_of(CAPTURE_FLAG) else {
             return native;
         };
-        if !self.profiled.contains(&sample.pid) {
+        if self.profiled.get(sample.pid).is_none() {
             return native;
         }
         (capture.chunks_exact(4))
@@ -95,9 +113,7 @@ impl Runtime for FakeLang {
             .collect()
     }
 
-    fn forget(&mut self, pid: u32, _why: Departure, maps: &mut dyn RuntimeMaps) {
-        if self.profiled.remove(&pid) {
-            maps.forget_entry(MAP, pid);
-        }
+    fn forget(&mut self, pid: u32, why: Departure, maps: &mut dyn RuntimeMaps) {
+        self.profiled.forget(pid, why, maps);
     }
 }
