@@ -17,7 +17,9 @@ use std::{
 
 use allocbpf_e2e::{
     agent::{metric, parse_stored_name, scrape_within, stored_profiles, AgentProcess},
-    bench::{compile_big, median, rounds_arg, write_malloc_heavy_source, CompileTimes},
+    bench::{
+        compile_big, cpu_seconds, median, rounds_arg, write_malloc_heavy_source, CompileTimes,
+    },
     scratch_dir,
 };
 use allocbpf_export::pprof::decode_file;
@@ -112,7 +114,13 @@ fn main() -> Result<()> {
     let (bare, bare_rps) = run_rounds(rounds, &scratch)?;
     let store = scratch.join("store");
     let agent = start_agent(&scratch, &store, cpu_percent)?;
+    let agent_pid = agent.child.id();
+    let agent_before = cpu_seconds(agent_pid)?;
+    let started = std::time::Instant::now();
     let (profiled, profiled_rps) = run_rounds(rounds, &scratch)?;
+    let agent_cpu = cpu_seconds(agent_pid)? - agent_before;
+    let elapsed = started.elapsed().as_secs_f64();
+    let agent_rss = high_water_kib(agent_pid);
     let text = scrape_within(METRICS, Duration::from_secs(5)).unwrap_or_default();
     let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
     agent.terminate(Duration::from_secs(60))?;
@@ -137,8 +145,25 @@ fn main() -> Result<()> {
         m("allocbpf_samples_total"),
         m("allocbpf_ring_buffer_drops_total"),
     );
+    println!(
+        "agent's own CPU while profiled rounds ran: {agent_cpu:.2} s in {elapsed:.1} s ({:.1}% of a CPU), {:.0} us per sample taken; its memory high-water {:.1} MiB",
+        agent_cpu / elapsed * 100.0,
+        agent_cpu / m("allocbpf_samples_total") * 1e6,
+        agent_rss / 1024.0
+    );
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
+}
+
+/// `VmHWM` of `pid` in KiB (NaN if unreadable).
+fn high_water_kib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(f64::NAN)
 }
 
 /// `rounds` rounds of a compile in `scratch` then a redis-benchmark: the compiles'

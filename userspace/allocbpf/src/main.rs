@@ -16,6 +16,13 @@ mod sink;
 
 use std::process::ExitCode;
 
+/// Every allocation of ours goes through an allocator linked into this binary, not the
+/// host's libc malloc: that one carries our probes in every process (including this
+/// one), and a trap per allocation of ours would cost us the kernel's whole uprobe
+/// dispatch before the program saw that it was us.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use crate::cli::{Cli, Command, FormatArg, ReportArgs};
 use crate::sink::Sink;
 use allocbpf_collect::{

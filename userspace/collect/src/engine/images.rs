@@ -69,6 +69,21 @@ impl ImageState {
     }
 }
 
+/// The file of allocbpf's own executable. Its allocator (linked in) is never probed,
+/// in any process: a probe there would trap on every allocation of ours, and of every
+/// other allocbpf on the host, before the program could tell that it was us.
+fn own_executable() -> Option<ImageKey> {
+    static OWN: std::sync::OnceLock<Option<ImageKey>> = std::sync::OnceLock::new();
+    *OWN.get_or_init(|| {
+        let code = own_executable as fn() -> Option<ImageKey> as usize as u64;
+        allocbpf_images::procfs::try_read_maps(std::process::id())
+            .ok()?
+            .iter()
+            .find(|entry| entry.range.contains(&code))
+            .map(ImageKey::of)
+    })
+}
+
 /// Allocator images by file identity, attached once each for every process.
 #[derive(Default)]
 pub(crate) struct ImageSet {
@@ -166,7 +181,7 @@ impl ImageSet {
             .map(ImageKey::of)
             .collect();
         for image in found {
-            if self.images.contains_key(&image.key) {
+            if self.images.contains_key(&image.key) || Some(image.key) == own_executable() {
                 continue;
             }
             if self.images.len() >= MAX_IMAGES {
