@@ -115,7 +115,13 @@ impl CodeFinder {
         let floor = (pc & !(PAGE - 1)).max(pc.saturating_sub(MAX_SEARCH));
         let mut low = pc & !(SMALL_PAGE - 1);
         let mut word = [0u8; 8];
-        while low >= floor + SMALL_PAGE && heap.memory.read(low - SMALL_PAGE, &mut word).is_ok() {
+        // Target-supplied `pc` and header size: every sum is checked (a wrap near the
+        // top of the address space would turn these bounds into an endless search).
+        while floor
+            .checked_add(SMALL_PAGE)
+            .is_some_and(|bound| low >= bound)
+            && heap.memory.read(low - SMALL_PAGE, &mut word).is_ok()
+        {
             low -= SMALL_PAGE;
         }
         let low = low.max(floor);
@@ -126,9 +132,10 @@ impl CodeFinder {
             Some(u64::from_le_bytes(window.get(at..at + 8)?.try_into().ok()?))
         };
         let mut start = pc.checked_sub(1)? & !(CODE_ALIGNMENT - 1);
-        while start >= low + header {
+        let lowest_start = low.checked_add(header)?;
+        while start >= lowest_start {
             let stream = start - header;
-            if let (Some(map), Some(code)) = (word_at(stream), word_at(stream + 8)) {
+            if let (Some(map), Some(code)) = (word_at(stream), word_at(stream.checked_add(8)?)) {
                 let is_stream_map = match self.stream_map {
                     Some(known) => map == known,
                     None => {

@@ -220,3 +220,22 @@ fn as_many_addresses_are_kept_as_when_entries_were_counted_and_the_oldest_go() {
     assert!(finder.by_address.contains_key(&(UNMAPPED + 0x40)));
     assert_eq!(figures.bytes, MAX_CACHED_BYTES);
 }
+
+/// A forged header size the constants allow, and code in the last page of the address
+/// space: the search's lower bound (`low + header`) wrapped to a small number, and a
+/// release build searched downward ~2^58 steps. Every bound is checked now.
+#[test]
+fn a_search_at_the_top_of_the_address_space_ends() {
+    let mut layout = layout();
+    layout.fields.stream_header = 4096;
+    let top_page = u64::MAX & !(SMALL_PAGE - 1);
+    let mut memory = page(0x1000);
+    memory.map(top_page, vec![0u8; (SMALL_PAGE - 16) as usize]);
+    let heap = heap_of(&memory, &layout);
+    let mut finder = CodeFinder::default();
+    let started = std::time::Instant::now();
+    for pc in [top_page + 0x800, u64::MAX - 16] {
+        assert_eq!(finder.code_at(&heap, pc, None), None, "{pc:#x}");
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
