@@ -129,6 +129,12 @@ impl FuseMount {
         // SAFETY: a plain signal to our own child.
         unsafe { libc::kill(self.daemon.id() as i32, libc::SIGSTOP) };
     }
+
+    /// Lets the daemon answer again.
+    fn resume(&self) {
+        // SAFETY: as in `stall`.
+        unsafe { libc::kill(self.daemon.id() as i32, libc::SIGCONT) };
+    }
 }
 
 impl Drop for FuseMount {
@@ -277,4 +283,85 @@ fn huge_mapped_files_are_neither_read_nor_held() {
     assert_sampled(&out, workload.pid);
     // The agent's own footprint is ~60 MiB; reading the 400 MiB file would add 400.
     assert!(peak < 200 << 20, "peak resident memory {} MiB", peak >> 20);
+}
+
+/// A process maps a file of a FUSE file system, untouched, and the daemon stops: a read
+/// of that memory would wait in the kernel until the daemon answers, and it is the
+/// process that chooses which addresses runtimes read (a structure's pointer). The read
+/// comes back within its deadline, the process is set aside (its next read refused at
+/// once) while other processes are read as before, and once the daemon answers again
+/// the stuck read returns and the process is read again.
+#[test]
+fn memory_of_a_file_on_a_stalled_fuse_file_system_is_read_within_a_deadline() {
+    use allocbpf_images::memory::{deadline, ProcessMemory};
+    require_root();
+    let scratch = std::fs::canonicalize(scratch_dir("hostile-fuse-memory")).unwrap();
+    let source = scratch.join("src");
+    std::fs::create_dir_all(&source).unwrap();
+    std::fs::write(source.join("data.bin"), vec![0x5au8; 1 << 20]).unwrap();
+    let fuse = FuseMount::bindfs(&source, &scratch.join("mnt"));
+    let mapped = fuse.mount.join("data.bin");
+    // Workloads print their pid first.
+    let script = "import mmap, os, sys, time\n\
+                  print(os.getpid(), flush=True)\n\
+                  f = open(sys.argv[1], 'rb')\n\
+                  m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n\
+                  print('mapped', flush=True)\n\
+                  time.sleep(120)\n";
+    let mut target = Workload::start(
+        Path::new("/usr/bin/python3"),
+        &["-c", script, mapped.to_str().unwrap()],
+    )
+    .unwrap();
+    target
+        .stdout
+        .wait_for("mapped", Duration::from_secs(20))
+        .unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid)).unwrap();
+    let line = maps
+        .lines()
+        .find(|l| l.ends_with(mapped.to_str().unwrap()))
+        .expect("the file is mapped");
+    let start = u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap();
+    let address = start + 0x8000;
+    fuse.stall();
+
+    let memory = ProcessMemory::new(target.pid);
+    let mut word = [0u8; 8];
+    let started = Instant::now();
+    let error = memory
+        .read(address, &mut word)
+        .expect_err("the daemon is stopped");
+    let waited = started.elapsed();
+    assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
+    assert!(waited < deadline::READ_DEADLINE * 8, "{waited:?}");
+
+    // Set aside: refused at once, its anonymous memory too.
+    let started = Instant::now();
+    let error = memory.read(address, &mut word).expect_err("set aside");
+    assert_eq!(error.kind(), std::io::ErrorKind::WouldBlock, "{error}");
+    assert!(
+        started.elapsed() < deadline::READ_DEADLINE,
+        "refused at once"
+    );
+    assert_eq!(deadline::figures().stuck_now, 1);
+
+    // Other processes are read as before.
+    let value: u64 = 0x0123_4567_89ab_cdef;
+    let own = ProcessMemory::new(std::process::id());
+    assert_eq!(own.u64(&value as *const u64 as u64).unwrap(), value);
+
+    // The daemon answers: the stuck read returns, and the process is read again.
+    fuse.resume();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while memory.read(address, &mut word).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "still set aside after the daemon answered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(word, [0x5a; 8]);
+    assert_eq!(deadline::figures().stuck_now, 0);
+    let _ = target.child.kill();
 }

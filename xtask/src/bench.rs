@@ -172,6 +172,10 @@ pub enum Part {
     /// to first paint, to load and to the drawn page's paint, for 100, 1,000 and 10,000
     /// stacks against an empty page (tests/src/bin/report_bench.rs).
     Report,
+    /// A read of another process's memory: bare, judged by the kernel's mapping query
+    /// and made at once, and sent to the deadline reader thread, on one CPU and on any
+    /// (userspace/images/examples/read_cost.rs).
+    Reads,
     /// Pushing: profiles per second delivered to a real OpenTelemetry Collector (and a
     /// real Pyroscope when `$ALLOCBPF_PYROSCOPE` names one) and the agent's CPU per
     /// delivered profile, at 1 and 100 processes (tests/src/bin/push_bench.rs).
@@ -235,6 +239,17 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
         let mut command = crate::setup::e2e_bin("report_bench")?;
         command.args(["--rounds", &rounds.clamp(3, 9).to_string()]);
         crate::util::run(&mut command)?;
+    }
+    if parts.contains(&Part::Reads) {
+        for cpus in [&[][..], &["--one-cpu"][..]] {
+            let example = ["run", "--quiet", "--release", "-p", "allocbpf-images"];
+            crate::util::run(
+                Command::new("cargo")
+                    .args(example)
+                    .args(["--example", "read_cost", "--"])
+                    .args(cpus),
+            )?;
+        }
     }
     if parts.contains(&Part::Push) {
         let mut command = crate::setup::e2e_bin("push_bench")?;

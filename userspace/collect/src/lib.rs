@@ -30,5 +30,9 @@ pub mod identity;
 pub mod kernel;
 pub mod options;
 pub mod raw_samples;
+/// Reads of other processes' memory, held to a deadline: what they went through.
+pub mod remote_reads {
+    pub use allocbpf_images::memory::deadline::{figures, ReadFigures, READ_DEADLINE};
+}
 pub mod run;
 pub mod runtimes;

@@ -228,6 +228,16 @@ pub(super) const COUNTERS: &[Metric] = &[
         reading: Reading::Engine(|s| s.maps_truncated),
     },
     Metric {
+        name: "remote_reads_stalled",
+        help: "Reads of a process's memory that outlived their deadline (the process set aside until the read returns)",
+        reading: Reading::Process(|| allocbpf_collect::remote_reads::figures().stalled),
+    },
+    Metric {
+        name: "remote_reads_refused",
+        help: "Reads of a process's memory refused because a read of it, or of its user's processes, is stuck",
+        reading: Reading::Process(|| allocbpf_collect::remote_reads::figures().refused),
+    },
+    Metric {
         name: "metrics_accept_errors",
         help: "Failed accepts on the metrics endpoint (descriptors exhausted)",
         reading: Reading::Counted,
@@ -300,6 +310,11 @@ pub(super) const GAUGES: &[Metric] = &[
         name: "kernel_live_blocks",
         help: "Sampled blocks in the kernel's live map at the last cut",
         reading: Reading::Engine(|s| s.kernel_live_blocks),
+    },
+    Metric {
+        name: "remote_reads_stuck",
+        help: "Reads of other processes' memory stuck now (each on a reader thread set aside)",
+        reading: Reading::Process(|| allocbpf_collect::remote_reads::figures().stuck_now as u64),
     },
     Metric {
         name: "open_descriptors",

@@ -34,7 +34,8 @@ use std::{
 
 #[cfg(test)]
 use self::mounts::parse_fdinfo_mount_id;
-use self::mounts::{fdinfo_mount_id, kernel_tmpfs_mount, may_stall, mount_type, MountTable};
+pub(crate) use self::mounts::MountTable;
+use self::mounts::{fdinfo_mount_id, kernel_tmpfs_mount, may_stall, mount_type};
 
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]

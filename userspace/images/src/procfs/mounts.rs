@@ -88,7 +88,7 @@ pub(super) fn may_stall(fstype: &str) -> bool {
 
 /// A mount table (`/proc/PID/mountinfo`) as read: at most [`MAX_MOUNTINFO_BYTES`] of
 /// it, cut at its last whole line past that.
-pub(super) struct MountTable {
+pub(crate) struct MountTable {
     /// Bytes: mount points need not be UTF-8 (a process can mount on any name).
     pub(super) text: Vec<u8>,
     /// Cut at the cap: what it does not list may be past the cut.
@@ -97,7 +97,7 @@ pub(super) struct MountTable {
 
 impl MountTable {
     /// The table at `at`; `Err` (why) if it cannot be read (the process is gone).
-    pub(super) fn read(at: &str) -> Result<MountTable, String> {
+    pub(crate) fn read(at: &str) -> Result<MountTable, String> {
         let mut text = Vec::new();
         File::open(at)
             .and_then(|file| file.take(MAX_MOUNTINFO_BYTES + 1).read_to_end(&mut text))
@@ -112,6 +112,34 @@ impl MountTable {
     pub(super) fn device_type(&self, device: u64) -> Option<String> {
         let wanted = format!("{}:{}", device >> 32, device & 0xffff_ffff);
         mountinfo_type(&self.text, 2, wanted.as_bytes())
+    }
+
+    /// Every device listed ([`MapsEntry::device`]'s encoding), and whether its file
+    /// system may stall a read ([`may_stall`]).
+    pub(crate) fn stalling_by_device(&self) -> std::collections::HashMap<u64, bool> {
+        let mut devices = std::collections::HashMap::new();
+        for line in self.text.split(|&b| b == b'\n') {
+            let Some(device) = line.split(|&b| b == b' ').nth(2) else {
+                continue;
+            };
+            let Some((major, minor)) = std::str::from_utf8(device)
+                .ok()
+                .and_then(|d| d.split_once(':'))
+                .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            let Some(separator) = line.windows(3).position(|w| w == b" - ") else {
+                continue;
+            };
+            let Some(fstype) = line[separator + 3..].split(|&b| b == b' ').next() else {
+                continue;
+            };
+            let stalls = may_stall(&String::from_utf8_lossy(fstype));
+            // A device mounted twice is one file system: one verdict.
+            *devices.entry((major << 32) | minor).or_insert(false) |= stalls;
+        }
+        devices
     }
 
     /// The type of the file system of mount `id`, if it is listed.

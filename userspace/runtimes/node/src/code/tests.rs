@@ -228,7 +228,7 @@ fn as_many_addresses_are_kept_as_when_entries_were_counted_and_the_oldest_go() {
 fn a_search_at_the_top_of_the_address_space_ends() {
     let mut layout = layout();
     layout.fields.stream_header = 4096;
-    let top_page = u64::MAX & !(SMALL_PAGE - 1);
+    let top_page = !(SMALL_PAGE - 1);
     let mut memory = page(0x1000);
     memory.map(top_page, vec![0u8; (SMALL_PAGE - 16) as usize]);
     let heap = heap_of(&memory, &layout);
