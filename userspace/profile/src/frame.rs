@@ -95,67 +95,151 @@ pub enum LocationStyle {
     ByName,
 }
 
-/// Most distinct source locations a session keeps; later new ones share one frame
-/// ([`SOURCE_LOCATIONS_FULL`]). Frames in aggregated stacks refer to them for the whole
-/// session, so they are never released; the bound keeps a hostile process that forges
-/// endless names from growing the agent without limit.
+/// Most distinct source locations held at once; past it new ones share one frame
+/// ([`SOURCE_LOCATIONS_FULL`]). Locations no remaining stack refers to are released at
+/// each cut ([`SourceLocations::release`]), so the table follows what runs now, not
+/// the agent's history; the bound keeps a hostile process that forges endless names
+/// from growing the agent without limit within an interval.
 pub const MAX_SOURCE_LOCATIONS: usize = 1 << 18;
+
+/// Locations one process may hold at once ([`SourceLocations::charge_to`]): an eighth
+/// of the table, so that a process forging names fills its share, not everyone's.
+pub const SOURCE_LOCATIONS_PER_PROCESS: usize = MAX_SOURCE_LOCATIONS / 8;
 
 /// How a location past [`MAX_SOURCE_LOCATIONS`] reads.
 pub const SOURCE_LOCATIONS_FULL: &str = "[location table full]";
 
-/// The session's source locations, interned: a [`Frame::Runtime`] is an index here. One table per session, owned by the frame resolver that makes the frames
-/// and names them (not one per report): every report of the session names a frame the
-/// same way.
+/// How a location of a process past [`SOURCE_LOCATIONS_PER_PROCESS`] reads.
+pub const PROCESS_LOCATIONS_FULL: &str = "[location share of this process full]";
+
+/// One interned location and the process it is charged to.
+struct Slot {
+    location: Arc<SourceLocation>,
+    owner: Option<u32>,
+}
+
+/// The session's source locations, interned: a [`Frame::Runtime`] is an index here.
+/// One table per session, owned by the frame resolver that makes the frames and names
+/// them (not one per report): every report of an interval names a frame the same way.
+/// An id stays its location's as long as a stack refers to it; released ids are reused.
 #[derive(Default)]
 pub struct SourceLocations {
     ids: HashMap<Arc<SourceLocation>, u32>,
-    all: Vec<Arc<SourceLocation>>,
+    slots: Vec<Option<Slot>>,
+    /// Released ids, reused first.
+    free: Vec<u32>,
+    /// The process new locations are charged to now, if any.
+    charge: Option<u32>,
+    /// Locations held per process charged.
+    held: HashMap<u32, usize>,
 }
 
 impl SourceLocations {
-    /// The id of `location`, interned on first sight.
+    /// The id of `location`, interned on first sight (charged to the process named by
+    /// [`SourceLocations::charge_to`], which may hold at most
+    /// [`SOURCE_LOCATIONS_PER_PROCESS`]).
     pub fn intern(&mut self, location: SourceLocation) -> u32 {
         if let Some(&id) = self.ids.get(&location) {
             return id;
         }
-        if self.all.len() < MAX_SOURCE_LOCATIONS {
-            return self.push(location);
+        let owner = self.charge;
+        let over_share = owner.is_some_and(|pid| {
+            self.held.get(&pid).copied().unwrap_or(0) >= SOURCE_LOCATIONS_PER_PROCESS
+        });
+        if over_share {
+            return self.sentinel(PROCESS_LOCATIONS_FULL);
         }
-        let full = SourceLocation {
-            function: SOURCE_LOCATIONS_FULL.to_string(),
+        if self.len() < MAX_SOURCE_LOCATIONS {
+            return self.push(location, owner);
+        }
+        self.sentinel(SOURCE_LOCATIONS_FULL)
+    }
+
+    /// New locations are charged to process `pid` from now on (`None`: to nobody).
+    /// The frame resolver names the process whose frames it merges; a runtime whose
+    /// poll reads many processes names each in turn.
+    pub fn charge_to(&mut self, pid: Option<u32>) {
+        self.charge = pid;
+    }
+
+    /// The id of the location named `name` that stands for those refused.
+    fn sentinel(&mut self, name: &str) -> u32 {
+        let location = SourceLocation {
+            function: name.to_string(),
             file: String::new(),
             line: 0,
             style: LocationStyle::ByName,
         };
-        match self.ids.get(&full) {
+        match self.ids.get(&location) {
             Some(&id) => id,
-            None => self.push(full),
+            None => self.push(location, None),
         }
     }
 
     /// Adds a location not interned yet.
-    fn push(&mut self, location: SourceLocation) -> u32 {
+    fn push(&mut self, location: SourceLocation, owner: Option<u32>) -> u32 {
         let location = Arc::new(location);
-        let id = self.all.len() as u32;
-        self.all.push(location.clone());
+        let slot = Some(Slot {
+            location: location.clone(),
+            owner,
+        });
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = slot;
+                id
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        if let Some(pid) = owner {
+            *self.held.entry(pid).or_default() += 1;
+        }
         self.ids.insert(location, id);
         id
     }
 
+    /// Releases every location `referenced` says no stack refers to (called at a cut,
+    /// with the ids the remaining stacks hold): their ids are reused. Returns how many
+    /// were released.
+    pub fn release(&mut self, referenced: impl Fn(u32) -> bool) -> usize {
+        let mut released = 0;
+        for (id, slot) in self.slots.iter_mut().enumerate() {
+            let id = id as u32;
+            if slot.is_none() || referenced(id) {
+                continue;
+            }
+            let Slot { location, owner } = slot.take().expect("checked above");
+            self.ids.remove(&location);
+            if let Some(pid) = owner {
+                if let Some(held) = self.held.get_mut(&pid) {
+                    *held -= 1;
+                    if *held == 0 {
+                        self.held.remove(&pid);
+                    }
+                }
+            }
+            self.free.push(id);
+            released += 1;
+        }
+        released
+    }
+
     /// The location of id `id`.
     pub fn get(&self, id: u32) -> Option<Arc<SourceLocation>> {
-        self.all.get(id as usize).cloned()
+        let slot = self.slots.get(id as usize)?.as_ref()?;
+        Some(slot.location.clone())
     }
 
-    /// Locations interned.
+    /// Locations held.
     pub fn len(&self) -> usize {
-        self.all.len()
+        self.slots.len() - self.free.len()
     }
 
-    /// No location interned yet.
+    /// No location held.
     pub fn is_empty(&self) -> bool {
-        self.all.is_empty()
+        self.len() == 0
     }
 }
 
@@ -235,4 +319,76 @@ pub trait Symbolize {
     fn symbolizes(&self) -> bool;
     /// The modules frames point into, indexed by [`Frame::Module::module`].
     fn modules(&self) -> Vec<Module>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(line: u32) -> SourceLocation {
+        SourceLocation {
+            function: format!("f{line}"),
+            file: "forged.py".into(),
+            line,
+            style: LocationStyle::WithFile,
+        }
+    }
+
+    fn name(locations: &SourceLocations, id: u32) -> String {
+        locations.get(id).unwrap().function.clone()
+    }
+
+    #[test]
+    fn released_ids_are_reused_and_kept_ones_keep_their_location() {
+        let mut locations = SourceLocations::default();
+        let (a, b) = (locations.intern(at(1)), locations.intern(at(2)));
+        assert_eq!(locations.release(|id| id == a), 1);
+        assert_eq!(locations.get(b), None);
+        let c = locations.intern(at(3));
+        assert_eq!(c, b, "the released id is reused");
+        assert_eq!(
+            (name(&locations, a), name(&locations, c)),
+            ("f1".into(), "f3".into())
+        );
+        assert_eq!(locations.intern(at(1)), a, "still interned");
+        assert_ne!(locations.intern(at(2)), a, "interned anew");
+        assert_eq!(locations.len(), 3);
+    }
+
+    #[test]
+    fn a_process_past_its_share_reads_as_such_and_others_do_not() {
+        let mut locations = SourceLocations::default();
+        locations.charge_to(Some(7));
+        for line in 0..SOURCE_LOCATIONS_PER_PROCESS as u32 {
+            locations.intern(at(line));
+        }
+        let over = locations.intern(at(u32::MAX));
+        assert_eq!(name(&locations, over), PROCESS_LOCATIONS_FULL);
+        locations.charge_to(Some(8));
+        let other = locations.intern(at(u32::MAX));
+        assert_eq!(name(&locations, other), "f4294967295");
+        // Process 7's stacks are gone at a cut: its share is free again.
+        locations.release(|id| id == other || id == over);
+        locations.charge_to(Some(7));
+        let again = locations.intern(at(1));
+        assert_eq!(name(&locations, again), "f1");
+    }
+
+    #[test]
+    fn a_full_table_names_frames_again_once_its_stacks_are_gone() {
+        let mut locations = SourceLocations::default();
+        // Many forging processes, each within its share, fill the table.
+        for line in 0..MAX_SOURCE_LOCATIONS as u32 {
+            locations.charge_to(Some(line / SOURCE_LOCATIONS_PER_PROCESS as u32));
+            locations.intern(at(line));
+        }
+        locations.charge_to(Some(1_000));
+        let full = locations.intern(at(u32::MAX));
+        assert_eq!(name(&locations, full), SOURCE_LOCATIONS_FULL);
+        // Their profiles were cut: nothing refers to their locations any more.
+        locations.release(|_| false);
+        assert!(locations.is_empty());
+        let named = locations.intern(at(u32::MAX));
+        assert_eq!(name(&locations, named), "f4294967295");
+    }
 }

@@ -116,6 +116,8 @@ impl StackResolver {
         for runtime in &mut self.runtimes {
             if force || runtime.poll_due(now) {
                 polls.push((runtime.name(), runtime.poll(is_current, locations)));
+                // A runtime charges each process it reads (`charge_to`); none after.
+                locations.charge_to(None);
             }
         }
         polls
@@ -146,10 +148,32 @@ impl StackResolver {
         };
         let mut frames = self.normalizer.normalize(sample.pid, stack);
         let walked = sample_stack(sample, stack);
+        // Locations its frames add are this process's (its share of the table).
+        self.locations.charge_to(Some(sample.pid));
         for runtime in &mut self.runtimes {
             frames = runtime.merge_frames(&walked, frames, &mut self.locations);
         }
+        self.locations.charge_to(None);
         frames
+    }
+
+    /// Releases the source locations `referenced` says no stack refers to (at a cut);
+    /// returns how many.
+    pub fn release_locations(&mut self, referenced: impl Fn(u32) -> bool) -> usize {
+        // Frames the runtimes keep to hand out again hold their locations too.
+        let mut held = std::collections::HashSet::new();
+        for runtime in &self.runtimes {
+            runtime.held_locations(&mut |id| {
+                held.insert(id);
+            });
+        }
+        self.locations
+            .release(|id| referenced(id) || held.contains(&id))
+    }
+
+    /// Source locations held now.
+    pub fn locations_held(&self) -> usize {
+        self.locations.len()
     }
 
     /// What `sample` stands for when a runtime's probe saw a chunk of its heap rather

@@ -228,6 +228,16 @@ pub(super) const COUNTERS: &[Metric] = &[
         reading: Reading::Engine(|s| s.maps_truncated),
     },
     Metric {
+        name: "source_locations_released",
+        help: "Runtime source locations released at cuts (no remaining stack or runtime cache referred to them)",
+        reading: Reading::Engine(|s| s.locations_released),
+    },
+    Metric {
+        name: "runtime_entries_refused",
+        help: "Processes not walked by their runtime because their user holds its share of that runtime's kernel map",
+        reading: Reading::Engine(|s| s.runtime_entries_refused),
+    },
+    Metric {
         name: "remote_reads_stalled",
         help: "Reads of a process's memory that outlived their deadline (the process set aside until the read returns)",
         reading: Reading::Process(|| allocbpf_collect::remote_reads::figures().stalled),
@@ -310,6 +320,11 @@ pub(super) const GAUGES: &[Metric] = &[
         name: "kernel_live_blocks",
         help: "Sampled blocks in the kernel's live map at the last cut",
         reading: Reading::Engine(|s| s.kernel_live_blocks),
+    },
+    Metric {
+        name: "source_locations",
+        help: "Runtime source locations held after the last cut (each process may hold an eighth of the table)",
+        reading: Reading::Engine(|s| s.locations),
     },
     Metric {
         name: "remote_reads_stuck",

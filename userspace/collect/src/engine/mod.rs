@@ -57,6 +57,7 @@ mod hit_cost;
 mod images;
 mod interval;
 mod lifecycle;
+mod map_shares;
 mod maps_rescan;
 mod own_links;
 mod process_table;
@@ -165,6 +166,8 @@ pub struct Collector {
     target: Option<AttachedTarget>,
     /// Periodic work: when it was last done, what is due next.
     chores: Chores,
+    /// Each user's share of the kernel's runtime maps.
+    map_shares: map_shares::MapShares,
     /// Running counts.
     pub stats: CollectorStats,
 }

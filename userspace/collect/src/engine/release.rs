@@ -68,21 +68,29 @@ impl Collector {
 
     /// Called at each cut, after the new interval started (stacks that hold neither
     /// samples nor live blocks are gone): releases the modules no remaining stack
-    /// refers to (file and entry). A running process's module is interned again, with
-    /// its file, at its next sample.
+    /// refers to (file and entry), and the runtimes' source locations none refers to
+    /// (their ids reused). A running process's module is interned again, with its file,
+    /// at its next sample, as are its locations.
     pub(super) fn release_unused_modules(&mut self) {
-        let referenced: HashSet<u32> = self
-            .processes
-            .tracked
-            .values()
-            .flat_map(|tracked| tracked.aggregate.stacks())
-            .flat_map(|(key, _)| key.frames.iter())
-            .filter_map(Frame::module)
+        let frames = || {
+            (self.processes.tracked.values())
+                .flat_map(|tracked| tracked.aggregate.keys())
+                .flat_map(|key| key.frames.iter())
+        };
+        let modules: HashSet<u32> = frames().filter_map(Frame::module).collect();
+        let locations: HashSet<u32> = frames()
+            .filter_map(|frame| match frame {
+                Frame::Runtime(id) => Some(*id),
+                _ => None,
+            })
             .collect();
         let closed = self
             .stacks
             .normalizer
-            .release_module_files(|id| referenced.contains(&id));
+            .release_module_files(|id| modules.contains(&id));
+        self.stats.locations_released +=
+            self.stacks.release_locations(|id| locations.contains(&id)) as u64;
+        self.stats.locations = self.stacks.locations_held() as u64;
         self.stats.module_files_closed += closed as u64;
         self.stats.module_files_open = self.stacks.normalizer.modules.open_files() as u64;
         self.stats.module_entries = self.stacks.normalizer.modules.len() as u64;

@@ -11,7 +11,10 @@ use allocbpf_runtime::{
     Departure, Found, NoMaps, PollFigures, ProcessPoll, ProcessView, RuntimeMaps,
 };
 
-use super::Collector;
+use super::{
+    map_shares::{process_owner, SharedMaps},
+    Collector,
+};
 use crate::identity;
 use crate::kernel::Kernel;
 
@@ -27,9 +30,14 @@ impl Collector {
             files: &self.images.cache,
         };
         let mut no_maps = NoMaps;
-        let kernel_maps = kernel_maps(self.kernel.as_deref_mut(), &mut no_maps);
+        let mut kernel_maps = SharedMaps {
+            inner: kernel_maps(self.kernel.as_deref_mut(), &mut no_maps),
+            shares: &mut self.map_shares,
+            owner_of: process_owner,
+        };
         let again_at = again.then(Instant::now);
-        let found = self.stacks.look_at(&view, kernel_maps, again_at);
+        let found = self.stacks.look_at(&view, &mut kernel_maps, again_at);
+        self.stats.runtime_entries_refused = self.map_shares.refused;
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
             let known = &mut tracked.info.runtimes;
             for found in found {
@@ -93,8 +101,12 @@ impl Collector {
     /// maps they filled as `why` requires.
     pub(super) fn forget_process(&mut self, pid: u32, why: Departure) {
         let mut no_maps = NoMaps;
-        let kernel_maps = kernel_maps(self.kernel.as_deref_mut(), &mut no_maps);
-        self.stacks.forget(pid, why, kernel_maps);
+        let mut kernel_maps = SharedMaps {
+            inner: kernel_maps(self.kernel.as_deref_mut(), &mut no_maps),
+            shares: &mut self.map_shares,
+            owner_of: process_owner,
+        };
+        self.stacks.forget(pid, why, &mut kernel_maps);
     }
 
     /// Refreshes the counts kept by the parts that read other processes' files.

@@ -140,6 +140,7 @@ impl Collector {
                 last_collect: now,
                 next_window_change_ns: None,
             },
+            map_shares: Default::default(),
             stats: CollectorStats::default(),
         })
     }

@@ -21,6 +21,12 @@ pub struct CollectorStats {
     /// Mapped files refused unread for a hostile ELF layout (too many section headers,
     /// too many bytes to read), each counted once (total).
     pub files_refused: u64,
+    /// Runtime source locations released at cuts, no stack referring to them (total).
+    pub locations_released: u64,
+    /// Runtime source locations held after the last cut.
+    pub locations: u64,
+    /// Runtime map entries refused to a user over its share (`engine/map_shares.rs`).
+    pub runtime_entries_refused: u64,
     /// Processes seen so far.
     pub processes_seen: u64,
     /// Processes followed now.

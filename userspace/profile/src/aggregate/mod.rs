@@ -430,6 +430,12 @@ impl Aggregate {
         self.stacks.iter().map(|(key, stats)| (key, stats))
     }
 
+    /// Every stack this aggregate refers to: its stacks, and those of a runtime's
+    /// count of objects in use (kept until its next read).
+    pub fn keys(&self) -> impl Iterator<Item = &StackKey> {
+        (self.stacks.iter().map(|(key, _)| key)).chain(self.runtime_in_use.keys())
+    }
+
     /// Leak groups (after [`Aggregate::finish`] with a minimum age).
     pub fn leaks(&self) -> impl Iterator<Item = (&StackKey, &LeakStats)> {
         self.leaks

@@ -11,6 +11,7 @@ use std::{
 
 use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
 use allocbpf_runtime::{
+    mark_runtime_frames,
     toolkit::{cache::ENTRY_OVERHEAD, ByteCache, ProcessStates, RetryPolicy},
     Counted, Departure, Found, IsCurrent, PollFigures, Polled, ProcessPoll, ProcessView, Runtime,
     RuntimeMaps,
@@ -120,6 +121,11 @@ impl Default for GoRuntime {
 impl Runtime for GoRuntime {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    fn held_locations(&self, mark: &mut dyn FnMut(u32)) {
+        let cached = (self.processes.states()).flat_map(|reader| reader.frames.values());
+        mark_runtime_frames(cached, mark);
     }
 
     /// A Go executable allocbpf can read: its heap profile is read from now on (the
@@ -298,6 +304,8 @@ fn process_poll(
     locations: &mut SourceLocations,
 ) -> ProcessPoll {
     let rate = poll.rate as u64;
+    // Locations its buckets add are this process's (its share of the table).
+    locations.charge_to(Some(pid));
     frames.set_max_bytes(frames_bound(poll));
     let mut counted = |bucket: &process::Counted| {
         let named = match frames.get(&bucket.bucket) {

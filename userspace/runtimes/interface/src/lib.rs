@@ -246,6 +246,14 @@ pub trait Runtime {
         native
     }
 
+    /// Names every source location id held in frames this runtime made earlier and
+    /// keeps to hand out again (a cache of interned [`Frame::Runtime`]s). At each cut,
+    /// the locations no stack refers to and no runtime names here are released and
+    /// their ids reused: **a runtime that keeps interned frames between calls must name
+    /// them**, or they would name other locations. One that interns at each call (from
+    /// names it caches) keeps none: the default.
+    fn held_locations(&self, _mark: &mut dyn FnMut(u32)) {}
+
     /// What a sample of one of this runtime's chunk probes stands for: `Some(bytes)` of
     /// the object that took the chunk (0: not known), for a sample whose probe saw a
     /// chunk of the runtime's heap rather than one object; `None` for any other
@@ -261,5 +269,18 @@ pub trait Runtime {
     /// far.
     fn descriptor_errors(&self) -> u64 {
         0
+    }
+}
+
+/// Marks the location of every [`Frame::Runtime`] in `cached` (lists of frames a
+/// runtime keeps), for [`Runtime::held_locations`].
+pub fn mark_runtime_frames<'a>(
+    cached: impl Iterator<Item = &'a Vec<Frame>>,
+    mark: &mut dyn FnMut(u32),
+) {
+    for frame in cached.flatten() {
+        if let Frame::Runtime(id) = frame {
+            mark(*id);
+        }
     }
 }

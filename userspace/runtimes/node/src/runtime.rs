@@ -18,6 +18,7 @@ use allocbpf_common::{
 use allocbpf_images::memory::ProcessMemory;
 use allocbpf_profile::frame::{Frame, LocationStyle, SourceLocation, SourceLocations};
 use allocbpf_runtime::{
+    mark_runtime_frames,
     toolkit::{ByteCache, ProcessStates, RetryPolicy, StackCopy},
     Departure, Found, ProcessView, Runtime, RuntimeMaps, SampleStack,
 };
@@ -237,6 +238,11 @@ impl Runtime for NodeRuntime {
     /// A LAB chunk's sample stands for one tagged word of the allocation that ended
     /// it: the probe sees the chunk's bytes, never its objects, so a JS heap site's
     /// objects are counted in words (docs/statistics.md, "Node.js").
+    fn held_locations(&self, mark: &mut dyn FnMut(u32)) {
+        let cached = (self.processes.states()).flat_map(|process| process.frames.values());
+        mark_runtime_frames(cached, mark);
+    }
+
     fn attributed_object(&self, sample: &SampleStack<'_>) -> Option<u64> {
         (sample.function == Some(AllocFn::JsHeapChunk)).then_some(JS_HEAP_WORD)
     }

@@ -86,6 +86,11 @@ impl<K: Hash + Eq + Clone, V> ByteCache<K, V> {
         self.entries.get(key).map(|entry| &entry.value)
     }
 
+    /// Every value, in no order, none marked used.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.values().map(|entry| &entry.value)
+    }
+
     /// True if `key` has an entry.
     pub fn contains_key<Q>(&self, key: &Q) -> bool
     where

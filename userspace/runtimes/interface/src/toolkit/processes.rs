@@ -122,6 +122,14 @@ impl<T> ProcessStates<T> {
         })
     }
 
+    /// The state of every process of this runtime's.
+    pub fn states(&self) -> impl Iterator<Item = &T> {
+        (self.states.values()).filter_map(|known| match known {
+            Known::Runtime(state) => Some(state),
+            _ => None,
+        })
+    }
+
     /// The pids of this runtime's processes.
     pub fn pids(&self) -> Vec<u32> {
         (self.states.iter())
