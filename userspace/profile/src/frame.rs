@@ -112,6 +112,9 @@ pub const SOURCE_LOCATIONS_FULL: &str = "[location table full]";
 /// How a location of a process past [`SOURCE_LOCATIONS_PER_PROCESS`] reads.
 pub const PROCESS_LOCATIONS_FULL: &str = "[location share of this process full]";
 
+/// How the one frame of a process's samples past its cap on distinct stacks reads.
+pub const PROCESS_STACKS_FULL: &str = "[stack table of this process full]";
+
 /// One interned location and the process it is charged to.
 struct Slot {
     location: Arc<SourceLocation>,
@@ -162,8 +165,9 @@ impl SourceLocations {
         self.charge = pid;
     }
 
-    /// The id of the location named `name` that stands for those refused.
-    fn sentinel(&mut self, name: &str) -> u32 {
+    /// The id of the location named `name` (uncharged): one that stands for frames
+    /// refused or merged ([`SOURCE_LOCATIONS_FULL`], [`PROCESS_STACKS_FULL`]).
+    pub fn sentinel(&mut self, name: &str) -> u32 {
         let location = SourceLocation {
             function: name.to_string(),
             file: String::new(),

@@ -171,6 +171,11 @@ impl StackResolver {
             .release(|id| referenced(id) || held.contains(&id))
     }
 
+    /// The one frame that stands for a stack merged away (`name` says why).
+    pub fn sentinel_frame(&mut self, name: &str) -> Frame {
+        Frame::Runtime(self.locations.sentinel(name))
+    }
+
     /// Source locations held now.
     pub fn locations_held(&self) -> usize {
         self.locations.len()

@@ -228,6 +228,21 @@ pub(super) const COUNTERS: &[Metric] = &[
         reading: Reading::Engine(|s| s.maps_truncated),
     },
     Metric {
+        name: "agent_sample_milliseconds",
+        help: "CPU the agent spent resolving and adding samples (each process's share is charged to its overhead budget)",
+        reading: Reading::Engine(|s| s.agent_sample_ns / 1_000_000),
+    },
+    Metric {
+        name: "agent_look_milliseconds",
+        help: "CPU the agent spent looking at processes' language runtimes (charged to each process's overhead)",
+        reading: Reading::Engine(|s| s.agent_look_ns / 1_000_000),
+    },
+    Metric {
+        name: "stacks_merged",
+        help: "Samples added under their process's one [stack table of this process full] row (past 32,768 distinct stacks in an interval)",
+        reading: Reading::Engine(|s| s.stacks_merged),
+    },
+    Metric {
         name: "source_locations_released",
         help: "Runtime source locations released at cuts (no remaining stack or runtime cache referred to them)",
         reading: Reading::Engine(|s| s.locations_released),

@@ -42,7 +42,7 @@ use allocbpf_probe::{
 use allocbpf_profile::{
     aggregate::{SampledAllocation, StackKey},
     estimate::{attributed_sample, interval_table::REFRESH_INTERVAL},
-    frame::Frame,
+    frame::{Frame, PROCESS_STACKS_FULL},
     report::Counters,
 };
 use allocbpf_runtime::Departure;
@@ -172,6 +172,24 @@ pub struct Collector {
     pub stats: CollectorStats,
 }
 
+/// Distinct stacks one process's aggregate holds in an interval; past it, its new
+/// stacks are added under one [`PROCESS_STACKS_FULL`] frame.
+pub(crate) const MAX_STACKS_PER_PROCESS: usize = 1 << 15;
+
+/// CPU time this thread has used, nanoseconds (0 if the clock cannot be read): what
+/// the agent's work for one process costs, charged to that process's budget.
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, ours.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) } != 0 {
+        return 0;
+    }
+    (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64
+}
+
 /// Waits until `at` ([`Collector::next_window_change`]); forever if `None`. For a
 /// `select!` arm: take `at` before the select, call [`Collector::windows_tick`] after.
 pub async fn window_wait(at: Option<Instant>) {
@@ -271,7 +289,13 @@ impl Collector {
             if !starting {
                 self.attach_images_of(pid, &maps);
             }
+            let started_ns = thread_cpu_ns();
             self.look_at_runtimes(pid, &maps, false);
+            let spent_ns = thread_cpu_ns().saturating_sub(started_ns);
+            self.stats.agent_look_ns += spent_ns;
+            if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
+                tracked.agent.looks_ns += spent_ns;
+            }
         }
     }
 
@@ -432,6 +456,8 @@ impl Collector {
         if let Some(log) = self.intake.raw_samples.as_mut() {
             log.write(&sample);
         }
+        // What resolving and adding it costs us is charged to its process.
+        let started_ns = thread_cpu_ns();
         // A lost sample has its weight but no stack: it stands under one
         // frame that says so, and still counts in every total.
         let frames = if sample.lost {
@@ -440,8 +466,20 @@ impl Collector {
         } else {
             self.stacks.resolve(&sample)
         };
+        let mut key = StackKey { pid, frames };
         let tracked = self.processes.entry(pid, owner).expect("checked above");
-        tracked.aggregate.add(StackKey { pid, frames }, &allocation);
+        let aggregate = &tracked.aggregate;
+        if aggregate.stack_count() >= MAX_STACKS_PER_PROCESS && !aggregate.holds(&key) {
+            // Past its cap a process's new stacks share one row that says so, their
+            // weight kept: a process forging endless stacks costs its own detail.
+            key.frames = vec![self.stacks.sentinel_frame(PROCESS_STACKS_FULL)];
+            self.stats.stacks_merged += 1;
+        }
+        let tracked = self.processes.entry(pid, owner).expect("checked above");
+        tracked.aggregate.add(key, &allocation);
+        let spent_ns = thread_cpu_ns().saturating_sub(started_ns);
+        tracked.agent.samples_ns += spent_ns;
+        self.stats.agent_sample_ns += spent_ns;
         self.stats.samples += 1;
     }
 

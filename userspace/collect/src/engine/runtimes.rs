@@ -100,6 +100,8 @@ impl Collector {
     /// Forgets what the frame resolver and every runtime hold of `pid`, and the kernel
     /// maps they filled as `why` requires.
     pub(super) fn forget_process(&mut self, pid: u32, why: Departure) {
+        // Its memory is read again only by readers made for its next image.
+        allocbpf_images::memory::mappings::forget(pid);
         let mut no_maps = NoMaps;
         let mut kernel_maps = SharedMaps {
             inner: kernel_maps(self.kernel.as_deref_mut(), &mut no_maps),

@@ -21,6 +21,13 @@ pub struct CollectorStats {
     /// Mapped files refused unread for a hostile ELF layout (too many section headers,
     /// too many bytes to read), each counted once (total).
     pub files_refused: u64,
+    /// CPU this thread spent resolving and adding samples, nanoseconds (total; each
+    /// process's share is charged to its budget).
+    pub agent_sample_ns: u64,
+    /// CPU this thread spent looking at processes' runtimes, nanoseconds (total).
+    pub agent_look_ns: u64,
+    /// Samples added under a process's one "stack table full" row (total).
+    pub stacks_merged: u64,
     /// Runtime source locations released at cuts, no stack referring to them (total).
     pub locations_released: u64,
     /// Runtime source locations held after the last cut.

@@ -25,7 +25,7 @@ use allocbpf_probe::{
 use allocbpf_profile::{estimate::interval_table::REFRESH_INTERVAL, frame::Frame};
 use allocbpf_stacks::resolve::UnwindMode;
 
-use super::{Collector, ProcessProfile};
+use super::{Collector, ProcessProfile, MAX_STACKS_PER_PROCESS};
 use crate::{
     budget::{BudgetOptions, HitCost},
     error::CollectError,
@@ -500,4 +500,38 @@ fn a_light_process_beside_a_heavy_one_gets_links_of_its_own() {
     let tracked = &collector.processes.tracked[&light.pid()];
     assert!(!tracked.own.attached() && tracked.own.last_span.is_some());
     assert_eq!(collector.stats.own_link_removals, 1);
+}
+
+/// A process whose samples bring endless distinct stacks (a forged runtime's names):
+/// past its cap, its new stacks share one row that says so, their weight kept, and the
+/// stacks it had keep theirs.
+#[test]
+fn a_process_past_its_cap_on_stacks_adds_them_under_one_row() {
+    use allocbpf_profile::frame::PROCESS_STACKS_FULL;
+    let me = std::process::id();
+    let fake = FakeLoader::new(false);
+    let mut collector = one_process(&fake, vec![own_executable()]);
+    let over = 100;
+    let samples = (0..(MAX_STACKS_PER_PROCESS + over) as u64).map(|i| {
+        let Event::Sample(mut sample) = sample(me, i + 1, 4096, 0) else {
+            unreachable!()
+        };
+        // An address nothing maps: one distinct frame each.
+        sample.stack = vec![0x10_0000 + 16 * i];
+        Event::Sample(sample)
+    });
+    fake.send(samples.collect::<Vec<_>>());
+    let profiles = collector.cut();
+    let report = &profile_of(&profiles, me).report;
+    assert_eq!(
+        report.totals.samples,
+        (MAX_STACKS_PER_PROCESS + over) as u64
+    );
+    assert_eq!(report.stacks.len(), MAX_STACKS_PER_PROCESS + 1);
+    let merged: Vec<_> = (report.stacks.iter())
+        .filter(|stack| stack.function_names() == [PROCESS_STACKS_FULL])
+        .collect();
+    assert_eq!(merged.len(), 1);
+    assert_eq!(merged[0].stats.samples, over as u64);
+    assert_eq!(collector.stats.stacks_merged, over as u64);
 }

@@ -70,6 +70,9 @@ pub enum Verdict {
     Deadline,
     /// Some byte is in no mapping: the read would fail.
     Unmapped,
+    /// The process is not the image its view was opened on (it exec'd, or exited and
+    /// its pid may be another's): refused until [`forget`].
+    Changed,
 }
 
 /// What is known of one process.
@@ -83,6 +86,8 @@ struct View {
     mounts_read: Instant,
     /// Last use, on [`Views::clock`].
     used: u64,
+    /// Its image is gone (the maps descriptor answers `ESRCH`): reads are refused.
+    changed: bool,
 }
 
 /// Every view, and whether this kernel answers the query.
@@ -105,24 +110,13 @@ pub fn verdict(pid: u32, address: u64, len: usize) -> Verdict {
     if views.unsupported {
         return Verdict::Deadline;
     }
-    views.clock += 1;
-    let clock = views.clock;
-    if !views.by_pid.contains_key(&pid) {
-        let Some(view) = View::open(pid) else {
-            return Verdict::Deadline;
-        };
-        if views.by_pid.len() >= MAX_VIEWS {
-            let oldest = views
-                .by_pid
-                .iter()
-                .min_by_key(|(_, v)| v.used)
-                .map(|(&p, _)| p);
-            views.by_pid.remove(&oldest.expect("a full table"));
-        }
-        views.by_pid.insert(pid, view);
+    if !views.open(pid) {
+        return Verdict::Deadline;
     }
-    let view = views.by_pid.get_mut(&pid).expect("inserted above");
-    view.used = clock;
+    let view = views.by_pid.get_mut(&pid).expect("opened above");
+    if view.changed {
+        return Verdict::Changed;
+    }
     let mut at = address;
     for _ in 0..MAX_SPANNED {
         let mapping = match view.query(at) {
@@ -138,9 +132,10 @@ pub fn verdict(pid: u32, address: u64, len: usize) -> Verdict {
                 return Verdict::Deadline;
             }
             Err(_) => {
-                // Gone, or its pid reused: start over at its next read.
-                views.by_pid.remove(&pid);
-                return Verdict::Deadline;
+                // Its image is gone (exec, exit): what its readers know is of that
+                // image, so nothing is read until they forget it (`forget`).
+                view.changed = true;
+                return Verdict::Changed;
             }
         };
         if !view.cannot_stall(pid, &mapping) {
@@ -152,6 +147,51 @@ pub fn verdict(pid: u32, address: u64, len: usize) -> Verdict {
         at = mapping.vma_end;
     }
     Verdict::Deadline
+}
+
+/// Binds `pid`'s reads to the image it runs now: the view is opened (if none is) on
+/// its maps, whose descriptor keeps that image; once the process execs or exits, reads
+/// are refused ([`Verdict::Changed`]) until [`forget`]. A runtime's reader is made
+/// when it looks at the process, so its reads belong to the image it looked at.
+pub fn bind(pid: u32) {
+    let mut views = VIEWS.lock().unwrap_or_else(|p| p.into_inner());
+    let views = views.get_or_insert_with(Views::default);
+    // A reader made now is made for the image now (one whose exec went unseen too).
+    if views.by_pid.get(&pid).is_some_and(|view| view.changed) {
+        views.by_pid.remove(&pid);
+    }
+    views.open(pid);
+}
+
+/// Forgets `pid`'s view (the engine saw it exec, exit or be reused): its next reader
+/// binds to the image it runs then.
+pub fn forget(pid: u32) {
+    let mut views = VIEWS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(views) = views.as_mut() {
+        views.by_pid.remove(&pid);
+    }
+}
+
+impl Views {
+    /// Opens `pid`'s view unless it has one (the least recently used goes past
+    /// [`MAX_VIEWS`]); marks it used. False if it cannot be opened.
+    fn open(&mut self, pid: u32) -> bool {
+        self.clock += 1;
+        if !self.by_pid.contains_key(&pid) {
+            let Some(view) = View::open(pid) else {
+                return false;
+            };
+            if self.by_pid.len() >= MAX_VIEWS {
+                let oldest = (self.by_pid.iter()).min_by_key(|(_, v)| v.used);
+                let oldest = oldest.map(|(&p, _)| p).expect("a full table");
+                self.by_pid.remove(&oldest);
+            }
+            self.by_pid.insert(pid, view);
+        }
+        let clock = self.clock;
+        self.by_pid.get_mut(&pid).expect("inserted above").used = clock;
+        true
+    }
 }
 
 /// The device of the kernel's internal tmpfs (memfds, shared anonymous memory), which
@@ -194,6 +234,7 @@ impl View {
             devices: read_devices(pid),
             mounts_read: Instant::now(),
             used: 0,
+            changed: false,
         })
     }
 
@@ -251,6 +292,55 @@ mod tests {
         );
         assert_eq!(verdict(pid, 8, 8), Verdict::Unmapped);
         assert_eq!(verdict(pid, u64::MAX - 4, 8), Verdict::Unmapped);
+    }
+
+    #[test]
+    fn reads_of_a_process_that_execs_are_refused_until_it_is_forgotten_or_bound_anew() {
+        // A shell that execs `sleep` when told (a line on its stdin).
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", "read line; exec sleep 30"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        bind(pid);
+        let stack = |pid: u32| {
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+            let line = maps
+                .lines()
+                .find(|l| l.ends_with("[stack]"))
+                .unwrap()
+                .to_string();
+            u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap()
+        };
+        assert_eq!(verdict(pid, stack(pid), 8), Verdict::Direct);
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_link(format!("/proc/{pid}/exe"))
+            .unwrap()
+            .ends_with("sleep")
+        {
+            assert!(Instant::now() < deadline, "no exec");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            verdict(pid, stack(pid), 8),
+            Verdict::Changed,
+            "the image it was bound to"
+        );
+        forget(pid);
+        assert_eq!(
+            verdict(pid, stack(pid), 8),
+            Verdict::Direct,
+            "bound to the new image"
+        );
+        // A reader made after the exec (a runtime's new look) binds to the new image.
+        let _ = verdict(pid, 8, 8);
+        bind(pid);
+        assert_eq!(verdict(pid, stack(pid), 8), Verdict::Direct);
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]

@@ -15,8 +15,10 @@ pub struct ProcessMemory {
 }
 
 impl ProcessMemory {
-    /// The memory of process `pid` (readable by root; nothing is opened).
+    /// The memory of process `pid` (readable by root), as the image it runs now: once
+    /// it execs or exits, reads fail until [`mappings::forget`] ([`mappings::bind`]).
     pub fn new(pid: u32) -> Self {
+        mappings::bind(pid);
         Self { pid }
     }
 
@@ -39,6 +41,13 @@ impl ProcessMemory {
                 deadline::read_within_deadline(self.pid, address, buffer, read_unguarded)
             }
             mappings::Verdict::Unmapped => Err(io::Error::from_raw_os_error(libc::EFAULT)),
+            mappings::Verdict::Changed => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "pid {} no longer runs the image its reader was made for (exec or exit)",
+                    self.pid
+                ),
+            )),
         }
     }
 

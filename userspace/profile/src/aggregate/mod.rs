@@ -148,6 +148,16 @@ impl Aggregate {
         self.stacks.get(index).map(|(key, _)| key)
     }
 
+    /// Distinct stacks held now.
+    pub fn stack_count(&self) -> usize {
+        self.stacks.len()
+    }
+
+    /// True if `key` has a stack here.
+    pub fn holds(&self, key: &StackKey) -> bool {
+        self.index.contains_key(key)
+    }
+
     /// Adds one sample under `key`.
     pub fn add(&mut self, key: StackKey, sample: &SampledAllocation) {
         let next = self.stacks.len();
