@@ -4,7 +4,8 @@
 //! frame (or a runtime stub's) has its blob's fixed size, its caller's pc in its last
 //! word and the caller's frame pointer below that. The walk stops at the first pc that
 //! is neither (the call stub that entered Java from the VM, native code), at a word the
-//! copy does not hold, or after [`MAX_JAVA_FRAMES`].
+//! copy does not hold, after [`MAX_JAVA_FRAMES`], or after [`MAX_WALK_STEPS`] frames
+//! of any kind (runtime stubs push no Java frame, and a forged stack can chain them).
 
 use allocbpf_runtime::toolkit::{RemoteMemory, StackCopy};
 
@@ -15,6 +16,11 @@ use crate::{
 
 /// Most Java frames (inlined ones included) taken from one sample.
 pub const MAX_JAVA_FRAMES: usize = 256;
+
+/// Most frames of any kind (interpreted, compiled, stubs) stepped through for one
+/// sample: the work a target's stack can ask of us is bounded by this, not by the Java
+/// frames it yields (a real stack has a stub or two between Java frames).
+pub const MAX_WALK_STEPS: usize = 4 * MAX_JAVA_FRAMES;
 
 /// A frame the walk found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +69,10 @@ pub fn walk(
     // records its caller's as it was before an adapter extended it.
     let mut unextended_sp = anchor.sp;
     let slot = |fp: u64, slot: i64| stack.word(fp.wrapping_add_signed(slot * 8));
-    while frames.len() < MAX_JAVA_FRAMES {
+    for _ in 0..MAX_WALK_STEPS {
+        if frames.len() >= MAX_JAVA_FRAMES {
+            break;
+        }
         if code.is_interpreted(pc) {
             let (Some(method), Some(bcp)) = (
                 slot(fp, INTERPRETER_METHOD_SLOT),
@@ -157,9 +166,19 @@ mod tests {
     /// Walks a stack copied from [`BASE`], with `words` written in it, from `anchor`,
     /// in a forged JDK 17 code cache holding the forged nmethod.
     fn walk_forged(words: &[(u64, u64)], anchor: Anchor) -> Vec<JavaFrame> {
+        walk_forged_with(words, anchor, |_, _, _| {})
+    }
+
+    /// [`walk_forged`], the forged memory changed by `forge` (memory, layout, blob).
+    fn walk_forged_with(
+        words: &[(u64, u64)],
+        anchor: Anchor,
+        forge: impl Fn(&mut FakeMemory, &crate::layout::Layout, u64),
+    ) -> Vec<JavaFrame> {
         let layout = forged::layout_17();
         let mut memory = FakeMemory::new();
-        forged::with_nmethod_17(&mut memory, &layout);
+        let blob = forged::with_nmethod_17(&mut memory, &layout);
+        forge(&mut memory, &layout, blob);
         let mut code = CodeCache::read(&memory, &layout).expect("a forged code cache reads");
         let bytes = stack(words);
         let copy = StackCopy {
@@ -209,6 +228,40 @@ mod tests {
             bcp: BCP,
         };
         assert_eq!(walk_forged(&words, anchor), vec![frame; MAX_JAVA_FRAMES]);
+    }
+
+    /// An interpreted frame whose caller is a chain of runtime stubs (no Java frame of
+    /// their own) leading back to it: each Java frame costs a dozen steps, and the
+    /// walk ends at its step bound, not after 256 frames' worth of steps.
+    #[test]
+    fn a_chain_of_stubs_back_to_the_same_frame_ends_at_the_step_bound() {
+        let fp = BASE + 0x1f0;
+        let frame_bytes = forged::FRAME_WORDS as u64 * 8;
+        let first = BASE + 0x20;
+        // The interpreted frame's caller is the stub at `first`; each stub's caller the
+        // next, up to the last one below the frame, whose caller is the frame again.
+        let mut words = interpreted(fp, first, CALL, fp).to_vec();
+        // Below the interpreted frame's slots (down to 8 words under its fp).
+        let stubs = (fp - 0x48 - first) / frame_bytes;
+        for k in 1..=stubs {
+            let caller_sp = first + k * frame_bytes;
+            let caller_pc = if k == stubs { INTERPRETER_PC } else { CALL };
+            words.push((caller_sp - 8, caller_pc));
+            words.push((caller_sp - 16, fp));
+        }
+        let anchor = Anchor {
+            sp: first,
+            pc: INTERPRETER_PC,
+            fp,
+        };
+        // The nmethod is a stub now: no method, so no Java frame.
+        let walked = walk_forged_with(&words, anchor, |memory, layout, blob| {
+            memory.write_u64(blob + layout.nmethod_method, 0);
+        });
+        let steps_per_frame = 1 + stubs as usize;
+        assert!(steps_per_frame > 8, "{steps_per_frame}");
+        assert_eq!(walked.len(), MAX_WALK_STEPS.div_ceil(steps_per_frame));
+        assert!(walked.len() < MAX_JAVA_FRAMES);
     }
 
     #[test]
