@@ -229,12 +229,12 @@ pub(super) const COUNTERS: &[Metric] = &[
     },
     Metric {
         name: "agent_sample_milliseconds",
-        help: "CPU the agent spent resolving and adding samples (each process's share is charged to its overhead budget)",
+        help: "CPU the agent spent resolving and adding samples",
         reading: Reading::Engine(|s| s.agent_sample_ns / 1_000_000),
     },
     Metric {
         name: "agent_look_milliseconds",
-        help: "CPU the agent spent looking at processes' language runtimes (charged to each process's overhead)",
+        help: "CPU the agent spent looking at processes' language runtimes",
         reading: Reading::Engine(|s| s.agent_look_ns / 1_000_000),
     },
     Metric {

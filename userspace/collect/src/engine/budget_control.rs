@@ -332,10 +332,7 @@ impl BudgetController {
         // least 25 ms ago (`early.rs`): its cost is underestimated at worst, and a
         // heavy one is caught at its first check.
         let before = self.last_hits.get(&pid).copied().unwrap_or_default();
-        // The agent's own work for it counts as its probes' does: what its samples
-        // cost us scales with them (as the kernel's recording does), its looks do not.
-        let (agent_samples, agent_looks) = tracked.agent.take_since_check();
-        let spent = self.cost.seconds(&before, &total) + agent_samples + agent_looks;
+        let spent = self.cost.seconds(&before, &total);
         let lived_ns = self.early.lived_ns(pid, now_ns, elapsed_ns);
         // Probed full time through its own links; else while its images were.
         let exposure_ns = match tracked.own.attached() {
@@ -355,8 +352,7 @@ impl BudgetController {
             true => 0,
             false => window_shift(self.schedule.inclusion_at(&tracked.images, now_ns)),
         };
-        let spent_full_time = self.cost.seconds_at_shift(&before, &total, shift)
-            + agent_samples / f64::from(1u32 << shift.min(31));
+        let spent_full_time = self.cost.seconds_at_shift(&before, &total, shift);
         tracing::trace!(
             "pid {pid}: {} hits in {} us, probed {} us",
             total.all.saturating_sub(before.all),

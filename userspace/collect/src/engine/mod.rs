@@ -177,7 +177,7 @@ pub struct Collector {
 pub(crate) const MAX_STACKS_PER_PROCESS: usize = 1 << 15;
 
 /// CPU time this thread has used, nanoseconds (0 if the clock cannot be read): what
-/// the agent's work for one process costs, charged to that process's budget.
+/// the agent's work for its samples and looks costs.
 pub(crate) fn thread_cpu_ns() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
@@ -291,11 +291,7 @@ impl Collector {
             }
             let started_ns = thread_cpu_ns();
             self.look_at_runtimes(pid, &maps, false);
-            let spent_ns = thread_cpu_ns().saturating_sub(started_ns);
-            self.stats.agent_look_ns += spent_ns;
-            if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
-                tracked.agent.looks_ns += spent_ns;
-            }
+            self.stats.agent_look_ns += thread_cpu_ns().saturating_sub(started_ns);
         }
     }
 
@@ -456,7 +452,8 @@ impl Collector {
         if let Some(log) = self.intake.raw_samples.as_mut() {
             log.write(&sample);
         }
-        // What resolving and adding it costs us is charged to its process.
+        // What resolving and adding it costs us (measured; not charged to its budget
+        // yet: docs/design.md, "Cost").
         let started_ns = thread_cpu_ns();
         // A lost sample has its weight but no stack: it stands under one
         // frame that says so, and still counts in every total.
@@ -477,9 +474,7 @@ impl Collector {
         }
         let tracked = self.processes.entry(pid, owner).expect("checked above");
         tracked.aggregate.add(key, &allocation);
-        let spent_ns = thread_cpu_ns().saturating_sub(started_ns);
-        tracked.agent.samples_ns += spent_ns;
-        self.stats.agent_sample_ns += spent_ns;
+        self.stats.agent_sample_ns += thread_cpu_ns().saturating_sub(started_ns);
         self.stats.samples += 1;
     }
 

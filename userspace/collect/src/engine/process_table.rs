@@ -42,32 +42,6 @@ pub(crate) struct Tracked {
     /// Under an overhead budget: its own full-time links, while it is light and shares
     /// an image probed part time for a heavier process.
     pub own: OwnLinks,
-    /// CPU the agent spent on it: charged to its budget.
-    pub agent: AgentCost,
-}
-
-/// CPU the agent spent on one process, nanoseconds since it was first followed, and
-/// what the budget's last check had seen of it.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct AgentCost {
-    /// Resolving and adding its samples: grows with its samples, so a lower duty
-    /// lowers it.
-    pub samples_ns: u64,
-    /// Looking at its runtimes (discovery): once per look, whatever the duty.
-    pub looks_ns: u64,
-    checked: (u64, u64),
-}
-
-impl AgentCost {
-    /// Seconds spent (on samples, on looks) since the last call.
-    pub fn take_since_check(&mut self) -> (f64, f64) {
-        let since = (
-            self.samples_ns.saturating_sub(self.checked.0),
-            self.looks_ns.saturating_sub(self.checked.1),
-        );
-        self.checked = (self.samples_ns, self.looks_ns);
-        (since.0 as f64 * 1e-9, since.1 as f64 * 1e-9)
-    }
 }
 
 /// A light process's own links: probes filtered on it, attached full time on the
@@ -251,7 +225,6 @@ impl ProcessTable {
                 pace: PaceMeter::default(),
                 expired_blocks: Vec::new(),
                 own: OwnLinks::default(),
-                agent: AgentCost::default(),
             },
         );
         match reused {

@@ -21,8 +21,7 @@ pub struct CollectorStats {
     /// Mapped files refused unread for a hostile ELF layout (too many section headers,
     /// too many bytes to read), each counted once (total).
     pub files_refused: u64,
-    /// CPU this thread spent resolving and adding samples, nanoseconds (total; each
-    /// process's share is charged to its budget).
+    /// CPU this thread spent resolving and adding samples, nanoseconds (total).
     pub agent_sample_ns: u64,
     /// CPU this thread spent looking at processes' runtimes, nanoseconds (total).
     pub agent_look_ns: u64,
