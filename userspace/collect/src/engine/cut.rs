@@ -309,7 +309,7 @@ impl Collector {
         self.stats.kernel_processes =
             kernel_pids.iter().filter(|pid| !gone.contains(pid)).count() as u64;
         self.release_unused_images();
-        self.release_unused_modules();
+        self.release_unreferenced();
     }
 
     /// Detaches everything, reads what is still in the ring buffer and cuts the last

@@ -193,9 +193,6 @@ impl Collector {
 
 /// The file offset, in our own executable, of the code at `address` in this process.
 fn own_file_offset(address: u64) -> Option<u64> {
-    allocbpf_images::procfs::try_read_maps(std::process::id())
-        .ok()?
-        .into_iter()
-        .find(|entry| entry.range.contains(&address))
+    allocbpf_images::procfs::own_mapping_at(address)
         .map(|entry| address - entry.range.start + entry.offset)
 }

@@ -76,11 +76,7 @@ fn own_executable() -> Option<ImageKey> {
     static OWN: std::sync::OnceLock<Option<ImageKey>> = std::sync::OnceLock::new();
     *OWN.get_or_init(|| {
         let code = own_executable as fn() -> Option<ImageKey> as usize as u64;
-        allocbpf_images::procfs::try_read_maps(std::process::id())
-            .ok()?
-            .iter()
-            .find(|entry| entry.range.contains(&code))
-            .map(ImageKey::of)
+        allocbpf_images::procfs::own_mapping_at(code).map(|entry| ImageKey::of(&entry))
     })
 }
 

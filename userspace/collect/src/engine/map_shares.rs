@@ -25,16 +25,9 @@ pub(crate) struct MapShares {
     pub refused: u64,
 }
 
-/// The owner of a live process, `None` if it is gone ([`process_owner`] in the agent).
+/// The owner of a live process, `None` if it is gone (`procfs::process_owner` in the
+/// agent).
 pub(crate) type OwnerOf = fn(u32) -> Option<u32>;
-
-/// The owner of `/proc/PID` (the process's effective user), `None` if it is gone.
-pub(crate) fn process_owner(pid: u32) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}"))
-        .ok()
-        .map(|m| m.uid())
-}
 
 /// The kernel's runtime maps with each user held to its share.
 pub(crate) struct SharedMaps<'a> {

@@ -71,7 +71,7 @@ impl Collector {
     /// refers to (file and entry), and the runtimes' source locations none refers to
     /// (their ids reused). A running process's module is interned again, with its file,
     /// at its next sample, as are its locations.
-    pub(super) fn release_unused_modules(&mut self) {
+    pub(super) fn release_unreferenced(&mut self) {
         let frames = || {
             (self.processes.tracked.values())
                 .flat_map(|tracked| tracked.aggregate.keys())

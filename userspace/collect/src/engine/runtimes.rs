@@ -12,7 +12,7 @@ use allocbpf_runtime::{
 };
 
 use super::{
-    map_shares::{process_owner, SharedMaps},
+    map_shares::{MapShares, SharedMaps},
     Collector,
 };
 use crate::identity;
@@ -30,11 +30,11 @@ impl Collector {
             files: &self.images.cache,
         };
         let mut no_maps = NoMaps;
-        let mut kernel_maps = SharedMaps {
-            inner: kernel_maps(self.kernel.as_deref_mut(), &mut no_maps),
-            shares: &mut self.map_shares,
-            owner_of: process_owner,
-        };
+        let mut kernel_maps = kernel_maps(
+            self.kernel.as_deref_mut(),
+            &mut no_maps,
+            &mut self.map_shares,
+        );
         let again_at = again.then(Instant::now);
         let found = self.stacks.look_at(&view, &mut kernel_maps, again_at);
         self.stats.runtime_entries_refused = self.map_shares.refused;
@@ -103,11 +103,11 @@ impl Collector {
         // Its memory is read again only by readers made for its next image.
         allocbpf_images::memory::mappings::forget(pid);
         let mut no_maps = NoMaps;
-        let mut kernel_maps = SharedMaps {
-            inner: kernel_maps(self.kernel.as_deref_mut(), &mut no_maps),
-            shares: &mut self.map_shares,
-            owner_of: process_owner,
-        };
+        let mut kernel_maps = kernel_maps(
+            self.kernel.as_deref_mut(),
+            &mut no_maps,
+            &mut self.map_shares,
+        );
         self.stacks.forget(pid, why, &mut kernel_maps);
     }
 
@@ -120,14 +120,21 @@ impl Collector {
     }
 }
 
-/// The kernel's runtime maps, or `no_maps` once the kernel is gone (after stop).
+/// The kernel's runtime maps, or `no_maps` once the kernel is gone (after stop), each
+/// user held to its share of them (`shares`).
 fn kernel_maps<'a>(
     kernel: Option<&'a mut (dyn Kernel + 'static)>,
     no_maps: &'a mut NoMaps,
-) -> &'a mut dyn RuntimeMaps {
-    match kernel {
+    shares: &'a mut MapShares,
+) -> SharedMaps<'a> {
+    let inner: &mut dyn RuntimeMaps = match kernel {
         Some(kernel) => kernel,
         None => no_maps,
+    };
+    SharedMaps {
+        inner,
+        shares,
+        owner_of: procfs::process_owner,
     }
 }
 

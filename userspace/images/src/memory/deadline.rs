@@ -17,7 +17,6 @@
 
 use std::{
     io,
-    os::unix::fs::MetadataExt,
     sync::{
         atomic::{AtomicU64, Ordering},
         mpsc, Mutex,
@@ -105,13 +104,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The owner of process `pid` (the owner of its `/proc` directory), if it can be told.
-fn owner_of(pid: u32) -> Option<u32> {
-    std::fs::metadata(format!("/proc/{pid}"))
-        .ok()
-        .map(|m| m.uid())
-}
-
 /// Why a read of `pid` is refused now, if it is.
 fn refusal(pid: u32) -> Option<String> {
     let stuck = lock(&STUCK);
@@ -129,7 +121,7 @@ fn refusal(pid: u32) -> Option<String> {
             "a read of pid {pid}'s memory has not returned: its memory is set aside"
         ));
     }
-    let uid = owner_of(pid)?;
+    let uid = crate::procfs::process_owner(pid)?;
     let of_user = stuck.iter().filter(|s| s.uid == Some(uid)).count();
     (of_user >= STUCK_PER_USER).then(|| {
         format!("{of_user} reads of user {uid}'s processes are stuck: their memory is set aside")
@@ -193,7 +185,7 @@ pub fn read_within_deadline(
         Err(_) => {
             // Set the process aside before the reader is dropped: the reader clears
             // its entry when the read returns and it finds nobody waiting.
-            let uid = owner_of(pid);
+            let uid = crate::procfs::process_owner(pid);
             lock(&STUCK).push(StuckRead {
                 reader: current.id,
                 pid,

@@ -128,6 +128,15 @@ pub fn comm(pid: u32) -> Option<OsString> {
     Some(OsString::from_vec(comm))
 }
 
+/// The owner of process `pid` (the owner of its `/proc/PID`, its effective user), `None`
+/// if it is gone.
+pub fn process_owner(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
+}
+
 /// Whether process `pid` exists now (`/proc/PID`).
 pub fn is_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
@@ -202,6 +211,14 @@ fn parse_thread_count(stat: &[u8]) -> Option<u32> {
 /// choose, up to 4 KiB: it must not make us read and hold hundreds of megabytes. Past
 /// the cap the map is cut at the last whole line ([`read_maps_counting_cuts`] counts it).
 pub const MAX_MAPS_BYTES: u64 = 16 << 20;
+
+/// The mapping of ours (this process's) that holds `address`, if any.
+pub fn own_mapping_at(address: u64) -> Option<MapsEntry> {
+    try_read_maps(std::process::id())
+        .ok()?
+        .into_iter()
+        .find(|entry| entry.range.contains(&address))
+}
 
 /// `pid`'s memory map, at most [`MAX_MAPS_BYTES`] of it, or why it cannot be read
 /// (`NotFound`: the process is gone).
