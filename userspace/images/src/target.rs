@@ -5,6 +5,7 @@
 //! probed in the libc it really uses. Nothing is hard-coded about its path.
 
 use std::ffi::OsString;
+use std::time::{Duration, Instant};
 
 use crate::discover::{ImageCache, Silence};
 use crate::image::AllocatorImage;
@@ -33,6 +34,18 @@ pub enum TargetError {
         /// Its command name (made text lossily).
         comm: String,
     },
+    /// The process has stayed in its dynamic loader, its libraries unmapped, for
+    /// [`LOADER_WAIT`]: stopped or traced at its start.
+    #[error(
+        "pid {pid} ({comm}) has not mapped its libraries: it has stayed in its dynamic loader \
+         (is it stopped or traced at its start?); profile it once it runs"
+    )]
+    StillLoading {
+        /// The target pid.
+        pid: u32,
+        /// Its command name (made text lossily).
+        comm: String,
+    },
     /// No mapped file defines an allocation entry of the catalogue.
     #[error(
         "pid {pid} ({comm}) allocates through no function allocbpf can probe: no file it maps \
@@ -47,6 +60,13 @@ pub enum TargetError {
         comm: String,
     },
 }
+
+/// How long [`Target::resolve`] waits for a process still in its dynamic loader to map
+/// its libraries: far longer than a loader takes, short enough not to hang on a
+/// process stopped there.
+pub const LOADER_WAIT: Duration = Duration::from_secs(2);
+/// How often its map is read again meanwhile.
+const LOADER_POLL: Duration = Duration::from_millis(5);
 
 /// A process to profile.
 #[derive(Clone, Debug)]
@@ -94,7 +114,25 @@ impl Target {
             });
         }
         let mut cache = ImageCache::default();
-        let images = cache.discover(pid, &maps, lookup);
+        let mut images = cache.discover(pid, &maps, lookup);
+        let mut maps = maps;
+        // Looked at in its first moment, the process may not have mapped its libraries
+        // yet: wait for its loader (boundedly: a stopped or traced process may stay there).
+        let waited_since = Instant::now();
+        while images.is_empty()
+            && waited_since.elapsed() < LOADER_WAIT
+            && procfs::in_dynamic_loader(pid, &maps)
+        {
+            std::thread::sleep(LOADER_POLL);
+            maps = procfs::try_read_maps(pid).map_err(|_| TargetError::NoSuchProcess(pid))?;
+            images = cache.discover(pid, &maps, lookup);
+        }
+        if images.is_empty() && procfs::in_dynamic_loader(pid, &maps) {
+            return Err(TargetError::StillLoading {
+                pid,
+                comm: text(&comm),
+            });
+        }
         // A Go program's heap is read from its runtime's own profile: it needs no probe.
         if images.is_empty() && cache.go_mappings(&maps).is_empty() {
             return Err(TargetError::NoAllocator {
@@ -109,5 +147,76 @@ impl Target {
             silence: cache.silence(&maps),
             cache,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    use super::*;
+
+    /// A child traced from its start stops at its exec, before its loader runs: the
+    /// kernel has mapped the executable and `ld.so`, nothing else.
+    fn stopped_at_exec(program: &str) -> std::process::Child {
+        let mut command = Command::new(program);
+        command.arg("30");
+        // SAFETY: PTRACE_TRACEME touches no memory of ours; it is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().unwrap();
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        let waited = unsafe { libc::waitpid(child.id() as i32, &mut status, 0) };
+        assert_eq!(waited, child.id() as i32);
+        assert!(libc::WIFSTOPPED(status), "status {status:#x}");
+        child
+    }
+
+    fn detach(pid: u32) {
+        // SAFETY: detaches our own stopped tracee and lets it run on.
+        let detached = unsafe { libc::ptrace(libc::PTRACE_DETACH, pid as i32, 0, 0) };
+        assert_eq!(detached, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    #[test]
+    fn a_process_still_in_its_loader_is_waited_for() {
+        let mut child = stopped_at_exec("sleep");
+        let pid = child.id();
+        let maps = procfs::try_read_maps(pid).unwrap();
+        assert!(procfs::in_dynamic_loader(pid, &maps), "{maps:#?}");
+        // The tracer is the thread that spawned the child: it releases, another resolves.
+        let resolver = std::thread::spawn(move || Target::resolve(pid, &Lookup::default()));
+        std::thread::sleep(Duration::from_millis(100));
+        detach(pid);
+        let target = resolver.join().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let target = target.unwrap();
+        assert!(!target.images.is_empty());
+    }
+
+    #[test]
+    fn a_process_held_in_its_loader_is_not_waited_for_without_end() {
+        let mut child = stopped_at_exec("sleep");
+        let pid = child.id();
+        let started = Instant::now();
+        let target = Target::resolve(pid, &Lookup::default());
+        let waited = started.elapsed();
+        detach(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(matches!(target, Err(TargetError::StillLoading { .. })));
+        assert!(
+            waited >= LOADER_WAIT && waited < LOADER_WAIT * 3,
+            "{waited:?}"
+        );
     }
 }

@@ -32,6 +32,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use self::loader::in_dynamic_loader;
 #[cfg(test)]
 use self::mounts::parse_fdinfo_mount_id;
 pub(crate) use self::mounts::MountTable;
@@ -515,6 +516,7 @@ pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError>
     Ok(data)
 }
 
+mod loader;
 mod mounts;
 #[cfg(test)]
 mod tests;
