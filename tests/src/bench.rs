@@ -227,3 +227,50 @@ pub fn compare_runs(
     );
     Ok(())
 }
+
+/// Per command name in the store: processes, samples in all, and the mean observed
+/// fraction of their profiles (1 when a profile does not say: observed full time).
+pub fn observed(store: &Path, comm: &str) -> (usize, u64, f64) {
+    let mut pids = std::collections::HashSet::new();
+    let mut samples = 0;
+    let mut fractions = Vec::new();
+    for path in crate::agent::stored_profiles(store) {
+        let (_, _, pid, name) = crate::agent::parse_stored_name(&path);
+        if name != comm {
+            continue;
+        }
+        let Ok(profile) = allocbpf_export::pprof::decode_file(&path) else {
+            continue;
+        };
+        let s = |i: i64| profile.string_table[i as usize].as_str();
+        pids.insert(pid);
+        samples += profile
+            .sample
+            .iter()
+            .flat_map(|x| x.label.iter())
+            .filter(|l| s(l.key) == "samples")
+            .map(|l| l.num as u64)
+            .sum::<u64>();
+        fractions.push(
+            profile
+                .comment
+                .iter()
+                .find_map(|&c| s(c).strip_prefix("observed_fraction="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1.0),
+        );
+    }
+    let mean = fractions.iter().sum::<f64>() / fractions.len().max(1) as f64;
+    (pids.len(), samples, mean)
+}
+
+/// `VmHWM` of `pid` in KiB (NaN if unreadable).
+pub fn high_water_kib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(f64::NAN)
+}

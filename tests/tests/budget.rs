@@ -16,7 +16,8 @@ use std::{
 
 use allocbpf_e2e::{
     agent::{
-        metric, one_agent_test, parse_stored_name, scrape_within, stored_profiles, AgentProcess,
+        metric, one_agent_test, parse_stored_name, scrape_within, start_filtered, stored_profiles,
+        write_config, AgentProcess,
     },
     bench::{compile_big, median, write_malloc_heavy_source, CompileTimes},
     compile_workload, Profiler, Workload,
@@ -474,5 +475,79 @@ fn a_heavy_process_observed_part_time_gets_about_its_full_time_samples() {
     assert!(
         (estimate - truth).abs() <= 4.0 * sd,
         "estimate {estimate:.0} vs truth {truth:.0}: more than 4 sd ({sd:.0})"
+    );
+}
+
+/// The agent's own cost in the budget (docs/design.md, "The agent's own cost"): an
+/// agent allowed almost no CPU for a process's samples (`agent_cpu_percent`, probes
+/// otherwise unbudgeted) raises that process's sampling interval to the largest
+/// coarsening, 32x, once its steady per-sample cost is known, and its estimate stays
+/// unbiased. The workload (`workloads/steady.c`) makes 4 KiB calls at 10 k/s for 6 s
+/// at a 64 KiB rate:
+/// - Its samples are far fewer than uncoarsened: were none coarsened, their count would
+///   be `n p` (`p = p(4096, 64 KiB)`, ~3,600, sd ~60); coarsened from the first second
+///   on they are ~0.13 of that. The bound is a third.
+/// - Its estimate is within 5 standard deviations of the truth it printed. The sd is
+///   derived at the coarsest rate for every call, `n S² (1-p')/p'` with
+///   `p' = p(4096, 32 x 64 KiB)` (9% of the truth): the calls sampled at the finer
+///   rate before the coarsening only lower the variance, so the bound only widens.
+///   An estimator that weighed coarsened samples at the base rate would read ~0.2 of
+///   the truth, 9 sd below it.
+#[test]
+fn a_process_whose_samples_cost_the_agent_too_much_is_sampled_coarser_unbiased() {
+    let (_one, scratch, store) = one_agent_test("budget-coarsening");
+    let steady = compile_workload("steady", &["-O1", "-g", "-fno-omit-frame-pointer"]).unwrap();
+    let config = write_config(
+        &scratch,
+        "comm = \"^steady\"\nrate = \"64KiB\"\nmetrics_address = \"off\"\n[budget]\n\
+         cpu_percent = 100\nhost_cpu_percent = 100\nagent_cpu_percent = 0.0001\n",
+    );
+    let mut agent = start_filtered(&config, &store, "2s", &[], &[]);
+    let mut workload = Workload::start(&steady, &["6", "4096", "100", "1", "wait"]).unwrap();
+    let pid = workload.pid;
+    workload.go().unwrap();
+    let coarsened = format!("pid {pid} (");
+    let coarsened_line = |l: &str| l.contains(&coarsened) && l.contains("its samples would cost");
+    let line = agent
+        .stderr
+        .wait_for("its samples would cost the agent", Duration::from_secs(10))
+        .unwrap();
+    let done = workload
+        .stdout
+        .wait_for("allocated", Duration::from_secs(60))
+        .unwrap();
+    workload.wait(Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let seen = agent.stderr.seen.join("\n");
+    let log = seen + &agent.terminate(Duration::from_secs(30)).unwrap();
+    let largest = log
+        .lines()
+        .any(|l| coarsened_line(l) && l.contains("sampling interval x32"));
+    assert!(largest, "not coarsened to the largest: {line}\n{log}");
+    let mine: Vec<Stored> = stored_profiles(&store)
+        .iter()
+        .map(|path| read_stored(path))
+        .filter(|stored| stored.pid == pid)
+        .collect();
+    let estimate: f64 = mine.iter().map(|s| s.estimated_bytes).sum();
+    let samples: u64 = mine.iter().map(|s| s.samples).sum();
+    let calls: f64 = done.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let truth: f64 = done.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let base = 64 << 10;
+    let uncoarsened = calls * sample_probability(4096, base);
+    let coarsest = sample_probability(4096, 32 * base);
+    let sd = (calls * 4096.0 * 4096.0 * (1.0 - coarsest) / coarsest).sqrt();
+    eprintln!(
+        "coarsened: {samples} samples (uncoarsened ~{uncoarsened:.0}); estimate {estimate:.0} vs truth {truth:.0} ({:+.1}%), sd {:.1}%",
+        (estimate / truth - 1.0) * 100.0,
+        sd / truth * 100.0
+    );
+    assert!(
+        (samples as f64) < uncoarsened / 3.0,
+        "{samples} samples: not coarsened"
+    );
+    assert!(
+        (estimate - truth).abs() <= 5.0 * sd,
+        "estimate {estimate:.0} vs truth {truth:.0}: more than 5 sd ({sd:.0})"
     );
 }

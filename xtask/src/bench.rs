@@ -144,7 +144,9 @@ pub enum Part {
     Redis,
     /// The agent's cost to real programs: gcc -O2 compiles and redis-benchmark, bare
     /// and under the agent at its default budget, raised (5%) and lowered (0.25%)
-    /// (tests/src/bin/agent_cost.rs). Also named `budget`.
+    /// (tests/src/bin/agent_cost.rs); a Java compile in one JVM and an npm minifier
+    /// (real_programs_cost.rs); and a host of 200 light processes
+    /// (light_host_cost.rs). Also named `budget`.
     #[value(alias = "budget")]
     Agent,
     /// A Python program's runtime (Debian's python3.11, objects through pymalloc and
@@ -211,6 +213,10 @@ pub fn bench(rounds: usize, iterations: u64, parts: &[Part], families: &[String]
             }
             crate::util::run(&mut command)?;
         }
+        let mut command = crate::setup::e2e_bin("real_programs_cost")?;
+        command.args(["--rounds", &rounds.min(5).to_string()]);
+        crate::util::run(&mut command)?;
+        crate::util::run(&mut crate::setup::e2e_bin("light_host_cost")?)?;
     }
     if parts.contains(&Part::Python) {
         let mut command = crate::setup::e2e_bin("python_cost")?;

@@ -312,8 +312,8 @@ pub const PRESSURE_MAP: &str = "PRESSURE";
 pub const LOST_MAP: &str = "LOST";
 
 /// Value of the `PROCESS_GATES` map (system-wide mode), keyed by tgid, one per CPU:
-/// probe hits counted in the kernel for the overhead budget, and whether the process
-/// is sampled at all.
+/// probe hits counted in the kernel for the overhead budget, whether the process is
+/// sampled at all, and how much coarser.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessGate {
@@ -328,9 +328,16 @@ pub struct ProcessGate {
     pub sample_ns: u64,
     /// A [`GateState`] discriminant, written by userspace.
     pub state: u32,
-    /// Reserved; keeps the layout free of implicit padding.
-    pub reserved: u32,
+    /// Its sampling interval is raised `2^coarsening` times, on top of the pressure
+    /// level (written by userspace, at most [`MAX_COARSENING`]): a process whose
+    /// samples cost the agent more than its budget allows gets fewer, each weighed at
+    /// the interval it was drawn at, as under pressure.
+    pub coarsening: u32,
 }
+
+/// Largest [`ProcessGate::coarsening`]: with the largest pressure level, the interval's
+/// shift stays within the 4 bits [`sampling_rate`] keeps.
+pub const MAX_COARSENING: u32 = 15 - MAX_PRESSURE_LEVEL;
 
 /// Whether a process's probe hits are sampled ([`ProcessGate::state`]).
 #[repr(u32)]

@@ -240,9 +240,9 @@ fn on_alloc(
     if target != 0 && pid != target {
         return skip_return();
     }
-    if !process::admit(pid, cookie.stepped, cookie.own_link) {
+    let Some(coarsening) = process::admit(pid, cookie.stepped, cookie.own_link) else {
         return skip_return();
-    }
+    };
     let now = now_of(ctx);
     let entry = entry_of(&now, cookie);
     // An inlined allocator's site: no function entry, no return.
@@ -256,7 +256,8 @@ fn on_alloc(
     // Read once: the call, its sample and the sample counter share one epoch.
     let epoch = current_epoch();
     let live = unsafe { read_volatile(&LIVE_MODE) } != LiveMode::Off as u32;
-    let level = pressure::level();
+    // The ring's pressure and the process's own coarsening raise the interval alike.
+    let level = pressure::level() + coarsening;
     let window = cookie.window_shift as u32;
     // SAFETY: reading a `.rodata` global the loader set.
     let rate = sampling_rate(unsafe { read_volatile(&RATE) }, level, window);
@@ -487,7 +488,7 @@ pub fn probe_free(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let cookie = cookie_of(&ctx);
-    if !process::admit(pid, cookie.stepped, cookie.own_link) {
+    if process::admit(pid, cookie.stepped, cookie.own_link).is_none() {
         return 0;
     }
     let [address, _, _] = inputs(&ctx, &cookie);
@@ -510,7 +511,7 @@ pub fn probe_return(ctx: RetProbeContext) -> u32 {
     }
     // Counted for the overhead budget: this is a second trap per call. (Never on own
     // links: those need session links, as the budget's windows do.)
-    process::admit(pid, false, false);
+    let _ = process::admit(pid, false, false);
     let Some(state) = existing_thread_state(pid_tgid as u32) else {
         return 0;
     };

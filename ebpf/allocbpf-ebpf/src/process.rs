@@ -8,7 +8,9 @@
 
 use core::ptr::read_volatile;
 
-use allocbpf_common::{EventKind, GateState, ProcessEvent, ProcessGate, MAX_GATED_PROCESSES};
+use allocbpf_common::{
+    EventKind, GateState, ProcessEvent, ProcessGate, MAX_COARSENING, MAX_GATED_PROCESSES,
+};
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
@@ -42,19 +44,21 @@ fn count_hits() -> bool {
 }
 
 /// Counts one probe hit of `pid` (`stepped`: at a single-stepped instruction) and says
-/// whether the hit may be sampled. In single-process mode without a budget the
-/// verifier drops this whole path (`TARGET_PID` and `COUNT_HITS` are constant); with
-/// one, the hit is counted and always sampled (the kernel filters on the pid).
+/// whether the hit may be sampled: `None` if not, else the process's coarsening (the
+/// shift its sampling interval is raised by, `ProcessGate::coarsening`). In
+/// single-process mode without a budget the verifier drops this whole path
+/// (`TARGET_PID` and `COUNT_HITS` are constant); with one, the hit is counted and
+/// always sampled (the kernel filters on the pid).
 ///
 /// `own_link`: the run comes from one of the process's own links. A trap at an offset
 /// both a shared link and an own link probe runs both programs, one after the other:
 /// only the run of the links the gate names counts (`GateState::OwnLinks`: the own
 /// ones; else the shared ones), so that every call is counted and sampled once.
 #[inline(always)]
-pub(crate) fn admit(pid: u32, stepped: bool, own_link: bool) -> bool {
+pub(crate) fn admit(pid: u32, stepped: bool, own_link: bool) -> Option<u32> {
     let wide = system_wide();
     if !wide && !count_hits() {
-        return true;
+        return Some(0);
     }
     if PROCESS_GATES.get_ptr_mut(&pid).is_none() {
         // A racing creator on another CPU wins; the entry exists either way.
@@ -62,23 +66,27 @@ pub(crate) fn admit(pid: u32, stepped: bool, own_link: bool) -> bool {
     }
     let Some(gate) = PROCESS_GATES.get_ptr_mut(&pid) else {
         // Cannot happen with an LRU map; sample rather than lose data.
-        return true;
+        return Some(0);
     };
     // SAFETY: this CPU's copy of a live map value; programs do not migrate while running.
-    let open = unsafe {
+    let (open, coarsening) = unsafe {
         let state = (*gate).state;
         if (state == GateState::OwnLinks as u32) != own_link {
             // The other links' run of this very trap (or an own link not switched to
             // yet): counted and sampled by that run.
-            return false;
+            return None;
         }
         (*gate).hits += 1;
         (*gate).stepped_hits += stepped as u64;
-        !wide || state != GateState::Excluded as u32
+        (
+            !wide || state != GateState::Excluded as u32,
+            (*gate).coarsening.min(MAX_COARSENING),
+        )
     };
     // allocbpf itself, whatever the LRU map did to its gate.
     // SAFETY: reading a `.rodata` global the loader set.
-    open && !(wide && pid == unsafe { read_volatile(&SELF_TGID) })
+    let admitted = open && !(wide && pid == unsafe { read_volatile(&SELF_TGID) });
+    admitted.then_some(coarsening)
 }
 
 /// Adds `ns` spent recording a sample to `pid`'s gate, where hits are counted (the

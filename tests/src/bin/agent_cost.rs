@@ -16,13 +16,13 @@ use std::{
 };
 
 use allocbpf_e2e::{
-    agent::{metric, parse_stored_name, scrape_within, stored_profiles, AgentProcess},
+    agent::{metric, scrape_within, AgentProcess},
     bench::{
-        compile_big, cpu_seconds, median, rounds_arg, write_malloc_heavy_source, CompileTimes,
+        compile_big, cpu_seconds, high_water_kib, median, observed, rounds_arg,
+        write_malloc_heavy_source, CompileTimes,
     },
     scratch_dir,
 };
-use allocbpf_export::pprof::decode_file;
 use anyhow::{bail, Context, Result};
 
 const METRICS: &str = "127.0.0.1:19497";
@@ -59,42 +59,6 @@ fn cpu_percent_arg() -> Result<Option<f64>> {
                 .context("--cpu-percent takes a number")
         })
         .transpose()
-}
-
-/// Per command name in the store: processes, samples in all, and the mean observed
-/// fraction of their profiles (1 when a profile does not say: observed full time).
-fn observed(store: &Path, comm: &str) -> (usize, u64, f64) {
-    let mut pids = std::collections::HashSet::new();
-    let mut samples = 0;
-    let mut fractions = Vec::new();
-    for path in stored_profiles(store) {
-        let (_, _, pid, name) = parse_stored_name(&path);
-        if name != comm {
-            continue;
-        }
-        let Ok(profile) = decode_file(&path) else {
-            continue;
-        };
-        let s = |i: i64| profile.string_table[i as usize].as_str();
-        pids.insert(pid);
-        samples += profile
-            .sample
-            .iter()
-            .flat_map(|x| x.label.iter())
-            .filter(|l| s(l.key) == "samples")
-            .map(|l| l.num as u64)
-            .sum::<u64>();
-        fractions.push(
-            profile
-                .comment
-                .iter()
-                .find_map(|&c| s(c).strip_prefix("observed_fraction="))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1.0),
-        );
-    }
-    let mean = fractions.iter().sum::<f64>() / fractions.len().max(1) as f64;
-    (pids.len(), samples, mean)
 }
 
 fn main() -> Result<()> {
@@ -153,17 +117,6 @@ fn main() -> Result<()> {
     );
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
-}
-
-/// `VmHWM` of `pid` in KiB (NaN if unreadable).
-fn high_water_kib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-            line.split_whitespace().nth(1)?.parse().ok()
-        })
-        .unwrap_or(f64::NAN)
 }
 
 /// `rounds` rounds of a compile in `scratch` then a redis-benchmark: the compiles'

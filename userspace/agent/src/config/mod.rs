@@ -70,6 +70,7 @@ struct RetentionFile {
 struct BudgetFile {
     enabled: Option<bool>,
     cpu_percent: Option<f64>,
+    agent_cpu_percent: Option<f64>,
     host_cpu_percent: Option<f64>,
     period: Option<String>,
     min_window: Option<String>,
@@ -308,6 +309,9 @@ fn budget_options(file: BudgetFile) -> Result<Option<BudgetOptions>> {
             file.cpu_percent,
             defaults.process_cpu * 100.0,
         )?,
+        agent_cpu: (file.agent_cpu_percent)
+            .map(|p| percent("agent_cpu_percent", Some(p), 0.0))
+            .transpose()?,
         host_share: percent(
             "host_cpu_percent",
             file.host_cpu_percent,
@@ -377,6 +381,7 @@ max_bytes = "10MiB"
 url = "http://pyroscope:4040/"
 [budget]
 cpu_percent = 2.5
+agent_cpu_percent = 0.5
 allowance = "0s"
 "#,
         )
@@ -397,6 +402,8 @@ allowance = "0s"
         assert_eq!(push.targets[0].destination, Destination::PyroscopePush);
         let budget = config.budget.unwrap();
         assert_eq!(budget.process_cpu, 0.025);
+        assert_eq!(budget.agent_cpu, Some(0.005));
+        assert_eq!(budget.agent_cap(), 0.005);
         assert_eq!(budget.allowance, Duration::ZERO);
         assert_eq!(config.filter.comm.as_deref(), Some("^nginx"));
         assert!(config.live);

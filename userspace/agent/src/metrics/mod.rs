@@ -25,7 +25,7 @@ mod runtimes;
 
 use self::catalogue::{Metric, Reading, COUNTERS, GAUGES};
 use super::{push::PushStats, writer::WriterStats};
-use allocbpf_collect::engine::{BudgetFigures, CollectorStats};
+use allocbpf_collect::engine::{BudgetFigures, CollectorStats, ProcessCostFigures};
 use allocbpf_profile::report::Counters;
 
 /// Every metric, registered once.
@@ -76,6 +76,8 @@ struct BudgetGauges {
     process_overhead: Labelled,
     process_full_time: Labelled,
     process_pace: Labelled,
+    process_agent: Labelled,
+    process_coarsening: Labelled,
 }
 
 /// Processes with per-process budget gauges: the most expensive ones (labels per pid
@@ -155,6 +157,16 @@ impl Metrics {
                 "budget_process_full_time_cpu",
                 "Estimated fraction of a CPU a process would spend in probes if probed full time",
                 &budget.process_full_time,
+            ),
+            (
+                "budget_process_agent_cpu",
+                "Estimated fraction of a CPU the agent spends on a process's samples (steady per-sample cost)",
+                &budget.process_agent,
+            ),
+            (
+                "budget_process_sampling_coarsening",
+                "Doublings of a process's sampling interval that keep the agent's CPU for it within its budget",
+                &budget.process_coarsening,
             ),
             (
                 "budget_process_pace",
@@ -286,7 +298,9 @@ impl Metrics {
                 .set(image.overhead_cpu);
         }
         let mut processes: Vec<_> = figures.processes.iter().collect();
-        processes.sort_by(|a, b| b.3.overhead_cpu.total_cmp(&a.3.overhead_cpu));
+        // The costliest first: in probes and in the agent's work for them.
+        let cost = |figures: &ProcessCostFigures| figures.overhead_cpu + figures.agent_cpu;
+        processes.sort_by(|a, b| cost(&b.3).total_cmp(&cost(&a.3)));
         for (pid, comm, observed, cost) in processes.into_iter().take(PROCESS_GAUGES) {
             let labels = vec![
                 ("pid".to_string(), pid.to_string()),
@@ -299,6 +313,10 @@ impl Metrics {
             b.process_full_time
                 .get_or_create(&labels)
                 .set(cost.full_time_cpu);
+            b.process_agent.get_or_create(&labels).set(cost.agent_cpu);
+            b.process_coarsening
+                .get_or_create(&labels)
+                .set(f64::from(cost.coarsening));
             if let Some(pace) = cost.pace {
                 b.process_pace.get_or_create(&labels).set(pace);
             }

@@ -19,6 +19,7 @@
 //! under the agent is probed full time until it has spent its start-up allowance:
 //! [`allowance`]).
 
+pub mod agent_cost;
 pub mod allowance;
 mod calibration;
 pub(crate) mod early;
@@ -37,6 +38,10 @@ pub use self::calibration::{
 pub struct BudgetOptions {
     /// Largest estimated fraction of one CPU a process may spend in probes.
     pub process_cpu: f64,
+    /// Largest fraction of one CPU the agent may spend on one process's samples (none:
+    /// `process_cpu`); past it, the process's sampling interval is raised
+    /// (`agent_cost.rs`).
+    pub agent_cpu: Option<f64>,
     /// Largest estimated fraction of the host's CPUs all processes together may spend.
     pub host_share: f64,
     /// Period of the observation windows: one window per image per period.
@@ -59,6 +64,7 @@ impl Default for BudgetOptions {
     fn default() -> Self {
         Self {
             process_cpu: 0.01,
+            agent_cpu: None,
             host_share: 0.01,
             period: Duration::from_secs(1),
             min_window: Duration::from_millis(10),
@@ -70,6 +76,11 @@ impl Default for BudgetOptions {
 }
 
 impl BudgetOptions {
+    /// The fraction of one CPU the agent may spend on one process's samples.
+    pub fn agent_cap(&self) -> f64 {
+        self.agent_cpu.unwrap_or(self.process_cpu)
+    }
+
     /// The smallest duty: one shortest window per period.
     pub fn min_duty(&self) -> f64 {
         (self.min_window.as_secs_f64() / self.period.as_secs_f64()).min(1.0)

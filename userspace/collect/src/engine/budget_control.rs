@@ -14,6 +14,7 @@ pub(super) use self::process_readings::{program_of, read_pace};
 use super::{CollectorStats, ImageSet, ProcessTable, Tracked};
 use crate::{
     budget::{
+        agent_cost::next_coarsening,
         allowance::Allowances,
         early::EarlyChecks,
         plan_duties,
@@ -50,6 +51,14 @@ pub struct ProcessCostFigures {
     /// `full_time_cpu` was measured (over at least `MIN_EXPOSURE_NS` probed): a
     /// process is given its own links only once it is known to be light.
     pub measured: bool,
+    /// Estimated fraction of a CPU the agent spent on its samples over the last check,
+    /// at their steady per-sample cost (`budget/agent_cost.rs`).
+    pub agent_cpu: f64,
+    /// What `agent_cpu` would be at its own sampling interval (smoothed).
+    pub uncoarsened_agent_cpu: f64,
+    /// Its sampling interval is raised `2^coarsening` times so that `agent_cpu` stays
+    /// within its budget.
+    pub coarsening: u32,
 }
 
 /// The budget with its clocks, cost estimates and window schedule.
@@ -245,6 +254,7 @@ impl BudgetController {
             let total = Hits::from(gate);
             new_hits.insert(pid, total);
             self.measure(pid, tracked, total, &check);
+            self.coarsen(kernel, pid, tracked);
         }
         self.last_hits = new_hits;
         self.costs.retain(|pid, _| self.last_hits.contains_key(pid));
@@ -332,6 +342,13 @@ impl BudgetController {
         // least 25 ms ago (`early.rs`): its cost is underestimated at worst, and a
         // heavy one is caught at its first check.
         let before = self.last_hits.get(&pid).copied().unwrap_or_default();
+        // The agent's own work on its samples, at a steady per-sample cost (a one-time
+        // warm-up is not charged: `budget/agent_cost.rs`): bounded by coarsening, not
+        // by windows (`coarsen`).
+        let figures = self.costs.entry(pid).or_default();
+        let (agent_samples, uncoarsened) = tracked.agent.check(elapsed, figures.coarsening);
+        figures.agent_cpu = agent_samples / elapsed;
+        figures.uncoarsened_agent_cpu = uncoarsened;
         let spent = self.cost.seconds(&before, &total);
         let lived_ns = self.early.lived_ns(pid, now_ns, elapsed_ns);
         // Probed full time through its own links; else while its images were.
@@ -382,6 +399,39 @@ impl BudgetController {
             self.programs
                 .measured(program_of(tracked), figures.full_time_cpu, now_ns);
         }
+    }
+
+    /// Raises or lowers `pid`'s coarsening so that the agent's CPU for its samples
+    /// stays within its budget (`budget/agent_cost.rs`). A start-up allowance does not
+    /// spare it: that is for its probes, so that a short job is observed whole, and a
+    /// coarser one still is.
+    fn coarsen(&mut self, kernel: &mut dyn Kernel, pid: u32, tracked: &Tracked) {
+        if tracked.exited || !tracked.admitted {
+            return;
+        }
+        let Some(figures) = self.costs.get_mut(&pid) else {
+            return;
+        };
+        let next = next_coarsening(
+            figures.coarsening,
+            figures.uncoarsened_agent_cpu,
+            self.options.agent_cap(),
+        );
+        if next == figures.coarsening {
+            return;
+        }
+        if let Err(error) = kernel.set_coarsening(pid, next) {
+            tracing::warn!("pid {pid}: its sampling interval cannot be changed: {error}");
+            return;
+        }
+        tracing::info!(
+            "pid {pid} ({:?}): its samples would cost the agent ~{:.1}% of a CPU; sampling interval x{} (was x{})",
+            tracked.info.comm,
+            figures.uncoarsened_agent_cpu * 100.0,
+            1u32 << next,
+            1u32 << figures.coarsening
+        );
+        figures.coarsening = next;
     }
 
     /// Plans every image's duty from the costs of the processes the budget acts on (not

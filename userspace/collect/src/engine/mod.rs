@@ -452,8 +452,8 @@ impl Collector {
         if let Some(log) = self.intake.raw_samples.as_mut() {
             log.write(&sample);
         }
-        // What resolving and adding it costs us (measured; not charged to its budget
-        // yet: docs/design.md, "Cost").
+        // What resolving and adding it costs us, charged to its process's budget at a
+        // steady per-sample cost (`budget/agent_cost.rs`).
         let started_ns = thread_cpu_ns();
         // A lost sample has its weight but no stack: it stands under one
         // frame that says so, and still counts in every total.
@@ -474,7 +474,9 @@ impl Collector {
         }
         let tracked = self.processes.entry(pid, owner).expect("checked above");
         tracked.aggregate.add(key, &allocation);
-        self.stats.agent_sample_ns += thread_cpu_ns().saturating_sub(started_ns);
+        let spent_ns = thread_cpu_ns().saturating_sub(started_ns);
+        tracked.agent.add_sample(spent_ns);
+        self.stats.agent_sample_ns += spent_ns;
         self.stats.samples += 1;
     }
 

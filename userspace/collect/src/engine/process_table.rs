@@ -10,7 +10,7 @@ use allocbpf_images::image::ImageKey;
 use allocbpf_profile::aggregate::Aggregate;
 
 use crate::{
-    budget::pace::PaceMeter,
+    budget::{agent_cost::AgentCost, pace::PaceMeter},
     identity::{BuildIdCache, ProcessInfo},
     kernel::LinkSet,
 };
@@ -42,6 +42,9 @@ pub(crate) struct Tracked {
     /// Under an overhead budget: its own full-time links, while it is light and shares
     /// an image probed part time for a heavier process.
     pub own: OwnLinks,
+    /// The agent's CPU for its samples: charged to its budget at a steady per-sample
+    /// cost.
+    pub agent: AgentCost,
 }
 
 /// A light process's own links: probes filtered on it, attached full time on the
@@ -225,6 +228,7 @@ impl ProcessTable {
                 pace: PaceMeter::default(),
                 expired_blocks: Vec::new(),
                 own: OwnLinks::default(),
+                agent: AgentCost::default(),
             },
         );
         match reused {

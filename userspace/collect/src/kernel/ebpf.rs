@@ -82,6 +82,10 @@ impl Gates for EbpfKernel {
         self.sampler.set_gate(pid, state)
     }
 
+    fn set_coarsening(&mut self, pid: u32, coarsening: u32) -> Result<(), ProbeError> {
+        self.sampler.set_coarsening(pid, coarsening)
+    }
+
     fn gate_hits(&self) -> Result<HashMap<u32, ProcessGate>, ProbeError> {
         self.sampler.gate_hits()
     }

@@ -159,6 +159,12 @@ impl Gates for FakeKernel {
         Ok(())
     }
 
+    fn set_coarsening(&mut self, pid: u32, coarsening: u32) -> Result<(), ProbeError> {
+        let mut fake = self.0.borrow_mut();
+        fake.gates.entry(pid).or_default().coarsening = coarsening;
+        Ok(())
+    }
+
     fn gate_hits(&self) -> Result<HashMap<u32, ProcessGate>, ProbeError> {
         Ok(self.0.borrow().gates.clone())
     }

@@ -90,6 +90,8 @@ pub type Detaching = Box<dyn Send>;
 pub trait Gates {
     /// Opens or closes `pid`'s gate (host scope: which processes are sampled).
     fn set_gate(&mut self, pid: u32, state: GateState) -> Result<(), ProbeError>;
+    /// Raises `pid`'s sampling interval `2^coarsening` times (0: its own rate).
+    fn set_coarsening(&mut self, pid: u32, coarsening: u32) -> Result<(), ProbeError>;
     /// Every process's gate with its probe hits, summed over CPUs.
     fn gate_hits(&self) -> Result<HashMap<u32, ProcessGate>, ProbeError>;
     /// One process's gate, if it has one.

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use allocbpf_common::{GateState, LiveKey, ProcessCounts, ProcessGate};
+use allocbpf_common::{GateState, LiveKey, ProcessCounts, ProcessGate, MAX_COARSENING};
 use aya::maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues};
 
 use super::{map_error, ProbeError, Sampler};
@@ -11,6 +11,22 @@ use super::{map_error, ProbeError, Sampler};
 impl Sampler {
     /// Sets `pid`'s gate, keeping the hits counted so far.
     pub fn set_gate(&mut self, pid: u32, state: GateState) -> Result<(), ProbeError> {
+        self.update_gate(pid, |gate| gate.state = state as u32)
+    }
+
+    /// Sets `pid`'s coarsening (its sampling interval raised `2^coarsening` times, at
+    /// most [`MAX_COARSENING`]), keeping the hits counted so far.
+    pub fn set_coarsening(&mut self, pid: u32, coarsening: u32) -> Result<(), ProbeError> {
+        let coarsening = coarsening.min(MAX_COARSENING);
+        self.update_gate(pid, |gate| gate.coarsening = coarsening)
+    }
+
+    /// Applies `change` to each CPU's copy of `pid`'s gate (a new gate if it has none).
+    fn update_gate(
+        &mut self,
+        pid: u32,
+        change: impl Fn(&mut ProcessGate),
+    ) -> Result<(), ProbeError> {
         let map = self
             .ebpf
             .map_mut("PROCESS_GATES")
@@ -20,22 +36,11 @@ impl Sampler {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| super::load_error(e))?;
         // A racing increment on another CPU between this read and the write is lost: a
         // hit or two in the budget estimate, never a sample.
-        let values: Vec<ProcessGate> = match gates.get(&pid, 0) {
-            Ok(current) => current
-                .iter()
-                .map(|gate| ProcessGate {
-                    state: state as u32,
-                    ..*gate
-                })
-                .collect(),
-            Err(_) => vec![
-                ProcessGate {
-                    state: state as u32,
-                    ..Default::default()
-                };
-                cpus
-            ],
+        let mut values: Vec<ProcessGate> = match gates.get(&pid, 0) {
+            Ok(current) => current.iter().copied().collect(),
+            Err(_) => vec![ProcessGate::default(); cpus],
         };
+        values.iter_mut().for_each(change);
         let values = PerCpuValues::try_from(values).map_err(super::load_error)?;
         gates
             .insert(pid, values, 0)
@@ -203,13 +208,13 @@ impl Sampler {
     }
 }
 
-/// A gate's per-CPU copies summed (the state: the largest).
+/// A gate's per-CPU copies summed (the state and coarsening: the largest).
 fn summed(values: &PerCpuValues<ProcessGate>) -> ProcessGate {
     ProcessGate {
         hits: values.iter().map(|g| g.hits).sum(),
         stepped_hits: values.iter().map(|g| g.stepped_hits).sum(),
         sample_ns: values.iter().map(|g| g.sample_ns).sum(),
         state: values.iter().map(|g| g.state).max().unwrap_or(0),
-        reserved: 0,
+        coarsening: values.iter().map(|g| g.coarsening).max().unwrap_or(0),
     }
 }
