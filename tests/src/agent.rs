@@ -98,6 +98,13 @@ impl AgentProcess {
         Ok(AgentProcess { child, stderr })
     }
 
+    /// Starts `allocbpf agent` at its defaults but its store (`store`) and metrics
+    /// address (`metrics`): the agent a user starts.
+    pub fn start_default(store: &Path, metrics: &str) -> Result<AgentProcess> {
+        let store = store.to_str().context("a store path in UTF-8")?;
+        Self::start(&["--store", store, "--metrics-address", metrics], &[])
+    }
+
     /// Starts `allocbpf agent` storing into `store`, cutting every `interval` and
     /// serving its metrics on `metrics`, with no other flag.
     pub fn start_storing(store: &Path, interval: &str, metrics: &str) -> Result<AgentProcess> {

@@ -266,10 +266,21 @@ pub fn observed(store: &Path, comm: &str) -> (usize, u64, f64) {
 
 /// `VmHWM` of `pid` in KiB (NaN if unreadable).
 pub fn high_water_kib(pid: u32) -> f64 {
+    status_kib(pid, "VmHWM:")
+}
+
+/// `VmRSS` of `pid` in KiB (NaN if unreadable).
+pub fn resident_kib(pid: u32) -> f64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A KiB figure of `/proc/PID/status` (its line starting with `field`), NaN if
+/// unreadable.
+fn status_kib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let line = status.lines().find(|l| l.starts_with(field))?;
             line.split_whitespace().nth(1)?.parse().ok()
         })
         .unwrap_or(f64::NAN)

@@ -12,7 +12,7 @@ use std::{
 
 use allocbpf_e2e::{
     agent::{metric, scrape_within, AgentProcess},
-    bench::{cpu_seconds, high_water_kib},
+    bench::{cpu_seconds, high_water_kib, resident_kib},
     compile_workload, scratch_dir,
 };
 use anyhow::{Context, Result};
@@ -26,17 +26,6 @@ const MEASURED: Duration = Duration::from_secs(20);
 const SETTLE: Duration = Duration::from_secs(10);
 
 const PYTHON_LOOP: &str = "import time\nkeep = []\nwhile True:\n    keep.append(bytes(1024))\n    if len(keep) > 64: keep.clear()\n    time.sleep(0.01)\n";
-
-/// `VmRSS` of `pid` in KiB (NaN if unreadable).
-fn resident_kib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-            line.split_whitespace().nth(1)?.parse().ok()
-        })
-        .unwrap_or(f64::NAN)
-}
 
 /// CPU seconds the `children` used so far (those still readable).
 fn children_cpu(children: &[Child]) -> f64 {
@@ -65,7 +54,8 @@ fn main() -> Result<()> {
                 .context("starting python3")?,
         );
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // Past their start-up (200 interpreters importing on two cores).
+    std::thread::sleep(SETTLE);
     let bare_before = children_cpu(&children);
     let bare_started = Instant::now();
     std::thread::sleep(MEASURED);
@@ -73,15 +63,7 @@ fn main() -> Result<()> {
     let bare_elapsed = bare_started.elapsed().as_secs_f64();
 
     let store = scratch.join("store");
-    let agent = AgentProcess::start(
-        &[
-            "--store",
-            store.to_str().context("a UTF-8 scratch path")?,
-            "--metrics-address",
-            METRICS,
-        ],
-        &[],
-    )?;
+    let agent = AgentProcess::start_default(&store, METRICS)?;
     let pid = agent.child.id();
     std::thread::sleep(SETTLE);
     let (agent_before, children_before) = (cpu_seconds(pid)?, children_cpu(&children));
@@ -92,7 +74,12 @@ fn main() -> Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     let (resident, high_water) = (resident_kib(pid), high_water_kib(pid));
     let text = scrape_within(METRICS, Duration::from_secs(5)).unwrap_or_default();
-    let samples = metric(&text, "allocbpf_samples_total").unwrap_or(f64::NAN);
+    let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
+    let samples = m("allocbpf_samples_total");
+    let (windows, own_links) = (
+        m("allocbpf_window_attaches_total"),
+        m("allocbpf_own_link_attaches_total"),
+    );
     agent.terminate(Duration::from_secs(60))?;
     for child in &mut children {
         let _ = child.kill();
@@ -106,6 +93,9 @@ fn main() -> Result<()> {
     println!(
         "  agent's CPU: {agent_cpu:.2} s in {elapsed:.1} s ({:.2}% of a core); {samples:.0} samples since its start",
         agent_cpu / elapsed * 100.0
+    );
+    println!(
+        "  since its start: {windows:.0} windows opened, {own_links:.0} processes given their own links"
     );
     println!(
         "  agent's memory: resident {:.1} MiB, high-water {:.1} MiB",

@@ -273,15 +273,7 @@ fn main() -> Result<()> {
     let bare_npm = rounds_of(rounds, None, || minify(&inputs, &minified))?;
 
     let store = scratch.join("store");
-    let agent = AgentProcess::start(
-        &[
-            "--store",
-            store.to_str().context("a UTF-8 scratch path")?,
-            "--metrics-address",
-            METRICS,
-        ],
-        &[],
-    )?;
+    let agent = AgentProcess::start_default(&store, METRICS)?;
     let pid = agent.child.id();
     let java = rounds_of(rounds, Some(pid), || compile(&inputs, &classes))?;
     let npm = rounds_of(rounds, Some(pid), || minify(&inputs, &minified))?;

@@ -15,6 +15,14 @@ use crate::kernel::Kernel;
 /// others wait for the next check, observed through the shared windows meanwhile.
 const OWN_ATTACHES_PER_CHECK: usize = 2;
 
+/// Processes with own links on one image at most. Every trap at a probed entry runs
+/// the kernel's filter of each link on it, whatever process trapped: a host of
+/// hundreds of light processes, each with its own links on libc, made every call of
+/// every one of them walk hundreds of consumers (the 200-process bench,
+/// docs/benchmarks.md). Past the cap, light processes are observed through the shared
+/// windows, which the estimates account for.
+pub(crate) const MAX_OWN_LINKED_PER_IMAGE: usize = 8;
+
 /// A process given its own links is measured again this soon after: one light in its
 /// first milliseconds (an assembler reading its input) and heavy after goes back to
 /// the windows within this, not a whole check period later.
@@ -25,7 +33,9 @@ impl BudgetController {
     /// links, and takes them from a process over its budget (or no longer profiled),
     /// which goes back to the shared windows. At most [`OWN_ATTACHES_PER_CHECK`]
     /// processes get links at a check: new processes first (a short job must not
-    /// wait), then the busiest; the others are observed through the windows meanwhile.
+    /// wait), then the busiest; the others are observed through the windows meanwhile,
+    /// and for good once [`MAX_OWN_LINKED_PER_IMAGE`] processes have links on an image
+    /// they map.
     pub(super) fn assign_own_links(
         &mut self,
         kernel: &mut dyn Kernel,
@@ -49,6 +59,12 @@ impl BudgetController {
                 stats.own_link_removals += 1;
             }
         }
+        let mut own_linked: std::collections::HashMap<_, usize> = Default::default();
+        for tracked in processes.tracked.values().filter(|t| t.own.attached()) {
+            for key in &tracked.images {
+                *own_linked.entry(*key).or_default() += 1;
+            }
+        }
         let next_ns = self.schedule.next_undrawn_ns(now_ns);
         // Candidates as (not measured yet, CPU in probes over the last check, pid):
         // new ones first, then the busiest.
@@ -56,6 +72,10 @@ impl BudgetController {
             .tracked
             .iter()
             .filter(|(_, t)| !t.own.attached() && !t.exited && t.admitted && !t.images.is_empty())
+            .filter(|(_, t)| {
+                (t.images.iter())
+                    .all(|key| own_linked.get(key).copied().unwrap_or(0) < MAX_OWN_LINKED_PER_IMAGE)
+            })
             .filter(|(_, t)| {
                 t.images.iter().any(|key| {
                     self.schedule.duty_at(key, now_ns) < 1.0
@@ -82,6 +102,12 @@ impl BudgetController {
             let Some(tracked) = processes.tracked.get_mut(&pid) else {
                 continue;
             };
+            // Two candidates of one check may fill an image's last place.
+            if (tracked.images.iter())
+                .any(|key| own_linked.get(key).copied().unwrap_or(0) >= MAX_OWN_LINKED_PER_IMAGE)
+            {
+                continue;
+            }
             let started = monotonic_now_ns();
             let mut links = Vec::new();
             let mut failed = None;
@@ -109,6 +135,9 @@ impl BudgetController {
                         tracked.info.comm,
                         (monotonic_now_ns() - started) / 1000
                     );
+                    for key in &tracked.images {
+                        *own_linked.entry(*key).or_default() += 1;
+                    }
                     tracked.own.links = links;
                     tracked.own.since_ns = Some(monotonic_now_ns());
                     stats.own_link_attaches += 1;
