@@ -478,21 +478,22 @@ fn a_heavy_process_observed_part_time_gets_about_its_full_time_samples() {
     );
 }
 
-/// The agent's own cost in the budget (docs/design.md, "The agent's own cost"): an
+/// The agent's own cost in the budget (docs/design.md, "Cost"): an
 /// agent allowed almost no CPU for a process's samples (`agent_cpu_percent`, probes
 /// otherwise unbudgeted) raises that process's sampling interval to the largest
 /// coarsening, 32x, once its steady per-sample cost is known, and its estimate stays
 /// unbiased. The workload (`workloads/steady.c`) makes 4 KiB calls at 10 k/s for 6 s
 /// at a 64 KiB rate:
 /// - Its samples are far fewer than uncoarsened: were none coarsened, their count would
-///   be `n p` (`p = p(4096, 64 KiB)`, ~3,600, sd ~60); coarsened from the first second
-///   on they are ~0.13 of that. The bound is a third.
+///   be `n p` (`p = p(4096, 64 KiB)`, ~3,600, sd ~60); coarsened 32x from the first
+///   second on they are at most `(1 + 5/32)/6` ~0.19 of that (~0.08 seen: the
+///   coarsening comes within the first second). The bound is a third.
 /// - Its estimate is within 5 standard deviations of the truth it printed. The sd is
 ///   derived at the coarsest rate for every call, `n S² (1-p')/p'` with
 ///   `p' = p(4096, 32 x 64 KiB)` (9% of the truth): the calls sampled at the finer
 ///   rate before the coarsening only lower the variance, so the bound only widens.
 ///   An estimator that weighed coarsened samples at the base rate would read ~0.2 of
-///   the truth, 9 sd below it.
+///   the truth or less, 9 sd below it.
 #[test]
 fn a_process_whose_samples_cost_the_agent_too_much_is_sampled_coarser_unbiased() {
     let (_one, scratch, store) = one_agent_test("budget-coarsening");

@@ -34,11 +34,12 @@ pub enum TargetError {
         /// Its command name (made text lossily).
         comm: String,
     },
-    /// The process has stayed in its dynamic loader, its libraries unmapped, for
-    /// [`LOADER_WAIT`]: stopped or traced at its start.
+    /// The process has stayed in its dynamic loader, no library mapped, for
+    /// [`LOADER_WAIT`]: stopped or traced at its start (or it needs no library).
     #[error(
-        "pid {pid} ({comm}) has not mapped its libraries: it has stayed in its dynamic loader \
-         (is it stopped or traced at its start?); profile it once it runs"
+        "pid {pid} ({comm}) has mapped no library yet: it has stayed in its dynamic loader \
+         (stopped or traced at its start, or a program that needs no library); profile it \
+         once it runs"
     )]
     StillLoading {
         /// The target pid.

@@ -253,6 +253,9 @@ impl BudgetController {
             };
             let total = Hits::from(gate);
             new_hits.insert(pid, total);
+            // The coarsening in force is the gate's: a reused pid's gate may keep the
+            // last process's, and an evicted one is back at none.
+            self.costs.entry(pid).or_default().coarsening = gate.coarsening;
             self.measure(pid, tracked, total, &check);
             self.coarsen(kernel, pid, tracked);
         }
@@ -347,7 +350,7 @@ impl BudgetController {
         // by windows (`coarsen`).
         let figures = self.costs.entry(pid).or_default();
         let (agent_samples, uncoarsened) = tracked.agent.check(elapsed, figures.coarsening);
-        figures.agent_cpu = agent_samples / elapsed;
+        figures.agent_cpu = agent_samples / elapsed.max(1e-9);
         figures.uncoarsened_agent_cpu = uncoarsened;
         let spent = self.cost.seconds(&before, &total);
         let lived_ns = self.early.lived_ns(pid, now_ns, elapsed_ns);

@@ -16,6 +16,9 @@ impl Collector {
         self.forget_process(pid, Departure::Exec);
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
             tracked.info.runtimes.clear();
+            // What its samples cost the agent was the old program's: the new one's
+            // is measured afresh, its warm-up left out again.
+            tracked.agent = Default::default();
         }
         if let Some(kernel) = self.kernel.as_deref_mut() {
             // Its own links were for the images of the program it was: the
