@@ -118,28 +118,26 @@ impl Target {
         let mut images = cache.discover(pid, &maps, lookup);
         let mut maps = maps;
         // Looked at in its first moment, the process may not have mapped its libraries
-        // yet: wait for its loader (boundedly: a stopped or traced process may stay there).
+        // yet: wait for its loader (boundedly: a stopped or traced process may stay
+        // there). A Go program's heap is read from its runtime's own profile: it needs
+        // no probe, and may need no library (an interpreter and nothing else mapped).
         let waited_since = Instant::now();
-        while images.is_empty()
-            && waited_since.elapsed() < LOADER_WAIT
-            && procfs::in_dynamic_loader(pid, &maps)
-        {
+        while images.is_empty() && cache.go_mappings(&maps).is_empty() {
+            if !procfs::in_dynamic_loader(pid, &maps) {
+                return Err(TargetError::NoAllocator {
+                    pid,
+                    comm: text(&comm),
+                });
+            }
+            if waited_since.elapsed() >= LOADER_WAIT {
+                return Err(TargetError::StillLoading {
+                    pid,
+                    comm: text(&comm),
+                });
+            }
             std::thread::sleep(LOADER_POLL);
             maps = procfs::try_read_maps(pid).map_err(|_| TargetError::NoSuchProcess(pid))?;
             images = cache.discover(pid, &maps, lookup);
-        }
-        if images.is_empty() && procfs::in_dynamic_loader(pid, &maps) {
-            return Err(TargetError::StillLoading {
-                pid,
-                comm: text(&comm),
-            });
-        }
-        // A Go program's heap is read from its runtime's own profile: it needs no probe.
-        if images.is_empty() && cache.go_mappings(&maps).is_empty() {
-            return Err(TargetError::NoAllocator {
-                pid,
-                comm: text(&comm),
-            });
         }
         Ok(Target {
             pid,
