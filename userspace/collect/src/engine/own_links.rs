@@ -1,7 +1,10 @@
 //! Own links: a light process sharing an image with a heavy one is probed full time
 //! through probes of its own, filtered on its pid (docs/design.md, "Own links").
 
+use std::collections::HashMap;
+
 use allocbpf_common::GateState;
+use allocbpf_images::image::ImageKey;
 use allocbpf_probe::sampler::monotonic_now_ns;
 
 use super::{
@@ -27,6 +30,12 @@ pub(crate) const MAX_OWN_LINKED_PER_IMAGE: usize = 8;
 /// first milliseconds (an assembler reading its input) and heavy after goes back to
 /// the windows within this, not a whole check period later.
 const OWN_LINKS_RECHECK_NS: u64 = 50_000_000;
+
+/// True if one of `images` already has [`MAX_OWN_LINKED_PER_IMAGE`] processes with own
+/// links on it (`own_linked`: their count per image).
+fn maps_a_full_image(own_linked: &HashMap<ImageKey, usize>, images: &[ImageKey]) -> bool {
+    (images.iter()).any(|key| own_linked.get(key).copied().unwrap_or(0) >= MAX_OWN_LINKED_PER_IMAGE)
+}
 
 impl BudgetController {
     /// Gives each light process that maps an image probed part time its own full-time
@@ -59,7 +68,7 @@ impl BudgetController {
                 stats.own_link_removals += 1;
             }
         }
-        let mut own_linked: std::collections::HashMap<_, usize> = Default::default();
+        let mut own_linked: HashMap<ImageKey, usize> = HashMap::new();
         for tracked in processes.tracked.values().filter(|t| t.own.attached()) {
             for key in &tracked.images {
                 *own_linked.entry(*key).or_default() += 1;
@@ -72,10 +81,7 @@ impl BudgetController {
             .tracked
             .iter()
             .filter(|(_, t)| !t.own.attached() && !t.exited && t.admitted && !t.images.is_empty())
-            .filter(|(_, t)| {
-                (t.images.iter())
-                    .all(|key| own_linked.get(key).copied().unwrap_or(0) < MAX_OWN_LINKED_PER_IMAGE)
-            })
+            .filter(|(_, t)| !maps_a_full_image(&own_linked, &t.images))
             .filter(|(_, t)| {
                 t.images.iter().any(|key| {
                     self.schedule.duty_at(key, now_ns) < 1.0
@@ -103,9 +109,7 @@ impl BudgetController {
                 continue;
             };
             // Two candidates of one check may fill an image's last place.
-            if (tracked.images.iter())
-                .any(|key| own_linked.get(key).copied().unwrap_or(0) >= MAX_OWN_LINKED_PER_IMAGE)
-            {
+            if maps_a_full_image(&own_linked, &tracked.images) {
                 continue;
             }
             let started = monotonic_now_ns();
