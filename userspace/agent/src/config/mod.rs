@@ -72,6 +72,7 @@ struct BudgetFile {
     cpu_percent: Option<f64>,
     agent_cpu_percent: Option<f64>,
     host_cpu_percent: Option<f64>,
+    window_moves_cpu_percent: Option<f64>,
     period: Option<String>,
     min_window: Option<String>,
     check_interval: Option<String>,
@@ -316,6 +317,11 @@ fn budget_options(file: BudgetFile) -> Result<Option<BudgetOptions>> {
             "host_cpu_percent",
             file.host_cpu_percent,
             defaults.host_share * 100.0,
+        )?,
+        window_moves_cpu: percent(
+            "window_moves_cpu_percent",
+            file.window_moves_cpu_percent,
+            defaults.window_moves_cpu * 100.0,
         )?,
         period: duration("budget.period", file.period.as_deref(), defaults.period)?,
         min_window: duration(

@@ -292,6 +292,11 @@ pub(super) const GAUGES: &[Metric] = &[
         reading: Reading::Engine(|s| s.budget_windowed_images),
     },
     Metric {
+        name: "budget_periods_with_windows_percent",
+        help: "Percentage of periods given observation windows (below 100: moving probes cost the agent more than budget.window_moves_cpu_percent)",
+        reading: Reading::Engine(|s| s.budget_periods_with_windows_percent),
+    },
+    Metric {
         name: "spool_bytes",
         help: "Bytes of profiles waiting in the push spool",
         reading: Reading::Push(|p| &p.spool_bytes),

@@ -44,6 +44,10 @@ pub struct BudgetOptions {
     pub agent_cpu: Option<f64>,
     /// Largest estimated fraction of the host's CPUs all processes together may spend.
     pub host_share: f64,
+    /// Largest fraction of one CPU the agent may spend moving windowed images' probes in
+    /// and out (each move registers breakpoints in every process mapping the image);
+    /// past it, windows come in a share of the periods only (`windows.rs`).
+    pub window_moves_cpu: f64,
     /// Period of the observation windows: one window per image per period.
     pub period: Duration,
     /// Shortest window: the budget is overrun rather than observe less than this per
@@ -66,6 +70,7 @@ impl Default for BudgetOptions {
             process_cpu: 0.01,
             agent_cpu: None,
             host_share: 0.01,
+            window_moves_cpu: 0.005,
             period: Duration::from_secs(1),
             min_window: Duration::from_millis(10),
             check_every: Duration::from_millis(200),

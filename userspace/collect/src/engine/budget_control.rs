@@ -11,7 +11,7 @@ use allocbpf_probe::sampler::monotonic_now_ns;
 mod process_readings;
 
 pub(super) use self::process_readings::{program_of, read_pace};
-use super::{CollectorStats, ImageSet, ProcessTable, Tracked};
+use super::{process_table::THREADS_REREAD_NS, CollectorStats, ImageSet, ProcessTable, Tracked};
 use crate::{
     budget::{
         agent_cost::next_coarsening,
@@ -277,10 +277,39 @@ impl BudgetController {
             }
         }
         self.plan(processes, images, &attached, elapsed_ns, now_ns);
+        self.plan_activation(now_ns);
         stats.budget_windowed_images =
             self.image_figures.values().filter(|f| f.duty < 1.0).count() as u64;
+        stats.budget_periods_with_windows_percent =
+            (self.schedule.activation() * 100.0).round() as u64;
         self.assign_own_links(kernel, processes, images, stats, now_ns);
         true
+    }
+
+    /// The share of periods given windows: what keeps the agent's CPU for moving probes
+    /// within its share (`BudgetOptions::window_moves_cpu`), at the moves' measured cost
+    /// (`windows.rs`). Each move registers breakpoints in every process mapping the
+    /// image, so on a host of hundreds of processes mapping libc, moves every period
+    /// cost the agent more than all else it does.
+    fn plan_activation(&mut self, now_ns: u64) {
+        let moves_ns = self.schedule.moves_cpu_per_period(now_ns) as f64;
+        let allowed_ns = self.options.window_moves_cpu * self.schedule.period_ns() as f64;
+        let share = match moves_ns > 0.0 {
+            true => allowed_ns / moves_ns,
+            false => 1.0,
+        };
+        let before = self.schedule.activation();
+        self.schedule.set_activation(share);
+        let now = self.schedule.activation();
+        if (now - before).abs() >= 0.05 && (now / before - 1.0).abs() >= 0.25 {
+            tracing::info!(
+                "windows in {:.0}% of periods, each {:.1}x longer: moving probes costs {:.1} ms of CPU a period (allowed {:.1})",
+                now * 100.0,
+                1.0 / now,
+                moves_ns * 1e-6,
+                allowed_ns * 1e-6
+            );
+        }
     }
 
     /// Probed time per image since the last check, from the running totals.
@@ -325,7 +354,11 @@ impl BudgetController {
             // corrected (one small /proc read each, a few processes at a time).
             let heavy = tracked.pace.tally.trap_share().unwrap_or(0.0)
                 >= allocbpf_profile::estimate::pace::MIN_TRAP_SHARE;
-            if let Some(threads) = heavy.then(|| procfs::thread_count(pid)).flatten() {
+            // Once per tally (a new one starts with none), then now and again.
+            let due = tracked.pace.tally.capacity <= 0.0
+                || now_ns.saturating_sub(tracked.threads_read_ns) >= THREADS_REREAD_NS;
+            if let Some(threads) = (heavy && due).then(|| procfs::thread_count(pid)).flatten() {
+                tracked.threads_read_ns = now_ns;
                 tracked
                     .pace
                     .tally
@@ -464,12 +497,14 @@ impl BudgetController {
                 })
             })
             .collect();
-        let period_ns = self.schedule.period_ns() as f64;
+        // Probes are in a lead before each window, in the periods given windows.
+        let lead_share = self.schedule.lead() as f64 * self.schedule.activation()
+            / self.schedule.period_ns() as f64;
         let keys = images
             .images
             .iter()
             .filter(|(_, state)| !state.failed)
-            .map(|(key, _)| (*key, self.schedule.lead() as f64 / period_ns));
+            .map(|(key, _)| (*key, lead_share));
         let targets = plan_duties(&self.options, self.host_cpu, &costs, keys);
         for cost in costs
             .iter()

@@ -1,6 +1,7 @@
 //! Re-reading the maps of the processes already followed, round-robin, for allocator
 //! images they mapped since they were examined (`dlopen`): the `/proc` walk only looks
-//! at new pids, and a process that maps a file raises no event.
+//! at new pids, and a process that maps a file raises no event. The kernel's mapping
+//! query tells first whether any executable file is new; only then are the maps read.
 
 use std::{
     collections::HashSet,
@@ -95,9 +96,19 @@ impl Collector {
         if !tracked.admitted || tracked.exited {
             return;
         }
+        let known: HashSet<&ImageKey> = tracked.mapped.iter().collect();
+        // The kernel lists its executable files without the text of its maps: a
+        // few ioctls where the text costs a line per mapping, on every process every
+        // period. Nothing new there, nothing new to look at.
+        if let Ok(files) = procfs::procmap::executable_files(pid) {
+            let unknown =
+                |&(device, inode): &(u64, u64)| !known.contains(&ImageKey { device, inode });
+            if !files.iter().any(unknown) {
+                return;
+            }
+        }
         // Empty if it exited meanwhile: its exit event follows.
         let maps = procfs::read_maps_counting_cuts(pid, &mut self.processes.maps_cut);
-        let known: HashSet<&ImageKey> = tracked.mapped.iter().collect();
         let new = candidate_mappings(&maps)
             .into_iter()
             .any(|mapping| !known.contains(&ImageKey::of(mapping)));

@@ -45,7 +45,17 @@ pub(crate) struct Tracked {
     /// The agent's CPU for its samples: charged to its budget at a steady per-sample
     /// cost.
     pub agent: AgentCost,
+    /// When its thread count was last read (CLOCK_MONOTONIC ns; 0: never): the pace
+    /// correction's capacity, re-read every [`THREADS_REREAD_NS`] at most.
+    pub threads_read_ns: u64,
 }
+
+/// How often a process's thread count is re-read for its pace correction. Threads come
+/// and go far slower than the budget's checks, and on a host of hundreds of processes a
+/// `/proc/PID/stat` read at every check was the largest share of the agent's CPU
+/// (docs/benchmarks.md, "issue 49"); a capacity is the most threads seen, so a late
+/// thread is counted within this delay.
+pub(crate) const THREADS_REREAD_NS: u64 = 5_000_000_000;
 
 /// A light process's own links: probes filtered on it, attached full time on the
 /// images it maps while the overhead budget probes them part time for a heavier
@@ -229,6 +239,7 @@ impl ProcessTable {
                 expired_blocks: Vec::new(),
                 own: OwnLinks::default(),
                 agent: AgentCost::default(),
+                threads_read_ns: 0,
             },
         );
         match reused {

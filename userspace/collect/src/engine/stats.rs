@@ -43,6 +43,9 @@ pub struct CollectorStats {
     pub exit_events: u64,
     /// Images probed part time now (overhead budget).
     pub budget_windowed_images: u64,
+    /// The percentage of periods given windows now (overhead budget; 100 unless
+    /// moving probes costs the agent more than its share).
+    pub budget_periods_with_windows_percent: u64,
     /// Probes put back in as observation windows opened (total).
     pub window_attaches: u64,
     /// Probes taken out as observation windows closed (total).

@@ -8,7 +8,7 @@ use allocbpf_profile::estimate::pace::ProbeState;
 
 use super::{
     budget_control::{read_pace, BudgetController},
-    CollectorStats, ImageSet, ProcessTable,
+    thread_cpu_ns, CollectorStats, ImageSet, ProcessTable,
 };
 use crate::{
     budget::{windows::window_shift, Hits},
@@ -74,14 +74,15 @@ impl BudgetController {
                 attached = false;
             }
             if plan.attached && !attached {
-                let before = monotonic_now_ns();
+                let (before, cpu_before) = (monotonic_now_ns(), thread_cpu_ns());
                 // The attach takes milliseconds, its breakpoints going in along the way.
                 self.read_pace_of_image(kernel, processes, images, &key, true);
                 if images.reattach(kernel, stats, &key, shift) {
                     stats.window_attaches += 1;
                     let done = monotonic_now_ns();
-                    self.schedule.attached_in(key, done - before);
                     self.read_pace_of_image(kernel, processes, images, &key, false);
+                    let cpu = thread_cpu_ns().saturating_sub(cpu_before);
+                    self.schedule.attached_in(key, done - before, cpu);
                     tracing::debug!("{key}: probes in, in {} us", (done - before) / 1000);
                     // A window that opened before the probes were in (its samples until
                     // then are not placed: `ImageSet::covered`).

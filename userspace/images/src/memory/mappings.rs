@@ -19,12 +19,14 @@ use std::{
     collections::HashMap,
     fs::File,
     io,
-    os::fd::AsRawFd,
     sync::Mutex,
     time::{Duration, Instant},
 };
 
-use crate::procfs::MountTable;
+use crate::procfs::{
+    procmap::{self, ProcmapQuery},
+    MountTable,
+};
 
 /// Processes whose views are kept (their maps file open, their devices known); the
 /// least recently used goes past it.
@@ -36,30 +38,6 @@ const MOUNTS_REFRESH: Duration = Duration::from_secs(1);
 
 /// Mappings one read may span before it goes to the deadline reader anyway.
 const MAX_SPANNED: usize = 16;
-
-/// `_IOWR('f', 17, struct procmap_query)` (`include/uapi/linux/fs.h`).
-const PROCMAP_QUERY: libc::c_ulong = 0xC068_6611;
-
-/// `struct procmap_query`, as Linux 6.11 defines it (104 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct ProcmapQuery {
-    size: u64,
-    query_flags: u64,
-    query_addr: u64,
-    vma_start: u64,
-    vma_end: u64,
-    vma_flags: u64,
-    vma_page_size: u64,
-    vma_offset: u64,
-    inode: u64,
-    dev_major: u32,
-    dev_minor: u32,
-    vma_name_size: u32,
-    build_id_size: u32,
-    vma_name_addr: u64,
-    build_id_addr: u64,
-}
 
 /// How a read of a range may be made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,18 +218,7 @@ impl View {
 
     /// The mapping that holds `address` now.
     fn query(&self, address: u64) -> io::Result<ProcmapQuery> {
-        let mut query = ProcmapQuery {
-            size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_addr: address,
-            ..ProcmapQuery::default()
-        };
-        // SAFETY: PROCMAP_QUERY reads and writes a `struct procmap_query` of the size
-        // given in it; names and build ids are not asked for (their sizes are 0).
-        let result = unsafe { libc::ioctl(self.maps.as_raw_fd(), PROCMAP_QUERY, &mut query) };
-        if result < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(query)
+        procmap::query(&self.maps, address, 0)
     }
 
     /// True if reading `mapping` cannot wait on a daemon or a server: anonymous memory,
@@ -260,7 +227,7 @@ impl View {
         if mapping.inode == 0 && mapping.dev_major == 0 && mapping.dev_minor == 0 {
             return true;
         }
-        let device = (u64::from(mapping.dev_major) << 32) | u64::from(mapping.dev_minor);
+        let device = mapping.device();
         if Some(device) == kernel_tmpfs_device() {
             return true;
         }

@@ -518,5 +518,6 @@ pub fn read_mapped(file: &File, what: &Path) -> Result<Vec<u8>, MappedFileError>
 
 mod loader;
 mod mounts;
+pub mod procmap;
 #[cfg(test)]
 mod tests;

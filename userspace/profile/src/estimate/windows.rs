@@ -148,8 +148,8 @@ pub struct TimeSampling {
 
 impl TimeSampling {
     /// An interval around `estimate` with the successive-difference variance (byte and
-    /// time sampling together), Student's t with one degree of freedom per period
-    /// less one: the variance is itself estimated from those periods; its ends moved
+    /// time sampling together), Student's t with one degree of freedom per period with
+    /// samples less one: the variance is itself estimated from those periods; its ends moved
     /// out by the pace slack ([`TimeSampling::widen`]). `None` for fewer than two
     /// periods, or without any sample.
     pub fn interval(&self, estimate: f64, confidence: Confidence) -> Option<Interval> {
@@ -159,7 +159,12 @@ impl TimeSampling {
             return None;
         }
         let variance = self.totals.variance(self.periods.clone())?;
-        let freedom = (self.periods.end() - self.periods.start()) as f64;
+        // The variance rests on the periods with samples: where most have none (windows
+        // in a share of the periods only, a bursty or sparse process), its degrees of
+        // freedom are about theirs, not one per period (docs/statistics.md,
+        // "Activation").
+        let periods = (self.periods.end() - self.periods.start()) as f64;
+        let freedom = (self.totals.len() as f64 - 1.0).clamp(1.0, periods.max(1.0));
         let t = StudentsT::new(0.0, 1.0, freedom)
             .ok()?
             .inverse_cdf(0.5 + confidence.level() / 2.0);

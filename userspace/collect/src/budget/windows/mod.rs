@@ -9,6 +9,17 @@
 //! (every allocator image it maps probed) in the window of its smallest duty, and a
 //! sample it makes there stands for `1/d` (profile's `estimate::windows`).
 //!
+//! Each move of an image's probes in or out registers (or removes) its breakpoints in
+//! every process that maps it, which the agent pays for. Where that costs more than
+//! its share ([`WindowSchedule::set_activation`]), windows come in a random share `q`
+//! of the periods only, each `1/q` times longer: the same period draws a second
+//! uniform `u`, and an image of duty `d` has its window in that period if
+//! `u < max(q, d)`, of length `d / max(q, d)` of the period. Every instant is still
+//! observed with probability exactly `d`; windows still nest (both the periods with a
+//! window and the window's length grow with the duty, from the common phase); the
+//! variance of the estimates is the per-period one above, over fewer, fuller periods
+//! (docs/statistics.md, "Activation"). `q = 1` is the plain schedule.
+//!
 //! Probes are attached a lead before a window opens (twice the last attach times of
 //! all images together, since every image's window opens at the same phase and they
 //! are attached one after another; between [`MIN_LEAD`] and [`MAX_LEAD`]: attaching
@@ -39,6 +50,12 @@ const HISTORY_NS: u64 = 120_000_000_000;
 
 /// Duty changes kept per image (a few per second at most).
 const DUTY_CHANGES_KEPT: usize = 1024;
+
+/// The smallest share of periods with windows: at this share a 60-period interval
+/// has windows in 7.5 periods on average (none at all with probability 0.03%), enough
+/// for the per-period variance to be estimated; below it the agent overruns its share
+/// for window moves rather than lose its intervals.
+pub const MIN_ACTIVATION: f64 = 0.125;
 
 /// Largest window shift: inside its windows an image's probes sample at most
 /// `2^MAX_WINDOW_SHIFT` times denser than the configured rate. The bound on what the
@@ -74,16 +91,47 @@ pub enum Unplaced {
     Unknown,
 }
 
+/// What one period drew: the phase of its windows, whether they come at all, and the
+/// share of periods with windows when it was drawn.
+#[derive(Clone, Copy, Debug)]
+struct PeriodDraw {
+    /// Where its windows begin, ns from the period's start.
+    phase: u64,
+    /// Uniform in `[0, 1)`: an image of duty `d` has a window here if below
+    /// `max(share, d)`.
+    activation_draw: f64,
+    /// The share of periods with windows in force when it was drawn.
+    share: f64,
+}
+
+impl PeriodDraw {
+    /// The length of the window of an image of `duty` in this period (0: none).
+    fn window_ns(&self, duty: f64, period_ns: u64) -> u64 {
+        if duty >= 1.0 {
+            return period_ns;
+        }
+        let share = self.share.max(duty);
+        if self.activation_draw >= share || share <= 0.0 {
+            return 0;
+        }
+        ((duty / share).min(1.0) * period_ns as f64) as u64
+    }
+}
+
 /// The schedule of every image's windows. See the module docs.
 pub struct WindowSchedule {
     origin_ns: u64,
     period_ns: u64,
-    /// `(period, phase)`, oldest first, contiguous.
-    phases: VecDeque<(u64, u64)>,
+    /// Each period's draws, oldest first, contiguous.
+    phases: VecDeque<(u64, PeriodDraw)>,
+    /// The share of periods with windows, for periods drawn from now on.
+    activation: f64,
     /// Per image, `(from_ns, duty)` changes, oldest first.
     duties: HashMap<ImageKey, VecDeque<(u64, f64)>>,
     /// Per image, how long attaching its probes took (recently, at most): the lead.
     attach_times: HashMap<ImageKey, u64>,
+    /// Per image, the agent's CPU for attaching its probes (recently, at most).
+    attach_cpu: HashMap<ImageKey, u64>,
     rng: StdRng,
 }
 
@@ -99,10 +147,28 @@ impl WindowSchedule {
             origin_ns,
             period_ns: period_ns.max(1),
             phases: VecDeque::new(),
+            activation: 1.0,
             duties: HashMap::new(),
             attach_times: HashMap::new(),
+            attach_cpu: HashMap::new(),
             rng,
         }
+    }
+
+    /// The share of periods given windows, from the next period drawn on: at most 1,
+    /// at least [`MIN_ACTIVATION`]. Periods already drawn keep theirs, so no window's
+    /// placement depends on what the windows saw.
+    pub fn set_activation(&mut self, share: f64) {
+        self.activation = if share.is_nan() {
+            1.0
+        } else {
+            share.clamp(MIN_ACTIVATION, 1.0)
+        };
+    }
+
+    /// The share of periods given windows for periods drawn from now on.
+    pub fn activation(&self) -> f64 {
+        self.activation
     }
 
     /// The period length.
@@ -128,8 +194,12 @@ impl WindowSchedule {
             .back()
             .map_or(self.period_of(now_ns), |&(k, _)| k + 1);
         while next <= wanted {
-            let phase = self.rng.random_range(0..self.period_ns);
-            self.phases.push_back((next, phase));
+            let draw = PeriodDraw {
+                phase: self.rng.random_range(0..self.period_ns),
+                activation_draw: self.rng.random_range(0.0..1.0),
+                share: self.activation,
+            };
+            self.phases.push_back((next, draw));
             next += 1;
         }
         let oldest = self.period_of(now_ns.saturating_sub(HISTORY_NS));
@@ -138,10 +208,10 @@ impl WindowSchedule {
         }
     }
 
-    fn phase(&self, period: u64) -> Option<u64> {
+    fn draw(&self, period: u64) -> Option<PeriodDraw> {
         let &(first, _) = self.phases.front()?;
         let index = usize::try_from(period.checked_sub(first)?).ok()?;
-        self.phases.get(index).map(|&(_, phase)| phase)
+        self.phases.get(index).map(|&(_, draw)| draw)
     }
 
     /// The first instant whose period has no phase drawn yet: a duty change decided
@@ -179,14 +249,32 @@ impl WindowSchedule {
     pub fn forget(&mut self, key: &ImageKey) {
         self.duties.remove(key);
         self.attach_times.remove(key);
+        self.attach_cpu.remove(key);
     }
 
     /// Attaching `key`'s probes took `took_ns`. Its figure becomes that, or a little
     /// less than before if that was longer (attach times vary with the processes
     /// mapping the image: following only the last one often falls short).
-    pub fn attached_in(&mut self, key: ImageKey, took_ns: u64) {
-        let before = self.attach_times.get(&key).map_or(0, |&took| took * 9 / 10);
-        self.attach_times.insert(key, took_ns.max(before));
+    /// `cpu_ns` is the agent's CPU for it, kept the same way.
+    pub fn attached_in(&mut self, key: ImageKey, took_ns: u64, cpu_ns: u64) {
+        for (figures, value) in [
+            (&mut self.attach_times, took_ns),
+            (&mut self.attach_cpu, cpu_ns),
+        ] {
+            let before = figures.get(&key).map_or(0, |&took| took * 9 / 10);
+            figures.insert(key, value.max(before));
+        }
+    }
+
+    /// The agent's CPU for one period's moves of every image probed part time at
+    /// `now_ns`: in and out, the way out (on other threads) taken to cost what the way
+    /// in did.
+    pub fn moves_cpu_per_period(&self, now_ns: u64) -> u64 {
+        self.attach_cpu
+            .iter()
+            .filter(|(key, _)| self.duty_at(key, now_ns) < 1.0)
+            .map(|(_, &cpu)| 2 * cpu)
+            .sum()
     }
 
     /// How long before a window probes go in: twice the attach times of every image
@@ -206,10 +294,10 @@ impl WindowSchedule {
             return Some(true);
         }
         let period = self.period_of(t_ns);
-        let phase = self.phase(period)?;
+        let draw = self.draw(period)?;
         let offset = t_ns.saturating_sub(self.period_start(period));
-        let since_phase = (offset + self.period_ns - phase) % self.period_ns;
-        Some((since_phase as f64) < duty * self.period_ns as f64)
+        let since_phase = (offset + self.period_ns - draw.phase) % self.period_ns;
+        Some(since_phase < draw.window_ns(duty, self.period_ns))
     }
 
     /// Places a sample taken at `t_ns` by a process mapping `images`: the window it
@@ -255,10 +343,10 @@ impl WindowSchedule {
                 pieces.push((start, end));
                 continue;
             }
-            let Some(phase) = self.phase(period) else {
+            let Some(draw) = self.draw(period) else {
                 continue;
             };
-            let length = (duty * self.period_ns as f64) as u64;
+            let (phase, length) = (draw.phase, draw.window_ns(duty, self.period_ns));
             if length == 0 {
                 continue;
             }
@@ -324,113 +412,4 @@ pub struct AttachPlan {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn window_shifts_follow_the_observed_fraction_within_the_bound() {
-        assert_eq!(window_shift(1.0), 0);
-        assert_eq!(window_shift(0.6), 0);
-        assert_eq!(window_shift(0.5), 1);
-        assert_eq!(window_shift(0.3), 1);
-        assert_eq!(window_shift(0.0449), 4);
-        assert_eq!(window_shift(0.01), MAX_WINDOW_SHIFT);
-        assert_eq!(window_shift(0.0), 0);
-        assert_eq!(window_shift(f64::NAN), 0);
-        for duty in [0.9, 0.4, 0.2, 0.1, 0.07] {
-            // Never denser than full time would sample: 2^k <= 1/duty.
-            assert!(f64::from(1u32 << window_shift(duty)) * duty <= 1.0);
-        }
-    }
-
-    use super::*;
-
-    const SEC: u64 = 1_000_000_000;
-
-    fn key(n: u64) -> ImageKey {
-        ImageKey {
-            device: 1,
-            inode: n,
-        }
-    }
-
-    fn schedule() -> WindowSchedule {
-        WindowSchedule::with_rng(0, SEC, StdRng::seed_from_u64(3))
-    }
-
-    /// Over many periods, the share of instants observed is the duty: the windows are
-    /// placed uniformly (the circular window has no edge effect). 4,000 periods x 10
-    /// instants; each instant is in with probability 0.05, so the count is Binomial
-    /// (40,000, 0.05): mean 2,000, sd 43.6. The bound is 5 sd, the seed fixed.
-    #[test]
-    fn instants_are_observed_with_probability_duty() {
-        let mut s = schedule();
-        s.set_duty(key(1), 0, 0.05);
-        let mut observed = 0;
-        for period in 0..4_000u64 {
-            s.draw_phases(period * SEC);
-            for i in 0..10 {
-                let t = period * SEC + i * SEC / 10 + 12_345;
-                if s.place(&[key(1)], t).is_ok() {
-                    observed += 1;
-                }
-            }
-        }
-        assert!((observed as f64 - 2_000.0).abs() < 5.0 * 43.6, "{observed}");
-    }
-
-    /// A process is observed only where every image it maps is probed: inside the
-    /// window of its smallest duty, which lies inside the others'.
-    #[test]
-    fn a_process_is_observed_in_its_smallest_window() {
-        let mut s = schedule();
-        s.set_duty(key(1), 0, 0.1);
-        s.set_duty(key(2), 0, 0.4);
-        s.draw_phases(0);
-        for step in 0..1_000u64 {
-            let t = step * SEC / 1_000;
-            let both = s.place(&[key(1), key(2)], t);
-            let small = s.place(&[key(1)], t);
-            assert_eq!(both.is_ok(), small.is_ok());
-            if small.is_ok() {
-                assert!(s.place(&[key(2)], t).is_ok(), "nested at {t}");
-                assert!(s.attach_plan(&key(1), t).attached && s.attach_plan(&key(2), t).attached);
-            }
-            if let Ok(window) = both {
-                assert_eq!(window.inclusion, 0.1);
-            }
-        }
-    }
-
-    /// Probes go in a lead before a window and come out after it; the plan's next change
-    /// is the next boundary.
-    #[test]
-    fn probes_bracket_each_window() {
-        let mut s = schedule();
-        s.set_duty(key(1), 0, 0.02);
-        s.attached_in(key(1), 3_000_000);
-        s.attached_in(key(2), 3_000_000);
-        let lead = s.lead();
-        assert_eq!(lead, 12_000_000);
-        s.draw_phases(0);
-        let (open, close) = s.pieces(&key(1), 0)[0];
-        assert!(!s.attach_plan(&key(1), open - lead - 1).attached);
-        assert!(s.attach_plan(&key(1), open - lead).attached);
-        assert!(s.attach_plan(&key(1), close - 1).attached);
-        let after = s.attach_plan(&key(1), close);
-        assert!(!after.attached || close - open > SEC - KEEP_ATTACHED_GAP);
-        assert_eq!(
-            s.attach_plan(&key(1), open - lead - 1).next_change_ns,
-            open - lead
-        );
-    }
-
-    /// A duty change applies from the first period without a phase.
-    #[test]
-    fn changes_wait_for_an_undrawn_period() {
-        let mut s = schedule();
-        s.draw_phases(SEC / 2);
-        assert_eq!(s.next_undrawn_ns(SEC / 2), 2 * SEC);
-        s.set_duty(key(1), s.next_undrawn_ns(SEC / 2), 0.5);
-        assert_eq!(s.duty_at(&key(1), 2 * SEC - 1), 1.0);
-        assert_eq!(s.duty_at(&key(1), 2 * SEC), 0.5);
-    }
-}
+mod tests;
