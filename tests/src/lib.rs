@@ -19,6 +19,7 @@ pub mod pyroscope;
 pub mod simulate;
 pub mod sites;
 pub mod slow_proxy;
+pub mod stored;
 pub mod stores;
 pub mod truth;
 

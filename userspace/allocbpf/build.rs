@@ -102,8 +102,35 @@ fn main() {
         );
     }
     let object = target_dir.join(TARGET).join("release").join("allocbpf");
-    std::fs::copy(&object, out_dir.join("allocbpf.bpf.o"))
+    let embedded = out_dir.join("allocbpf.bpf.o");
+    std::fs::copy(&object, &embedded)
         .unwrap_or_else(|e| panic!("eBPF object {} missing after build: {e}", object.display()));
+    strip_debug(&embedded);
+}
+
+/// LLVM's objcopy, as `llvm-22-dev` brings it (before any other on PATH).
+const OBJCOPY: [&str; 2] = ["/usr/lib/llvm-22/bin/llvm-objcopy", "llvm-objcopy"];
+
+/// Takes the DWARF out of the object: bpf-linker makes its BTF from it, and nothing
+/// reads it after (the kernel gets the BTF; verifier line info is in `.BTF.ext`). It is
+/// four fifths of the object, which the agent's loader parses three times at start
+/// (docs/benchmarks.md, "issue 49, third part": its peak memory). Without an objcopy
+/// the object stays whole, and says so.
+fn strip_debug(object: &Path) {
+    for objcopy in OBJCOPY {
+        if let Ok(status) = Command::new(objcopy)
+            .arg("--strip-debug")
+            .arg(object)
+            .status()
+        {
+            if status.success() {
+                return;
+            }
+        }
+    }
+    println!(
+        "cargo:warning=no llvm-objcopy: the eBPF object keeps its DWARF (a larger binary and start-up)"
+    );
 }
 
 const HINT: &str = "Run `cargo xtask setup` (installs rustc-web, libstd-rust-web-dev-bpf, \

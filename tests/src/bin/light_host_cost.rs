@@ -80,6 +80,8 @@ fn main() -> Result<()> {
         m("allocbpf_window_attaches_total"),
         m("allocbpf_own_link_attaches_total"),
     );
+    let share = m("allocbpf_budget_periods_with_windows_percent");
+    let queue_peak = m("allocbpf_event_queue_peak_bytes");
     agent.terminate(Duration::from_secs(60))?;
     for child in &mut children {
         let _ = child.kill();
@@ -95,12 +97,13 @@ fn main() -> Result<()> {
         agent_cpu / elapsed * 100.0
     );
     println!(
-        "  since its start: {windows:.0} windows opened, {own_links:.0} processes given their own links"
+        "  since its start: {windows:.0} windows opened (windows in {share:.0}% of periods now), {own_links:.0} processes given their own links"
     );
     println!(
-        "  agent's memory: resident {:.1} MiB, high-water {:.1} MiB",
+        "  agent's memory: resident {:.1} MiB, high-water {:.1} MiB; its event queue's peak {:.1} MiB",
         resident / 1024.0,
-        high_water / 1024.0
+        high_water / 1024.0,
+        queue_peak / f64::from(1 << 20)
     );
     println!(
         "  the 200 processes' CPU: bare {:.2}% of a core, under the agent {:.2}% (x{:.3})",

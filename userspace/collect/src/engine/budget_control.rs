@@ -80,6 +80,8 @@ pub(crate) struct BudgetController {
     last_attached: HashMap<ImageKey, u64>,
     /// Per image, when a process over its budget last mapped it.
     last_heavy_ns: HashMap<ImageKey, u64>,
+    /// The share of periods with windows last logged.
+    activation_logged: f64,
     /// Per process, its cost figures.
     pub costs: HashMap<u32, ProcessCostFigures>,
     /// Per program, the last cost measured of one of its processes.
@@ -138,6 +140,7 @@ impl BudgetController {
             last_hits: HashMap::new(),
             last_attached: HashMap::new(),
             last_heavy_ns: HashMap::new(),
+            activation_logged: 1.0,
             costs: HashMap::new(),
             programs: ProgramCosts::default(),
             image_figures: HashMap::new(),
@@ -292,21 +295,16 @@ impl BudgetController {
     /// image, so on a host of hundreds of processes mapping libc, moves every period
     /// cost the agent more than all else it does.
     fn plan_activation(&mut self, now_ns: u64) {
-        let moves_ns = self.schedule.moves_cpu_per_period(now_ns) as f64;
         let allowed_ns = self.options.window_moves_cpu * self.schedule.period_ns() as f64;
-        let share = match moves_ns > 0.0 {
-            true => allowed_ns / moves_ns,
-            false => 1.0,
-        };
-        let before = self.schedule.activation();
+        let share = self.schedule.affordable_activation(allowed_ns, now_ns);
         self.schedule.set_activation(share);
-        let now = self.schedule.activation();
-        if (now - before).abs() >= 0.05 && (now / before - 1.0).abs() >= 0.25 {
+        let (now, logged) = (self.schedule.activation(), self.activation_logged);
+        if (now - logged).abs() >= 0.05 && (now / logged - 1.0).abs() >= 0.25 {
+            self.activation_logged = now;
             tracing::info!(
-                "windows in {:.0}% of periods, each {:.1}x longer: moving probes costs {:.1} ms of CPU a period (allowed {:.1})",
+                "windows in {:.0}% of periods: moving probes in every period would cost {:.1} ms of CPU a period (allowed {:.1})",
                 now * 100.0,
-                1.0 / now,
-                moves_ns * 1e-6,
+                self.schedule.moves_cpu_per_period(1.0, now_ns) * 1e-6,
                 allowed_ns * 1e-6
             );
         }

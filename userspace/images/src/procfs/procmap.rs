@@ -118,7 +118,14 @@ mod tests {
             .filter(|entry| entry.executable && entry.inode != 0)
             .map(|entry| (entry.device, entry.inode))
             .collect();
-        let queried = executable_files(std::process::id()).unwrap();
+        let queried = match executable_files(std::process::id()) {
+            Ok(files) => files,
+            // A kernel before 6.11 has no query: nothing to compare.
+            Err(error) if matches!(error.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
+                return
+            }
+            Err(error) => panic!("{error}"),
+        };
         assert!(!queried.is_empty());
         assert_eq!(queried, listed);
     }

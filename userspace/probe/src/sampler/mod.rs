@@ -217,7 +217,6 @@ impl Sampler {
     /// `aya::include_bytes_aligned!`) with its globals set for `config`; nothing is
     /// attached yet.
     pub fn load(object: &[u8], config: SamplerConfig) -> Result<Sampler, ProbeError> {
-        let btf = Btf::from_sys_fs().ok();
         let target_pid = config.pid.unwrap_or(0);
         let threshold = certain_threshold(config.rate);
         let tables = config.thread_tables;
@@ -237,21 +236,32 @@ impl Sampler {
         };
         let live_mode_value = live_mode as u32;
         let count_hits = u32::from(config.count_hits);
-        let mut ebpf = EbpfLoader::new()
-            .btf(btf.as_ref())
-            .override_global(TARGET_PID_GLOBAL, &target_pid, true)
-            .override_global(COUNT_HITS_GLOBAL, &count_hits, true)
-            .override_global(SELF_TGID_GLOBAL, &std::process::id(), true)
-            .override_global(RATE_GLOBAL, &config.rate, true)
-            .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
-            .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
-            .override_global(LIVE_MODE_GLOBAL, &live_mode_value, true)
-            .override_global(STACK_COPY_BYTES_GLOBAL, &config.stack_copy_bytes, true)
-            .map_max_entries("THREAD_SLOTS", slot_mask + 1)
-            .map_max_entries("THREADS", tables.overflow.max(1))
-            .map_max_entries("EVENTS", config.ring_bytes())
-            .load(object)
-            .map_err(load_error)?;
+        let load = |btf: Option<&Btf>| {
+            EbpfLoader::new()
+                .btf(btf)
+                .override_global(TARGET_PID_GLOBAL, &target_pid, true)
+                .override_global(COUNT_HITS_GLOBAL, &count_hits, true)
+                .override_global(SELF_TGID_GLOBAL, &std::process::id(), true)
+                .override_global(RATE_GLOBAL, &config.rate, true)
+                .override_global(CERTAIN_THRESHOLD_GLOBAL, &threshold, true)
+                .override_global(THREAD_SLOT_MASK_GLOBAL, &slot_mask, true)
+                .override_global(LIVE_MODE_GLOBAL, &live_mode_value, true)
+                .override_global(STACK_COPY_BYTES_GLOBAL, &config.stack_copy_bytes, true)
+                .map_max_entries("THREAD_SLOTS", slot_mask + 1)
+                .map_max_entries("THREADS", tables.overflow.max(1))
+                .map_max_entries("EVENTS", config.ring_bytes())
+                .load(object)
+        };
+        // Our programs read no kernel structure by its BTF (no CO-RE relocation), so
+        // the kernel's BTF, whose parse was most of the agent's peak memory, is read
+        // only if a load without it fails.
+        let mut ebpf = match load(None) {
+            Ok(ebpf) => ebpf,
+            Err(error) => {
+                tracing::debug!("loading without the kernel's BTF failed ({error}); with it");
+                load(Btf::from_sys_fs().ok().as_ref()).map_err(load_error)?
+            }
+        };
         // Before anything takes maps out of `ebpf`: relocation needs every map's fd.
         let session_programs = (live_mode == LiveMode::Session && !config.empty_probes)
             .then(|| SessionPrograms::relocate(object, &ebpf, LinkKind::Session))

@@ -3,7 +3,9 @@
 //!
 //! Under an overhead budget a process is observed in one window per period: a window
 //! of `d·P` seconds at a uniformly random phase of each period `P` (circular, so every
-//! instant of the period is observed with probability exactly `d`). A sample taken in
+//! instant of the period is observed with probability exactly `d`), or, where moving
+//! probes costs the agent too much, a window of `d·P/q` in a random share `q` of the
+//! periods (the same probability `d`). A sample taken in
 //! a window stands for `1/d` times its byte weight (Horvitz-Thompson): the sum estimates
 //! what was allocated over the whole interval, unbiased whatever the process does,
 //! because the phases are drawn independently of it.
@@ -12,7 +14,8 @@
 //! from the per-period totals `y_k` with successive differences (Wolter's estimator for
 //! systematic samples, one per stratum): `K/(2(K-1)) · Σ (y_k − y_{k−1})²`. Its expectation
 //! is the true variance plus the squared changes of the period means, so it errs on the
-//! wide side for a process whose rate drifts, and needs no model of the process.
+//! wide side for a process whose rate drifts, and needs no model of the process. Its
+//! degrees of freedom are those of the periods with samples.
 
 use std::collections::BTreeMap;
 
@@ -78,6 +81,11 @@ impl PeriodTotals {
     /// Periods with samples.
     pub fn len(&self) -> usize {
         self.totals.len()
+    }
+
+    /// Periods of `periods` with samples.
+    pub fn count_in(&self, periods: std::ops::RangeInclusive<u64>) -> usize {
+        self.totals.range(periods).count()
     }
 
     /// True if no period has samples.
@@ -164,7 +172,8 @@ impl TimeSampling {
         // freedom are about theirs, not one per period (docs/statistics.md,
         // "Activation").
         let periods = (self.periods.end() - self.periods.start()) as f64;
-        let freedom = (self.totals.len() as f64 - 1.0).clamp(1.0, periods.max(1.0));
+        let sampled = self.totals.count_in(self.periods.clone()) as f64;
+        let freedom = (sampled - 1.0).clamp(1.0, periods.max(1.0));
         let t = StudentsT::new(0.0, 1.0, freedom)
             .ok()?
             .inverse_cdf(0.5 + confidence.level() / 2.0);

@@ -252,29 +252,49 @@ impl WindowSchedule {
         self.attach_cpu.remove(key);
     }
 
-    /// Attaching `key`'s probes took `took_ns`. Its figure becomes that, or a little
-    /// less than before if that was longer (attach times vary with the processes
-    /// mapping the image: following only the last one often falls short).
-    /// `cpu_ns` is the agent's CPU for it, kept the same way.
+    /// Attaching `key`'s probes took `took_ns` (wall) and `cpu_ns` of the agent's CPU.
+    /// The lead's figure becomes the time, or a little less than before if that was
+    /// longer (attach times vary with the processes mapping the image: following only
+    /// the last one often falls short, and a late window loses samples). The cost's is
+    /// a running mean of the last few: what moves cost on average, which a single slow
+    /// attach must not hold high for minutes when moves come seldom.
     pub fn attached_in(&mut self, key: ImageKey, took_ns: u64, cpu_ns: u64) {
-        for (figures, value) in [
-            (&mut self.attach_times, took_ns),
-            (&mut self.attach_cpu, cpu_ns),
-        ] {
-            let before = figures.get(&key).map_or(0, |&took| took * 9 / 10);
-            figures.insert(key, value.max(before));
-        }
+        let before = self.attach_times.get(&key).map_or(0, |&took| took * 9 / 10);
+        self.attach_times.insert(key, took_ns.max(before));
+        let cost = self.attach_cpu.entry(key).or_insert(cpu_ns);
+        *cost = (*cost * 3 + cpu_ns) / 4;
     }
 
-    /// The agent's CPU for one period's moves of every image probed part time at
-    /// `now_ns`: in and out, the way out (on other threads) taken to cost what the way
-    /// in did.
-    pub fn moves_cpu_per_period(&self, now_ns: u64) -> u64 {
+    /// The agent's expected CPU per period for moving the probes of every image probed
+    /// part time at `now_ns`, were windows given to a share `share` of the periods: an
+    /// image of duty `d` has a window in `max(share, d)` of them, each a move in and
+    /// one out (the way out, on other threads, taken to cost what the way in did).
+    pub fn moves_cpu_per_period(&self, share: f64, now_ns: u64) -> f64 {
         self.attach_cpu
             .iter()
-            .filter(|(key, _)| self.duty_at(key, now_ns) < 1.0)
-            .map(|(_, &cpu)| 2 * cpu)
+            .filter_map(|(key, &cpu)| {
+                let duty = self.duty_at(key, now_ns);
+                (duty < 1.0).then(|| 2.0 * cpu as f64 * share.max(duty).min(1.0))
+            })
             .sum()
+    }
+
+    /// The largest share of periods with windows (within [`MIN_ACTIVATION`] and 1)
+    /// whose moves cost at most `allowed_ns` of CPU per period at `now_ns`.
+    pub fn affordable_activation(&self, allowed_ns: f64, now_ns: u64) -> f64 {
+        if self.moves_cpu_per_period(1.0, now_ns) <= allowed_ns {
+            return 1.0;
+        }
+        // The cost grows with the share: halve the bracket a fixed number of times.
+        let (mut low, mut high) = (MIN_ACTIVATION, 1.0);
+        for _ in 0..20 {
+            let middle = (low + high) / 2.0;
+            match self.moves_cpu_per_period(middle, now_ns) <= allowed_ns {
+                true => low = middle,
+                false => high = middle,
+            }
+        }
+        low
     }
 
     /// How long before a window probes go in: twice the attach times of every image

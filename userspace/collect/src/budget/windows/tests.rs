@@ -83,7 +83,13 @@ fn probes_bracket_each_window() {
     s.set_duty(key(1), 0, 0.02);
     s.attached_in(key(1), 3_000_000, 1_000_000);
     s.attached_in(key(2), 3_000_000, 1_000_000);
-    assert_eq!(s.moves_cpu_per_period(0), 2_000_000, "the windowed image's");
+    // Only the windowed image moves, in and out, in every period at share 1.
+    assert_eq!(s.moves_cpu_per_period(1.0, 0), 2_000_000.0);
+    assert_eq!(s.moves_cpu_per_period(0.25, 0), 500_000.0);
+    assert_eq!(s.affordable_activation(4_000_000.0, 0), 1.0);
+    let share = s.affordable_activation(1_000_000.0, 0);
+    assert!((share - 0.5).abs() < 1e-5, "{share}");
+    assert_eq!(s.affordable_activation(0.0, 0), MIN_ACTIVATION);
     let lead = s.lead();
     assert_eq!(lead, 12_000_000);
     s.draw_phases(0);
