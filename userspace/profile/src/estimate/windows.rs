@@ -171,9 +171,9 @@ impl TimeSampling {
         // in a share of the periods only, a bursty or sparse process), its degrees of
         // freedom are about theirs, not one per period (docs/statistics.md,
         // "Activation").
-        let periods = (self.periods.end() - self.periods.start()) as f64;
+        let differences = (self.periods.end() - self.periods.start()) as f64;
         let sampled = self.totals.count_in(self.periods.clone()) as f64;
-        let freedom = (sampled - 1.0).clamp(1.0, periods.max(1.0));
+        let freedom = (sampled - 1.0).clamp(1.0, differences.max(1.0));
         let t = StudentsT::new(0.0, 1.0, freedom)
             .ok()?
             .inverse_cdf(0.5 + confidence.level() / 2.0);

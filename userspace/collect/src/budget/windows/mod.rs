@@ -110,11 +110,12 @@ impl PeriodDraw {
         if duty >= 1.0 {
             return period_ns;
         }
+        // At least the share in force, which is never below `MIN_ACTIVATION`.
         let share = self.share.max(duty);
-        if self.activation_draw >= share || share <= 0.0 {
+        if self.activation_draw >= share {
             return 0;
         }
-        ((duty / share).min(1.0) * period_ns as f64) as u64
+        (duty / share * period_ns as f64) as u64
     }
 }
 
@@ -130,7 +131,8 @@ pub struct WindowSchedule {
     duties: HashMap<ImageKey, VecDeque<(u64, f64)>>,
     /// Per image, how long attaching its probes took (recently, at most): the lead.
     attach_times: HashMap<ImageKey, u64>,
-    /// Per image, the agent's CPU for attaching its probes (recently, at most).
+    /// Per image, the agent's CPU for attaching its probes (a running mean of the last
+    /// few attaches).
     attach_cpu: HashMap<ImageKey, u64>,
     rng: StdRng,
 }
@@ -274,7 +276,7 @@ impl WindowSchedule {
             .iter()
             .filter_map(|(key, &cpu)| {
                 let duty = self.duty_at(key, now_ns);
-                (duty < 1.0).then(|| 2.0 * cpu as f64 * share.max(duty).min(1.0))
+                (duty < 1.0).then(|| 2.0 * cpu as f64 * share.max(duty))
             })
             .sum()
     }
