@@ -4,10 +4,16 @@
 //!
 //! A heavy malloc loop on the host's libc (`workloads/steady.c`, a million 64-byte calls
 //! a second for 10 s) spends its allowance and has libc probed part time. Then nine
-//! short batch jobs (`workloads/bursts.c`: ~66 MB in three bursts in ~0.5 s), six one
+//! short batch jobs (`workloads/bursts.c`: ~59 MB in three bursts in ~0.5 s), six one
 //! after another and three at once, each its own program (a copy under its own name):
 //! the heavy loop's exit brings libc back to full time, and each job is within its own
 //! allowance, so each is observed from its first allocation to its last.
+//!
+//! Within its allowance with room to spare: a job's ~202,000 probe hits cost it ~0.2-0.3
+//! s of its 0.5 s at the hit costs the agent measures here at its start (1.0-1.4 us). A
+//! job that outgrew it (as jobs of 200,000 small blocks did at 1.25 us and more) would
+//! have libc part time for the next 2 s, and the next job's first burst, before its own
+//! links are in, would go unseen: a test of the allowance's edge, not of this.
 //!
 //! What must hold, read back as a user would (`allocbpf report --store --comm`):
 //! - every job is stored;
@@ -18,8 +24,8 @@
 //! - the nine estimates sum to the nine truths within 4 derived standard deviations:
 //!   probed full time, allocation `i` of `S_i` bytes is sampled with probability
 //!   `p_i = 1 - exp(-S_i/R)` and stands for `S_i/p_i`, so a job's estimate has
-//!   variance `Σ S_i² (1-p_i)/p_i` (docs/statistics.md, "Variance"): 1.9e13 B², an sd
-//!   of 4.3 MB a job, 13 MB for the nine (2.2% of their ~597 MB).
+//!   variance `Σ S_i² (1-p_i)/p_i` (docs/statistics.md, "Variance"): 1.6e13 B², an sd
+//!   of 4.0 MB a job, 12 MB for the nine (2.2% of their ~532 MB).
 
 use std::{path::Path, time::Duration};
 
@@ -39,8 +45,8 @@ fn job_variance() -> f64 {
         let p = 1.0 - (-size / RATE).exp();
         count * size * size * (1.0 - p) / p
     };
-    // The 200,000 small blocks, the array holding them, the large ones, the zeroed ones.
-    term(200_000.0, 64.0) + term(1.0, 1.6e6) + term(40.0, 1_048_576.0) + term(1_000.0, 10_000.0)
+    // The 100,000 small blocks, the array holding them, the large ones, the zeroed ones.
+    term(100_000.0, 64.0) + term(1.0, 0.8e6) + term(40.0, 1_048_576.0) + term(1_000.0, 10_000.0)
 }
 
 /// A job's stored profiles merged: (estimated bytes, interval, exact bytes, profiles).
@@ -109,6 +115,12 @@ fn short_bursty_processes_after_a_heavy_one_are_each_observed_whole() {
         finish(job);
     }
     let log = agent.terminate(Duration::from_secs(60)).unwrap();
+    // The agent's budget decisions, for a failure's reader.
+    let decisions: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("budget_control") || l.contains("probe hit costs"))
+        .collect();
+    eprintln!("agent's budget decisions:\n{}", decisions.join("\n"));
 
     let (mut missed, mut estimates, mut total_truth) = (0, 0.0, 0.0);
     for (name, truth) in &truths {

@@ -1,6 +1,6 @@
 /*
  * A short batch job's shape: three bursts of allocation in about half a second, for
- * the overhead-budget tests of short and bursty processes. 200,000 malloc(64) kept
+ * the overhead-budget tests of short and bursty processes. 100,000 malloc(64) kept
  * until the end, 40 malloc(1 MiB), then 1,000 calloc(1, 10000), with PAUSE_MS
  * (argv[1], default 100) between the bursts. Prints its pid first and, at the end,
  * "allocated CALLS BYTES": the truth the profiler's estimate is compared with.
@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SMALL 200000
+#define SMALL 100000
 #define LARGE 40
 #define ZEROED 1000
 

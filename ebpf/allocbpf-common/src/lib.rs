@@ -515,10 +515,13 @@ pub enum Counter {
     /// Times the ring-pressure level rose: the reader fell behind and every sampling
     /// interval was doubled until it caught up.
     PressureRaises = 10,
+    /// Thread exits that froze a thread entry for userspace to collect: userspace
+    /// scans the thread table for frozen entries only when this has moved.
+    ThreadsFrozen = 11,
 }
 
 /// Number of [`Counter`] slots.
-pub const COUNTER_COUNT: u32 = 11;
+pub const COUNTER_COUNT: u32 = 12;
 
 /// Length of the `COUNTERS` array: one set of [`Counter`]s per epoch parity, at
 /// `(epoch & 1) * COUNTER_COUNT + counter`, so an interval's sample counter covers

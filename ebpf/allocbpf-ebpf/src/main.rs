@@ -105,8 +105,8 @@ static LIVE_MODE: u32 = LiveMode::Off as u32;
 #[map]
 static LIVE: HashMap<LiveKey, u64> = HashMap::with_max_entries(MAX_LIVE_SAMPLES, 0);
 
-/// `BPF_F_MMAPABLE`: userspace maps `THREAD_SLOTS` to read and free slots without a
-/// system call per slot.
+/// `BPF_F_MMAPABLE`: userspace maps `THREAD_SLOTS` to read and free slots, and
+/// `INTERVALS` to write it, without a system call per entry.
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Per-thread countdown and exact totals, direct-mapped by `tid & THREAD_SLOT_MASK`. A slot is
@@ -132,9 +132,10 @@ static PROCESS_TOTALS: PerCpuHashMap<u32, ProcessCounts> =
 #[map]
 static EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Exponential intervals with mean `RATE`, written and refreshed by userspace.
+/// Exponential intervals with mean `RATE`, written and refreshed by userspace through a
+/// memory mapping (`BPF_F_MMAPABLE`): a store an entry, not a system call's copy.
 #[map]
-static INTERVALS: Array<u64> = Array::with_max_entries(INTERVAL_TABLE_LEN, 0);
+static INTERVALS: Array<u64> = Array::with_max_entries(INTERVAL_TABLE_LEN, BPF_F_MMAPABLE);
 
 /// Per-CPU event counters, one set per epoch parity: `(epoch & 1) * COUNTER_COUNT +
 /// Counter`.
@@ -546,9 +547,11 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     process::on_thread_exit((pid_tgid >> 32) as u32, tid);
+    let mut froze = false;
     if let Some(slot) = slot_of(tid) {
         if slot.tid == tid && slot.exited == 0 {
             slot.exited = 1;
+            froze = true;
         }
     }
     // A thread may hold both: an overflow entry made while its slot was taken, then
@@ -556,6 +559,10 @@ pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
     if let Some(state) = THREADS.get_ptr_mut(&tid) {
         // SAFETY: valid map value pointer for this run; only this thread writes it.
         unsafe { (*state).exited = 1 };
+        froze = true;
+    }
+    if froze {
+        bump(Counter::ThreadsFrozen);
     }
     0
 }

@@ -56,6 +56,12 @@ pub(crate) fn thread_state(
             return Some(slot);
         }
         if slot.tid == 0 {
+            // A freed slot keeps the last holder's `exited` (userspace frees it frozen):
+            // cleared before our tid lands, so that a scan seeing our tid never takes
+            // the slot for frozen and frees it under us.
+            // SAFETY: a field of the slot, which a free slot has no other writer of.
+            unsafe { core::ptr::write_volatile(&mut slot.exited, 0) };
+            core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
             *slot = fresh();
             return Some(slot);
         }

@@ -413,9 +413,13 @@ impl BudgetController {
         if !tracked.exited && self.allowances.covers(pid) {
             self.allowances.charge(pid, spent, now_ns);
             if !self.allowances.covers(pid) {
-                tracing::debug!(
-                    "pid {pid} ({:?}): out of its start-up allowance",
-                    tracked.info.comm
+                // Once per process that had an allowance (once per program per refill
+                // of its bucket, but while the host's allowances are empty): an
+                // operator's answer to "why is this job probed part time".
+                tracing::info!(
+                    "pid {pid} ({:?}): out of its start-up allowance (the host's allowances hold {:.2} CPU s)",
+                    tracked.info.comm,
+                    self.allowances.host_credit_s(now_ns)
                 );
             }
         }

@@ -14,6 +14,8 @@ impl Collector {
     pub(super) fn on_exec(&mut self, pid: u32) {
         self.stats.exec_events += 1;
         self.forget_process(pid, Departure::Exec);
+        // A new program: its maps re-read every round again.
+        self.chores.maps_rescan.forget(pid);
         if let Some(tracked) = self.processes.tracked.get_mut(&pid) {
             tracked.info.runtimes.clear();
             // What its samples cost the agent was the old program's: the new one's
@@ -51,6 +53,7 @@ impl Collector {
     /// is another), and the budget hears of it.
     pub(super) fn on_exit(&mut self, pid: u32) {
         self.stats.exit_events += 1;
+        self.chores.maps_rescan.forget(pid);
         if let (Some(kernel), Some(tracked)) = (
             self.kernel.as_deref_mut(),
             self.processes.tracked.get_mut(&pid),

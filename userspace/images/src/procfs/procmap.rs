@@ -107,6 +107,21 @@ pub fn executable_files(pid: u32) -> io::Result<Vec<(u64, u64)>> {
     )))
 }
 
+/// True if one of `addresses` lies in a mapping of an executable file of `pid` now: an
+/// ioctl an address, not the text of its maps. An error if the kernel has no query or
+/// the process is gone.
+pub fn any_in_executable_file(pid: u32, addresses: &[u64]) -> io::Result<bool> {
+    let maps = File::open(format!("/proc/{pid}/maps"))?;
+    for &address in addresses {
+        match query(&maps, address, QUERY_EXECUTABLE | QUERY_FILE_BACKED) {
+            Ok(_) => return Ok(true),
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +143,21 @@ mod tests {
         };
         assert!(!queried.is_empty());
         assert_eq!(queried, listed);
+    }
+
+    #[test]
+    fn our_code_is_in_an_executable_file_and_our_heap_is_not() {
+        let code = our_code_is_in_an_executable_file_and_our_heap_is_not as fn() as usize as u64;
+        let heap = Box::new(0u64);
+        let heap = &*heap as *const u64 as u64;
+        match any_in_executable_file(std::process::id(), &[heap, code]) {
+            Ok(found) => assert!(found),
+            Err(error) if matches!(error.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
+                return
+            }
+            Err(error) => panic!("{error}"),
+        }
+        assert!(!any_in_executable_file(std::process::id(), &[heap, 0, u64::MAX]).unwrap());
     }
 
     #[test]

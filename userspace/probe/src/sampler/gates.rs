@@ -1,10 +1,13 @@
 //! The kernel's per-process gates (system-wide mode): probe hits per process, and
 //! which processes are not sampled. See `ebpf/allocbpf-ebpf/src/process.rs`.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::atomic::Ordering,
+};
 
 use allocbpf_common::{GateState, LiveKey, ProcessCounts, ProcessGate, MAX_COARSENING};
-use aya::maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues};
+use aya::maps::{HashMap as BpfHashMap, Map, PerCpuHashMap, PerCpuValues};
 
 use super::{map_error, ProbeError, Sampler};
 
@@ -94,6 +97,28 @@ impl Sampler {
             .ebpf
             .map("PROCESS_GATES")
             .ok_or_else(|| super::load_error(super::missing("PROCESS_GATES")))?;
+        // Read several times a second with an entry per process: a few batched calls,
+        // not two calls an entry.
+        let batched = !self.no_batch_lookups.load(Ordering::Relaxed);
+        if let (true, Map::PerCpuHashMap(data) | Map::PerCpuLruHashMap(data), Ok(cpus)) =
+            (batched, map, aya::util::nr_cpus())
+        {
+            match super::batch::lookup_per_cpu_hash::<u32, ProcessGate>(data, cpus) {
+                Ok(entries) => {
+                    return Ok(entries
+                        .into_iter()
+                        .map(|(pid, values)| (pid, summed(&values)))
+                        .collect())
+                }
+                Err(error) => {
+                    // A kernel without batched lookups (before 5.6) refuses every one.
+                    tracing::debug!(
+                        "PROCESS_GATES: batched lookup failed ({error}): iterating from now on"
+                    );
+                    self.no_batch_lookups.store(true, Ordering::Relaxed);
+                }
+            }
+        }
         let gates = PerCpuHashMap::<_, u32, ProcessGate>::try_from(map)
             .map_err(map_error("PROCESS_GATES"))?;
         Ok(gates
@@ -209,7 +234,7 @@ impl Sampler {
 }
 
 /// A gate's per-CPU copies summed (the state and coarsening: the largest).
-fn summed(values: &PerCpuValues<ProcessGate>) -> ProcessGate {
+fn summed(values: &[ProcessGate]) -> ProcessGate {
     ProcessGate {
         hits: values.iter().map(|g| g.hits).sum(),
         stepped_hits: values.iter().map(|g| g.stepped_hits).sum(),

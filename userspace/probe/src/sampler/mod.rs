@@ -5,9 +5,12 @@
 //! toolchain.
 
 mod attach;
+mod batch;
 mod entries;
 mod gates;
+mod mapped_array;
 pub mod session_link;
+mod thread_slots;
 mod totals;
 
 pub use self::attach::{Attached, DetachingLinks, ImageLinks};
@@ -24,6 +27,9 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 
+use std::os::fd::AsFd;
+
+use self::mapped_array::MappedArray;
 use self::session_link::{LinkKind, SessionPrograms};
 use allocbpf_sampling::{certain_threshold, interval_table::IntervalTable, Counters};
 
@@ -138,61 +144,11 @@ impl Default for ThreadTables {
     }
 }
 
-/// Writes `values` to entries `0..values.len()` of the array `map` with one
-/// `BPF_MAP_UPDATE_BATCH`.
-fn update_array_batch(map: &MapData, values: &[u64]) -> std::io::Result<()> {
-    use std::os::fd::{AsFd, AsRawFd};
-    /// `BPF_MAP_UPDATE_BATCH` in `enum bpf_cmd`.
-    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
-    /// The `batch` member of `union bpf_attr`.
-    #[repr(C)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
-    let keys: Vec<u32> = (0..values.len() as u32).collect();
-    let mut attr = BatchAttr {
-        in_batch: 0,
-        out_batch: 0,
-        keys: keys.as_ptr() as u64,
-        values: values.as_ptr() as u64,
-        count: values.len() as u32,
-        map_fd: map.fd().as_fd().as_raw_fd() as u32,
-        elem_flags: 0,
-        flags: 0,
-    };
-    // SAFETY: `attr` is a valid bpf_attr prefix for this command; `keys` and `values`
-    // hold `count` elements of the map's key and value sizes and outlive the call.
-    let result = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_BATCH,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>() as u32,
-        )
-    };
-    if result < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if attr.count as usize != values.len() {
-        return Err(std::io::Error::other(format!(
-            "{} of {} entries written",
-            attr.count,
-            values.len()
-        )));
-    }
-    Ok(())
-}
-
 /// The loaded and attached sampler. Dropping it detaches every probe.
 pub struct Sampler {
     ebpf: Ebpf,
+    /// Set once a batched lookup failed: the kernel has none, maps are iterated.
+    no_batch_lookups: std::sync::atomic::AtomicBool,
     config: SamplerConfig,
     intervals: Option<Array<MapData, u64>>,
     table: IntervalTable,
@@ -281,6 +237,7 @@ impl Sampler {
         let book = totals::EpochBook::new(&ebpf, (slot_mask + 1) as usize)?;
         let mut sampler = Sampler {
             ebpf,
+            no_batch_lookups: Default::default(),
             config,
             intervals,
             table: IntervalTable::new(config.rate),
@@ -306,10 +263,26 @@ impl Sampler {
         };
         let started = std::time::Instant::now();
         let intervals = self.table.generate();
-        // One system call for the whole table: one update per entry took most of
-        // start-up's time. Kernels without batch updates on arrays (before 5.6)
-        // are written entry by entry.
-        if let Err(error) = update_array_batch(map.map(), &intervals) {
+        // Written through a mapping of the table: each entry one aligned store, so a
+        // probe reading it meanwhile draws an old interval or a new one, either a
+        // draw of the same distribution. Else one system call for the whole table
+        // (copying entry by entry in the kernel, the agent's largest periodic cost
+        // on a quiet host), else (kernels before 5.6) entry by entry.
+        let mapped =
+            MappedArray::<u64>::map(map.map().fd().as_fd(), "INTERVALS", 0, intervals.len()).map(
+                |table| {
+                    for (index, &interval) in intervals.iter().enumerate() {
+                        // SAFETY: an entry of the mapping, written whole.
+                        unsafe { table.entry(index).write_volatile(interval) };
+                    }
+                },
+            );
+        let Err(error) = mapped else {
+            tracing::debug!("interval table refreshed in {:?}", started.elapsed());
+            return Ok(());
+        };
+        tracing::debug!("mapping INTERVALS failed ({error}): a batched update");
+        if let Err(error) = batch::update_array(map.map(), &intervals) {
             tracing::debug!("batched update of INTERVALS failed ({error}): entry by entry");
             for (index, interval) in intervals.into_iter().enumerate() {
                 map.set(index as u32, interval, 0)
@@ -408,7 +381,7 @@ impl Sampler {
     /// Collects the counts of threads that exited and frees their entries, so the
     /// thread tables hold running threads only. Call about once a second.
     pub fn collect_exited_threads(&mut self) -> usize {
-        self.book.collect_exited(&mut self.ebpf)
+        self.book.collect_exited_if_any(&mut self.ebpf)
     }
 }
 

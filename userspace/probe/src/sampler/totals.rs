@@ -14,116 +14,28 @@
 //! Threads that exit leave their entry frozen (`ThreadState::exited`) rather than
 //! moving their counts elsewhere, so a reader never sees counts twice or not at all;
 //! [`EpochBook::collect_exited`] moves frozen entries' counts into a userspace carry
-//! keyed by (pid, epoch) and frees the entries. `THREAD_SLOTS` is memory-mapped for
-//! that scan: 65,536 slots are read in about a millisecond, not 65,536 system calls.
+//! keyed by (pid, epoch) and frees the entries; between cuts it looks only when the
+//! kernel's count of frozen entries (`Counter::ThreadsFrozen`) has moved.
+//! `THREAD_SLOTS` is memory-mapped for that scan, a chunk at a time
+//! (`thread_slots.rs`): not a system call per slot.
 
 use std::collections::HashMap;
 
 use allocbpf_common::{
-    EpochCounts, ProcessCounts, ThreadState, Totals, COUNTER_COUNT, COUNTER_SLOTS, EPOCH_MAP,
+    Counter, EpochCounts, ProcessCounts, ThreadState, Totals, COUNTER_COUNT, COUNTER_SLOTS,
+    EPOCH_MAP,
 };
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, Map, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{Array, HashMap as BpfHashMap, PerCpuArray, PerCpuHashMap, PerCpuValues},
     Ebpf,
 };
 
-use super::{load_error, map_error, missing, ProbeError};
-
-/// `THREAD_SLOTS`, mapped into our address space.
-struct MappedSlots {
-    base: *mut ThreadState,
-    len: usize,
-    bytes: usize,
-}
-
-// SAFETY: the mapping is owned by this value; access goes through `&self`/`&mut self`.
-unsafe impl Send for MappedSlots {}
-
-impl MappedSlots {
-    /// Maps the `len` slots of the (`BPF_F_MMAPABLE`) array `map`.
-    fn map(map: &Map, len: usize) -> Result<MappedSlots, ProbeError> {
-        use std::os::fd::{AsFd, AsRawFd};
-        let Map::Array(data) = map else {
-            return Err(load_error(missing("THREAD_SLOTS array")));
-        };
-        let page = 4096;
-        let bytes = (len * std::mem::size_of::<ThreadState>()).div_ceil(page) * page;
-        // SAFETY: a shared mapping of a BPF array fd, with its own size.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                data.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(ProbeError::System {
-                map: "THREAD_SLOTS",
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(MappedSlots {
-            base: base.cast(),
-            len,
-            bytes,
-        })
-    }
-
-    /// A copy of slot `index`, or `None` for a free slot. `tid` and `exited` are read
-    /// first: a slot being claimed meanwhile (a free slot holds zero counts, see
-    /// [`MappedSlots::free`]) shows at worst a new thread's zero counts.
-    fn get(&self, index: usize) -> Option<ThreadState> {
-        assert!(index < self.len);
-        // SAFETY: in bounds of the mapping; the kernel may write concurrently, which
-        // volatile reads tolerate (only frozen or closed-epoch fields are used).
-        unsafe {
-            let slot = self.base.add(index);
-            if std::ptr::addr_of!((*slot).tid).read_volatile() == 0 {
-                return None;
-            }
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            Some(std::ptr::read_volatile(slot))
-        }
-    }
-
-    /// Frees a frozen slot: its counts are zeroed (still frozen), then `tid`, so a thread claiming it
-    /// (which checks `tid == 0`, then writes the whole slot) never meets stale counts
-    /// or a stale `exited`.
-    fn free(&self, index: usize) {
-        assert!(index < self.len);
-        // SAFETY: in bounds; a frozen slot has no other writer until `tid` is 0.
-        unsafe {
-            let slot = self.base.add(index);
-            let tid = (*slot).tid;
-            std::ptr::write_volatile(
-                slot,
-                // Still frozen: a thread reusing the tid must not adopt it half-zeroed.
-                ThreadState {
-                    tid,
-                    exited: 1,
-                    ..ThreadState::default()
-                },
-            );
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            std::ptr::addr_of_mut!((*slot).tid).write_volatile(0);
-        }
-    }
-}
-
-impl Drop for MappedSlots {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `map` mapped.
-        unsafe { libc::munmap(self.base.cast(), self.bytes) };
-    }
-}
+use super::{load_error, map_error, missing, thread_slots::SlotTable, ProbeError};
 
 /// The userspace side of the epochs: the current epoch, the counts of collected
 /// exited threads, and the counters of zeroed counter sets.
 pub struct EpochBook {
-    slots: MappedSlots,
+    slots: SlotTable,
     /// The epoch probes count under now.
     epoch: u64,
     /// The latest epoch whose window was read; frozen counts of it or older were read
@@ -133,7 +45,15 @@ pub struct EpochBook {
     carry: HashMap<(u32, u64), Totals>,
     /// Counter values of counter sets zeroed for reuse.
     retired: [u64; COUNTER_COUNT as usize],
+    /// `Counter::ThreadsFrozen` when the thread tables were last scanned, and when.
+    frozen_at_scan: Option<(u64, std::time::Instant)>,
 }
+
+/// The thread tables are scanned for frozen entries at least this often even if the
+/// kernel counted no new one. Defensive: a freeze counts in the current epoch's set,
+/// and `next_epoch` retires the other one, whose writers were waited for at the cut
+/// before; but a count lost anyhow must not leave an entry frozen for good.
+const SCAN_AT_LEAST_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl EpochBook {
     /// Maps `THREAD_SLOTS` (`slots` entries) of the loaded object.
@@ -142,11 +62,12 @@ impl EpochBook {
             .map("THREAD_SLOTS")
             .ok_or_else(|| load_error(missing("THREAD_SLOTS")))?;
         Ok(EpochBook {
-            slots: MappedSlots::map(map, slots)?,
+            slots: SlotTable::new(map, slots)?,
             epoch: 0,
             read_through: None,
             carry: HashMap::new(),
             retired: [0; COUNTER_COUNT as usize],
+            frozen_at_scan: None,
         })
     }
 
@@ -155,19 +76,63 @@ impl EpochBook {
         self.epoch
     }
 
+    /// [`EpochBook::collect_exited`], if the kernel froze an entry since the last scan
+    /// (or [`SCAN_AT_LEAST_EVERY`] has passed): a host whose threads live long pays
+    /// two counter reads a call, not a scan of the tables.
+    pub fn collect_exited_if_any(&mut self, ebpf: &mut Ebpf) -> usize {
+        let frozen = match self.counter_total(ebpf, Counter::ThreadsFrozen) {
+            Ok(frozen) => frozen,
+            Err(error) => {
+                tracing::debug!("frozen thread count unread ({error}): scanning");
+                return self.collect_exited(ebpf);
+            }
+        };
+        if let Some((at_scan, when)) = self.frozen_at_scan {
+            if at_scan == frozen && when.elapsed() < SCAN_AT_LEAST_EVERY {
+                return 0;
+            }
+        }
+        // Read before the scan: a freeze after the read is seen at the next call.
+        let freed = self.collect_exited(ebpf);
+        self.frozen_at_scan = Some((frozen, std::time::Instant::now()));
+        freed
+    }
+
+    /// `counter`'s count since load: its two counter sets and what was retired of them.
+    fn counter_total(&self, ebpf: &Ebpf, counter: Counter) -> Result<u64, ProbeError> {
+        let map = ebpf
+            .map("COUNTERS")
+            .ok_or_else(|| load_error(missing("COUNTERS")))?;
+        let array = PerCpuArray::<_, u64>::try_from(map).map_err(map_error("COUNTERS"))?;
+        let mut total = self.retired[counter as usize];
+        for parity in 0..2 {
+            let slot = parity * COUNTER_COUNT + counter as u32;
+            let values = array.get(&slot, 0).map_err(map_error("COUNTERS"))?;
+            total += values.iter().sum::<u64>();
+        }
+        Ok(total)
+    }
+
     /// Moves the counts of exited threads into the carry and frees their entries.
     /// Returns how many were freed.
     pub fn collect_exited(&mut self, ebpf: &mut Ebpf) -> usize {
         let mut freed = 0;
-        for index in 0..self.slots.len {
-            let Some(state) = self.slots.get(index) else {
-                continue;
-            };
-            if state.exited != 0 {
-                self.keep(&state);
-                self.slots.free(index);
-                freed += 1;
+        let mut frozen = Vec::new();
+        let mapped = self.slots.for_each_chunk(|chunk| {
+            for index in 0..chunk.len() {
+                if let Some(state) = chunk.get(index).filter(|state| state.exited != 0) {
+                    frozen.push(state);
+                    chunk.free(index);
+                    freed += 1;
+                }
             }
+        });
+        if let Err(error) = mapped {
+            // Collected at the next call; until then their slots stay taken.
+            tracing::warn!("exited threads not collected: {error}");
+        }
+        for state in &frozen {
+            self.keep(state);
         }
         if let Some(map) = ebpf.map_mut("THREADS") {
             if let Ok(mut threads) = BpfHashMap::<_, u32, ThreadState>::try_from(map) {
@@ -255,11 +220,11 @@ impl EpochBook {
                 entry.bytes += half.bytes;
             }
         };
-        for index in 0..self.slots.len {
-            if let Some(state) = self.slots.get(index) {
+        self.slots.for_each_chunk(|chunk| {
+            for state in (0..chunk.len()).filter_map(|index| chunk.get(index)) {
                 state.counts.iter().for_each(|half| add(state.pid, half));
             }
-        }
+        })?;
         if let Some(map) = ebpf.map("THREADS") {
             let threads =
                 BpfHashMap::<_, u32, ThreadState>::try_from(map).map_err(map_error("THREADS"))?;

@@ -198,23 +198,28 @@ const MAPS_REFRESH_LIMIT: Duration = Duration::from_secs(1);
 /// a mapping made since (a library it loaded): then the caches are re-read at once.
 const MISS_CHECK_LIMIT: Duration = Duration::from_millis(100);
 
+/// Missed addresses of one stack asked about in a miss check at most.
+const MISSED_QUERIED: usize = 16;
+
 /// Processes whose last miss check is remembered at most (the checks' times are then
 /// forgotten, which only allows one more check each).
 const MAX_MISS_CHECKED: usize = 1 << 16;
 
-/// Miss checks (maps reads) per second at most, all processes together: a host full of
-/// frame-pointer garbage costs this many reads a second, not one per process per tenth.
-const MAX_MISS_CHECKS_PER_SECOND: u32 = 20;
+/// Miss checks per second at most, all processes together: a host full of frame-pointer
+/// garbage costs this many checks a second (each a few mapping queries, or a read of
+/// the maps where the kernel has no query), not one per process per tenth.
+const MAX_MISS_CHECKS_PER_SECOND: u32 = 200;
 
 /// Turns process addresses into [`Frame`]s.
 ///
 /// Memory maps are cached per process, so samples that arrive after their process
 /// exited are still normalized with the maps it had. When an address falls outside
 /// every cached mapping while the process still lives (a library loaded since), the
-/// maps are re-read, at most once per `MAPS_REFRESH_LIMIT`, or at once if the
-/// process's own maps (read at most once per `MISS_CHECK_LIMIT`) now cover it: the
-/// samples of a program that just loaded a library (a Python import) are not left
-/// unknown for up to a second. Addresses that stay unknown are usually frame-pointer
+/// process's own maps are read (at most once per `MISS_CHECK_LIMIT`), and the caches
+/// re-read at once if they now cover it with a file: the samples of a program that
+/// just loaded a library (a Python import) are not left unknown. Only when the host's
+/// checks are spent for the second are the caches re-read on a miss, at most once per
+/// `MAPS_REFRESH_LIMIT`. Addresses that stay unknown are usually frame-pointer
 /// garbage from code built without frame pointers.
 pub struct AddressNormalizer {
     normalizer: Normalizer,
@@ -378,23 +383,33 @@ impl AddressNormalizer {
         if missed.is_empty() {
             return frames;
         }
-        let stale = self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT && procfs::is_alive(pid);
-        if stale || self.newly_mapped(pid, &missed) {
+        // Re-read every cache only if the process's maps now cover a missed address
+        // with a file mapped since, or (their check not allowed now) after a second:
+        // frame-pointer garbage from code built without frame pointers misses at
+        // every sample, and a reset per second for it re-read every process's maps.
+        let reread = match self.newly_mapped(pid, &missed) {
+            Some(newly) => newly,
+            None => self.refreshed.elapsed() >= MAPS_REFRESH_LIMIT && procfs::is_alive(pid),
+        };
+        if reread {
             self.reset();
             return self.normalize_once(pid, addrs);
         }
         frames
     }
 
-    /// True if `pid`'s maps, read now (at most once per [`MISS_CHECK_LIMIT`] per
-    /// process, [`MAX_MISS_CHECKS_PER_SECOND`] in all), map one of the `missed`
-    /// addresses from an executable file: the cached maps are older than that mapping.
-    /// (Anonymous code, a JIT's, never normalizes: it is no reason to re-read.)
-    fn newly_mapped(&mut self, pid: u32, missed: &[u64]) -> bool {
+    /// Whether `pid`'s maps, read now, map one of the `missed` addresses from an
+    /// executable file (the cached maps are older than that mapping): `false` within
+    /// [`MISS_CHECK_LIMIT`] of its last check, `None` past
+    /// [`MAX_MISS_CHECKS_PER_SECOND`] checks in all. (Anonymous code, a JIT's, never
+    /// normalizes: it is no reason to re-read.)
+    fn newly_mapped(&mut self, pid: u32, missed: &[u64]) -> Option<bool> {
         let now = Instant::now();
         if let Some(last) = self.miss_checked.get(&pid) {
+            // Checked lately: had that check found the address mapped, the caches
+            // would have been re-read then.
             if now.duration_since(*last) < MISS_CHECK_LIMIT {
-                return false;
+                return Some(false);
             }
         }
         let (second, count) = &mut self.miss_checks;
@@ -402,19 +417,27 @@ impl AddressNormalizer {
             (*second, *count) = (now, 0);
         }
         if *count >= MAX_MISS_CHECKS_PER_SECOND {
-            return false;
+            return None;
         }
         *count += 1;
         if self.miss_checked.len() >= MAX_MISS_CHECKED {
             self.miss_checked.clear();
         }
         self.miss_checked.insert(pid, now);
+        // The kernel's mapping query, an ioctl a missed address (the first few: a
+        // library mapped since shows in most of a stack's misses); else the maps'
+        // text, charged as the ten queries it costs about.
+        let asked = &missed[..missed.len().min(MISSED_QUERIED)];
+        if let Ok(found) = procfs::procmap::any_in_executable_file(pid, asked) {
+            return Some(found);
+        }
+        self.miss_checks.1 += 9;
         let maps = procfs::read_maps_counting_cuts(pid, &mut self.mappings.maps_cut);
-        maps.iter().any(|entry| {
+        Some(maps.iter().any(|entry| {
             entry.executable
                 && entry.inode != 0
                 && missed.iter().any(|address| entry.range.contains(address))
-        })
+        }))
     }
 
     fn normalize_once(&mut self, pid: u32, addrs: &[u64]) -> Vec<Frame> {
