@@ -15,6 +15,10 @@ use crate::{
     kernel::{Gates, Kernel},
 };
 
+/// Processes whose gates a window move reads one lookup each at most; beyond, all
+/// gates are read at once (a batched read costs about as much as a few lookups).
+const GATES_READ_ONE_BY_ONE: usize = 8;
+
 impl BudgetController {
     /// Reads the pace meter of every process mapping `key`, whose probes just went in
     /// or out (`attaching`: are about to go in).
@@ -26,17 +30,29 @@ impl BudgetController {
         key: &ImageKey,
         attaching: bool,
     ) {
+        // Profiled processes only: the others' estimates are never made.
+        let read = |tracked: &super::process_table::Tracked| {
+            tracked.admitted
+                && !tracked.exited
+                && !tracked.own.attached()
+                && tracked.images.contains(key)
+        };
+        let count = processes.tracked.values().filter(|t| read(t)).count();
+        // Many processes (every one mapping libc): their gates in one batched read,
+        // not a lookup each.
+        let all = (count > GATES_READ_ONE_BY_ONE)
+            .then(|| kernel.gate_hits().ok())
+            .flatten();
+        let changing = attaching.then_some(ProbeState::Changing);
         for (&pid, tracked) in processes.tracked.iter_mut() {
-            // Profiled processes only: the others' estimates are never made.
-            if !tracked.admitted
-                || tracked.exited
-                || tracked.own.attached()
-                || !tracked.images.contains(key)
-            {
+            if !read(tracked) {
                 continue;
             }
-            if let Some(gate) = kernel.gate_hits_of(pid) {
-                let changing = attaching.then_some(ProbeState::Changing);
+            let gate = match &all {
+                Some(all) => all.get(&pid).copied(),
+                None => kernel.gate_hits_of(pid),
+            };
+            if let Some(gate) = gate {
                 read_pace(&self.cost, pid, tracked, Hits::from(gate), images, changing);
             }
         }
