@@ -5,6 +5,8 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use aya::{maps::MapData, Pod};
 
+use super::bpf_syscall::bpf;
+
 /// `BPF_MAP_LOOKUP_BATCH` in `enum bpf_cmd`.
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 /// `BPF_MAP_UPDATE_BATCH` in `enum bpf_cmd`.
@@ -24,27 +26,6 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Runs batch command `command` with `attr`.
-///
-/// # Safety
-/// Every pointer in `attr` must be valid for the command, sized for `attr.count`
-/// entries of the map's key and value sizes, and outlive the call.
-unsafe fn batch_call(command: libc::c_long, attr: &mut BatchAttr) -> std::io::Result<()> {
-    // SAFETY: the caller's promise; `attr` is a valid bpf_attr prefix.
-    let result = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>() as u32,
-        )
-    };
-    match result {
-        0.. => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
-}
-
 /// Writes `values` to entries `0..values.len()` of the array `map` with one
 /// `BPF_MAP_UPDATE_BATCH`.
 pub(super) fn update_array(map: &MapData, values: &[u64]) -> std::io::Result<()> {
@@ -58,7 +39,7 @@ pub(super) fn update_array(map: &MapData, values: &[u64]) -> std::io::Result<()>
     };
     // SAFETY: `keys` and `values` hold `count` entries of the array's key (u32) and
     // value (u64) sizes.
-    unsafe { batch_call(BPF_MAP_UPDATE_BATCH, &mut attr)? };
+    unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr)? };
     if attr.count as usize != values.len() {
         return Err(std::io::Error::other(format!(
             "{} of {} entries written",
@@ -86,20 +67,16 @@ pub(super) fn lookup_per_cpu_hash<K: Pod + Default, V: Pod + Default>(
     );
     let mut entries = Vec::new();
     let mut capacity = LOOKUP_CHUNK;
-    // The hash map's cursor: a bucket index (u32); 8 bytes leave room to spare.
-    let (mut cursor, mut next) = (0u64, 0u64);
-    let mut first = true;
+    let mut keys = vec![K::default(); capacity];
+    let mut values = vec![V::default(); capacity * cpus];
+    // The hash map's cursor, none before the first call: a bucket index (u32); 8 bytes
+    // leave room to spare.
+    let (mut cursor, mut next) = (None::<u64>, 0u64);
     // Each call but the last moves the cursor a bucket or more; the map has at most
     // `u32::MAX` buckets, and a call more than this would be a kernel's bug.
     for _ in 0..1 << 20 {
-        let mut keys = vec![K::default(); capacity];
-        let mut values = vec![V::default(); capacity * cpus];
         let mut attr = BatchAttr {
-            in_batch: if first {
-                0
-            } else {
-                &cursor as *const u64 as u64
-            },
+            in_batch: cursor.as_ref().map_or(0, |c| c as *const u64 as u64),
             out_batch: &mut next as *mut u64 as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
@@ -109,26 +86,27 @@ pub(super) fn lookup_per_cpu_hash<K: Pod + Default, V: Pod + Default>(
         };
         // SAFETY: `keys` holds `capacity` keys and `values` `capacity` per-CPU values
         // of `cpus` entries of `V` each; the cursors hold a bucket index.
-        let result = unsafe { batch_call(BPF_MAP_LOOKUP_BATCH, &mut attr) };
+        let result = unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) };
         let done = match result {
-            Ok(()) => false,
+            Ok(_) => false,
             Err(error) if error.raw_os_error() == Some(libc::ENOENT) => true,
             // One bucket holds more entries than fit: again, larger.
             Err(error) if error.raw_os_error() == Some(libc::ENOSPC) && capacity < 1 << 16 => {
                 capacity *= 4;
+                keys.resize(capacity, K::default());
+                values.resize(capacity * cpus, V::default());
                 continue;
             }
             Err(error) => return Err(error),
         };
         let count = (attr.count as usize).min(capacity);
-        for (index, key) in keys.into_iter().take(count).enumerate() {
-            entries.push((key, values[index * cpus..(index + 1) * cpus].to_vec()));
+        for (index, key) in keys.iter().take(count).enumerate() {
+            entries.push((*key, values[index * cpus..(index + 1) * cpus].to_vec()));
         }
         if done {
             return Ok(entries);
         }
-        cursor = next;
-        first = false;
+        cursor = Some(next);
     }
     Err(std::io::Error::other("a batched lookup that never ended"))
 }

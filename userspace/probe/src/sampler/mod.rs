@@ -6,6 +6,7 @@
 
 mod attach;
 mod batch;
+mod bpf_syscall;
 mod entries;
 mod gates;
 mod mapped_array;

@@ -125,17 +125,7 @@ struct LinkCreateAttr {
 fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     // SAFETY: `attr` is a valid, initialised bpf_attr prefix of the given size that
     // outlives the call; pointers inside it point at live buffers.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            attr as *mut T,
-            std::mem::size_of::<T>() as u32,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = unsafe { super::bpf_syscall::bpf(command, attr)? };
     // SAFETY: a new fd the kernel just returned to us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }

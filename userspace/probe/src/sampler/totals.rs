@@ -26,7 +26,7 @@ use allocbpf_common::{
     EPOCH_MAP,
 };
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
     Ebpf,
 };
 
@@ -100,15 +100,10 @@ impl EpochBook {
 
     /// `counter`'s count since load: its two counter sets and what was retired of them.
     fn counter_total(&self, ebpf: &Ebpf, counter: Counter) -> Result<u64, ProbeError> {
-        let map = ebpf
-            .map("COUNTERS")
-            .ok_or_else(|| load_error(missing("COUNTERS")))?;
-        let array = PerCpuArray::<_, u64>::try_from(map).map_err(map_error("COUNTERS"))?;
+        let array = counters_array(ebpf)?;
         let mut total = self.retired[counter as usize];
         for parity in 0..2 {
-            let slot = parity * COUNTER_COUNT + counter as u32;
-            let values = array.get(&slot, 0).map_err(map_error("COUNTERS"))?;
-            total += values.iter().sum::<u64>();
+            total += slot_sum(&array, parity * COUNTER_COUNT + counter as u32)?;
         }
         Ok(total)
     }
@@ -265,10 +260,7 @@ impl EpochBook {
         ebpf: &Ebpf,
         epoch: Option<u64>,
     ) -> Result<[u64; COUNTER_COUNT as usize], ProbeError> {
-        let map = ebpf
-            .map("COUNTERS")
-            .ok_or_else(|| load_error(missing("COUNTERS")))?;
-        let array = PerCpuArray::<_, u64>::try_from(map).map_err(map_error("COUNTERS"))?;
+        let array = counters_array(ebpf)?;
         let mut values = match epoch {
             Some(_) => [0; COUNTER_COUNT as usize],
             None => self.retired,
@@ -278,13 +270,25 @@ impl EpochBook {
             if epoch.is_some_and(|e| (e & 1) as u32 != parity) {
                 continue;
             }
-            let sum: u64 = array
-                .get(&slot, 0)
-                .map_err(map_error("COUNTERS"))?
-                .iter()
-                .sum();
-            values[counter as usize] += sum;
+            values[counter as usize] += slot_sum(&array, slot)?;
         }
         Ok(values)
     }
+}
+
+/// The loaded object's `COUNTERS`, to read.
+fn counters_array(ebpf: &Ebpf) -> Result<PerCpuArray<&MapData, u64>, ProbeError> {
+    let map = ebpf
+        .map("COUNTERS")
+        .ok_or_else(|| load_error(missing("COUNTERS")))?;
+    PerCpuArray::try_from(map).map_err(map_error("COUNTERS"))
+}
+
+/// Counter slot `slot` of `COUNTERS`, summed over CPUs.
+fn slot_sum(array: &PerCpuArray<&MapData, u64>, slot: u32) -> Result<u64, ProbeError> {
+    Ok(array
+        .get(&slot, 0)
+        .map_err(map_error("COUNTERS"))?
+        .iter()
+        .sum())
 }
